@@ -1,0 +1,11 @@
+"""etdist: Event Tensor megakernels for tensor-parallel layers.
+
+    import etdist as et
+    g = et.Graph("name"); ...; kernel = et.compile(g, schedule="static", target="cpu")
+"""
+from .fusion import (CounterError, DeadlockError, DoubleNotifyError, EtdistError, EventTensor, Expr,
+                     Graph, GraphError, InputError, RuntimeFault, cdiv, compile, eq, logical_and,
+                     maximum, minimum, where)
+from .fusion.tiles import block, shift
+
+__version__ = "0.1.0"

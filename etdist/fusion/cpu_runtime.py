@@ -1,0 +1,380 @@
+"""The CPU runtime: a compiled graph run as R simulated ranks x P simulated programs.
+
+Each program is a generator that yields at every point where a real GPU program could be
+overtaken: before a wait is satisfied (Blocked), after a body, after each notify. A scheduler
+interleaves the programs round-robin or in a seeded-random order, so tests can sweep
+interleavings. Tile bodies are the torch references; counters live in shared numpy arrays.
+
+It reports what would hang or corrupt a GPU run: a deadlock (no program can move: the stuck
+tasks, the elements they wait on and the counter values), a double notify, a notify or wait out
+of bounds, and counters that do not end where the graph says. Counters re-arm without a reset
+pass: each launch waits for `counter - base >= count`, and the end of a launch moves base to the
+counter's value (on the GPU the base is the launch epoch times the count).
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .bind import Bound, BoundFunction, MapTable, bind, in_bounds
+from .errors import CounterError, DeadlockError, DoubleNotifyError, InputError, RuntimeFault
+from .expr import RANK_NAME, WORLD_NAME, evaluate
+from .ir import Role, TensorSpec
+from .schedule_dynamic import release_plan
+from .schedule_static import StaticSchedule
+from .tile_context import TileContext
+
+INTERLEAVINGS = ("round_robin", "random")
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A program that cannot move: on a wait (static) or on an empty queue (dynamic)."""
+
+    rank: int
+    program: int
+    task: Optional[str]        # label of the task it is stuck in, None when idle
+    element: Optional[tuple]   # (event, coord) waited on
+
+
+_PROGRESS = object()
+
+
+@dataclass
+class LaunchStats:
+    tasks_run: int = 0
+    tasks_skipped: int = 0
+    steps: int = 0
+    wall_s: float = 0.0
+    trace: list = field(default_factory=list)  # (rank, program, task, start step, end step)
+
+
+class _Launch:
+    """State of one launch: tensors, counters, queues, and the programs' generators."""
+
+    def __init__(self, kernel: "CpuKernel", b: Bound, tensors: list[dict], trace: bool):
+        self.k, self.b, self.tensors = kernel, b, tensors
+        self.world = b.sizes[WORLD_NAME]
+        self.envs = [{**b.sizes, RANK_NAME: r, **tensors[r]} for r in range(self.world)]
+        self.counters, self.bases = kernel._counters_for(b)
+        self.stats = LaunchStats()
+        self.trace = trace
+        self.step = 0
+        if kernel.schedule == "dynamic":
+            self.plans = [release_plan(b, r) for r in range(self.world)]
+            self.pending = [list(p.waits) for p in self.plans]
+            self.queues = [deque() for _ in range(self.world)]
+            self.remaining = [b.total] * self.world
+            for r, p in enumerate(self.plans):
+                for gid in p.initial:
+                    self._release(r, gid)
+                for (event, coord), consumers in p.consumers.items():
+                    f, idx = b.decode(consumers[0])
+                    self._check_element(f"{f.maps.spec.name}{idx}@rank{r}", r, "waits on", event, coord)
+                    # Elements that need no notify (a constant count of 0) release their consumers now.
+                    if not self.b.event(event).count.is_data_dependent and self.complete(r, event, coord):
+                        for gid in consumers:
+                            self.pending[r][gid] -= 1
+                            if self.pending[r][gid] == 0:
+                                self._release(r, gid)
+
+    # -- counters --------------------------------------------------------------------------
+    def _count(self, owner: int, event: str, coord: tuple) -> int:
+        return self.b.table.count(event, coord, self.envs[owner])
+
+    def _owner(self, rank: int, event: str, coord: tuple) -> int:
+        return coord[0] if self.b.event(event).distributed else rank
+
+    def _check_element(self, label: str, rank: int, kind: str, event: str, coord: tuple) -> int:
+        shape = self.b.event_shapes[event]
+        if not in_bounds(coord, shape):
+            raise RuntimeFault(f"task {label} {kind} {event}{list(coord)}, outside the event's shape "
+                               f"{list(shape)} (sizes {dict(self.b.sizes)})")
+        owner = self._owner(rank, event, coord)
+        if kind == "waits on" and owner != rank:
+            raise RuntimeFault(f"task {label} waits on {event}{list(coord)} of rank {owner}: "
+                               "tasks wait on their own rank's events only")
+        return owner
+
+    def complete(self, owner: int, event: str, coord: tuple) -> bool:
+        arrived = self.counters[owner][event][coord] - self.bases[owner][event][coord]
+        return arrived >= self._count(owner, event, coord)
+
+    def notify(self, label: str, rank: int, event: str, coord: tuple) -> None:
+        owner = self._check_element(label, rank, "notifies", event, coord)
+        self.counters[owner][event][coord] += 1
+        arrived = self.counters[owner][event][coord] - self.bases[owner][event][coord]
+        expected = self._count(owner, event, coord)
+        if arrived > expected:
+            raise DoubleNotifyError(f"task {label} notified {event}{list(coord)} on rank {owner}: "
+                                    f"{arrived} notifies arrived, the element expects {expected}")
+        if self.k.schedule == "dynamic" and arrived == expected:
+            for gid in self.plans[owner].consumers.get((event, coord), ()):
+                self.pending[owner][gid] -= 1
+                if self.pending[owner][gid] == 0:
+                    self._release(owner, gid)
+
+    def _release(self, rank: int, gid: int) -> None:
+        f, idx = self.b.decode(gid)
+        if f.maps.exists(idx, self.envs[rank]):
+            self.queues[rank].append(gid)
+        else:
+            self.remaining[rank] -= 1
+            self.stats.tasks_skipped += 1
+
+    # -- programs ----------------------------------------------------------------------------
+    def static_program(self, sched: StaticSchedule, rank: int, p: int) -> Iterator:
+        for gid in sched.tasks_of(p, self.b.total):
+            yield from self.run_task(rank, p, gid, wait=True)
+
+    def dynamic_program(self, rank: int, p: int) -> Iterator:
+        q = self.queues[rank]
+        while True:
+            if q:
+                yield from self.run_task(rank, p, q.popleft(), wait=False)
+                self.remaining[rank] -= 1
+            elif self.remaining[rank] == 0:
+                return
+            else:
+                yield Blocked(rank, p, None, None)
+
+    def run_task(self, rank: int, p: int, gid: int, wait: bool) -> Iterator:
+        f, idx = self.b.decode(gid)
+        m, env = f.maps, self.envs[rank]
+        label = f"{m.spec.name}{idx}@rank{rank}"
+        for event, coord in m.wait_elements(idx, env):
+            self._check_element(label, rank, "waits on", event, coord)
+            while not self.complete(rank, event, coord):
+                if not wait:  # the dynamic queue released a task whose wait is not complete
+                    raise RuntimeFault(f"task {label} was released before {event}{list(coord)} completed")
+                yield Blocked(rank, p, label, (event, coord))
+        if wait and not m.exists(idx, env):
+            self.stats.tasks_skipped += 1
+            return
+        start = self.step
+        try:
+            m.spec.body(TileContext(self, rank), *idx)
+        except RuntimeFault:
+            raise
+        except Exception as e:  # a tile body's own bug: say which task
+            raise RuntimeFault(f"tile body of task {label} raised {type(e).__name__}: {e}") from e
+        self.stats.tasks_run += 1
+        yield _PROGRESS
+        for event, coord in m.notify_elements(idx, env):
+            self.notify(label, rank, event, coord)
+            yield _PROGRESS
+        if self.trace:
+            self.stats.trace.append((rank, p, label, start, self.step))
+
+    # -- end of launch ---------------------------------------------------------------------
+    def finish(self) -> None:
+        wrong = []
+        for r in range(self.world):
+            for name, arr in self.counters[r].items():
+                ev = self.b.event(name)
+                for coord in np.ndindex(arr.shape):
+                    if ev.distributed and coord[0] != r:
+                        continue
+                    got = int(arr[coord] - self.bases[r][name][coord])
+                    want = self._count(r, name, coord)
+                    if got != want:
+                        wrong.append(f"{name}{list(coord)} on rank {r}: {got} notifies, expected {want}")
+        if wrong:
+            raise CounterError(f"graph {self.b.table.ir.name!r} ended with {len(wrong)} counters off: "
+                               + "; ".join(wrong[:8]) + (" ..." if len(wrong) > 8 else ""))
+        for r in range(self.world):  # re-arm: the next launch counts from here
+            for name in self.counters[r]:
+                self.bases[r][name][...] = self.counters[r][name]
+
+    def deadlock(self, stalled: Mapping[tuple, Blocked]) -> DeadlockError:
+        lines = []
+        for (r, p), s in sorted(stalled.items()):
+            if s.element is None:
+                continue
+            ev, coord = s.element
+            have = int(self.counters[r][ev][coord] - self.bases[r][ev][coord])
+            lines.append(f"  rank {r} program {p}: {s.task} waits on {ev}{list(coord)}: "
+                         f"{have} of {self._count(r, ev, coord)} notifies")
+        if self.k.schedule == "dynamic":
+            for r in range(self.world):
+                stuck = [(gid, n) for gid, n in enumerate(self.pending[r]) if n > 0]
+                for gid, n in stuck[:8]:
+                    f, idx = self.b.decode(gid)
+                    missing = [f"{e}{list(c)} ({int(self.counters[r][e][c] - self.bases[r][e][c])} of "
+                               f"{self._count(r, e, c)})"
+                               for e, c in f.maps.wait_elements(idx, self.envs[r])
+                               if not self.complete(r, e, c)]
+                    lines.append(f"  rank {r}: {f.maps.spec.name}{idx} never released, waiting on "
+                                 + ", ".join(missing))
+                if len(stuck) > 8:
+                    lines.append(f"  rank {r}: ... and {len(stuck) - 8} more unreleased tasks")
+        return DeadlockError(f"deadlock in graph {self.b.table.ir.name!r} ({self.k.schedule} schedule, "
+                             f"sizes {dict(self.b.sizes)}): no program can move\n" + "\n".join(lines))
+
+
+class CpuKernel:
+    """A graph compiled for the CPU runtime. Call `run(inputs)` with one dict of tensors per rank."""
+
+    target = "cpu"
+
+    def __init__(self, table: MapTable, schedule: str, programs: int):
+        self.table, self.ir, self.schedule, self.programs = table, table.ir, schedule, programs
+        self._counters: dict = {}
+        self.last_stats: Optional[LaunchStats] = None
+
+    def __repr__(self) -> str:
+        return f"CpuKernel({self.ir.name!r}, schedule={self.schedule!r}, programs={self.programs})"
+
+    def run(self, inputs: Sequence[Mapping[str, torch.Tensor]], *, sizes: Optional[Mapping[str, int]] = None,
+            interleave: str = "round_robin", seed: int = 0, trace: bool = False) -> list[dict[str, torch.Tensor]]:
+        """Run one launch on `len(inputs)` simulated ranks; returns each rank's outputs.
+
+        interleave: "round_robin" or "random" (seeded by `seed`) order of program steps.
+        Raises before touching anything if the inputs do not fit the graph, and returns no
+        output if the run deadlocks or miscounts.
+        """
+        if interleave not in INTERLEAVINGS:
+            raise InputError(f"interleave must be one of {INTERLEAVINGS}, got {interleave!r}")
+        t0 = time.perf_counter()
+        bound_sizes = bind_inputs(self.ir, inputs, sizes)
+        b = bind(self.table, bound_sizes)
+        tensors = [self._allocate(inputs[r], bound_sizes, r) for r in range(len(inputs))]
+        launch = _Launch(self, b, tensors, trace)
+        if self.schedule == "static":
+            sched = StaticSchedule(self.programs)
+            gens = {(r, p): launch.static_program(sched, r, p)
+                    for r in range(launch.world) for p in range(self.programs)}
+        else:
+            gens = {(r, p): launch.dynamic_program(r, p)
+                    for r in range(launch.world) for p in range(self.programs)}
+        _interleave(launch, gens, interleave, seed)
+        launch.finish()
+        launch.stats.wall_s = time.perf_counter() - t0
+        self.last_stats = launch.stats
+        outs = [s.name for s in self.ir.tensors if s.role is Role.OUTPUT]
+        return [{n: tensors[r][n] for n in outs} for r in range(launch.world)]
+
+    def _allocate(self, given: Mapping[str, torch.Tensor], sizes: Mapping[str, int], rank: int) -> dict:
+        env = {**sizes, RANK_NAME: rank}
+        out = dict(given)
+        for s in self.ir.tensors:
+            if s.role is Role.INPUT:
+                continue
+            shape = tuple(evaluate(d, env) for d in s.shape)
+            if any(d < 0 for d in shape):
+                raise InputError(f"tensor {s.name!r} of graph {self.ir.name!r} would have shape "
+                                 f"{list(shape)} on rank {rank} at sizes {dict(sizes)}")
+            out[s.name] = _poisoned(shape, s.dtype)
+        return out
+
+    def _counters_for(self, b: Bound):
+        """Counter and base arrays per rank, kept across launches of the same shapes (re-arming)."""
+        key = (b.sizes[WORLD_NAME], tuple(sorted(b.event_shapes.items())))
+        if key not in self._counters:
+            world = b.sizes[WORLD_NAME]
+            mk = lambda: [{n: np.zeros(s, dtype=np.int64) for n, s in b.event_shapes.items()}
+                          for _ in range(world)]
+            self._counters[key] = (mk(), mk())
+        return self._counters[key]
+
+
+def _poisoned(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """Fresh memory filled with a value no correct run leaves behind (NaN, or the dtype's minimum)."""
+    if dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype)
+    if dtype == torch.bool:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.full(shape, torch.iinfo(dtype).min, dtype=dtype)
+
+
+def _interleave(launch: _Launch, gens: dict, how: str, seed: int) -> None:
+    rng = random.Random(seed)
+    live = list(gens)
+    stalled: dict = {}
+    budget = 1000 + 200 * launch.world * max(1, launch.b.total) * max(1, len(launch.b.table.ir.events))
+    turn = 0
+    while live:
+        launch.step += 1
+        if launch.step > budget:  # the watchdog: unreachable unless the runtime itself is wrong
+            raise RuntimeFault(f"watchdog: {launch.step} steps without finishing graph {launch.b.table.ir.name!r}")
+        k = rng.randrange(len(live)) if how == "random" else turn % len(live)
+        key = live[k]
+        try:
+            status = next(gens[key])
+        except StopIteration:
+            live.pop(k)
+            stalled.pop(key, None)
+            continue
+        turn = k + 1
+        if status is _PROGRESS:
+            stalled.clear()
+        else:
+            stalled[key] = status
+            if len(stalled) == len(live):
+                raise launch.deadlock(stalled)
+    launch.stats.steps = launch.step
+
+
+def bind_inputs(ir, inputs, sizes: Optional[Mapping[str, int]]) -> dict[str, int]:
+    """Check per-rank inputs against the graph and bind its sizes; raise before any launch."""
+    if isinstance(inputs, Mapping) or not isinstance(inputs, Sequence) or not inputs:
+        raise InputError(f"graph {ir.name!r}: pass a list with one dict of input tensors per rank")
+    world = len(inputs)
+    specs = [s for s in ir.tensors if s.role is Role.INPUT]
+    names = {s.name for s in specs}
+    bound: dict[str, int] = {WORLD_NAME: world}
+    for k, v in (sizes or {}).items():
+        if k not in ir.sizes or k in (RANK_NAME, WORLD_NAME):
+            raise InputError(f"graph {ir.name!r} has no size {k!r} to set (its sizes: "
+                             f"{[s for s in ir.sizes if s not in (RANK_NAME, WORLD_NAME)]})")
+        bound[k] = int(v)
+    for r, given in enumerate(inputs):
+        if not isinstance(given, Mapping):
+            raise InputError(f"rank {r}: expected a dict of input tensors, got {type(given).__name__}")
+        missing, extra = names - set(given), set(given) - names
+        if missing or extra:
+            raise InputError(f"graph {ir.name!r} rank {r}: missing inputs {sorted(missing)}, "
+                             f"unexpected {sorted(extra)}")
+        for s in specs:
+            _check_tensor(ir, s, given[s.name], r)
+    for s in specs:  # bind bare-symbol dims from rank 0
+        for d, n in zip(s.shape, inputs[0][s.name].shape):
+            if d.op == "sym" and d.args[0] not in bound:
+                bound[d.args[0]] = int(n)
+    unbound = [s for s in ir.sizes if s not in bound and s != RANK_NAME]
+    if unbound:
+        raise InputError(f"graph {ir.name!r}: sizes {unbound} are not named by any input's shape; "
+                         f"pass sizes={{{', '.join(repr(u) + ': ...' for u in unbound)}}}")
+    for r, given in enumerate(inputs):
+        env = {**bound, RANK_NAME: r}
+        for s in specs:
+            want = tuple(evaluate(d, env) for d in s.shape)
+            got = tuple(given[s.name].shape)
+            if want != got:
+                raise InputError(f"graph {ir.name!r}: input {s.name!r} on rank {r} has shape {list(got)}, "
+                                 f"expected {list(want)} = {list(s.shape)} at sizes "
+                                 f"{ {k: v for k, v in bound.items() if k != WORLD_NAME} } (world {world})")
+    for c in ir.checks:
+        if not c.cond.evaluate(bound):
+            raise InputError(f"graph {ir.name!r} at sizes {bound}: {c.message}")
+    return bound
+
+
+def _check_tensor(ir, s: TensorSpec, t: Any, rank: int) -> None:
+    where = f"graph {ir.name!r} input {s.name!r} on rank {rank}"
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{where}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != s.dtype:
+        raise InputError(f"{where}: dtype {t.dtype}, expected {s.dtype}")
+    if t.device.type != "cpu":
+        raise InputError(f"{where}: on {t.device}; the CPU runtime takes CPU tensors "
+                         "(compile with target='cuda' for GPU tensors)")
+    if t.dim() != len(s.shape):
+        raise InputError(f"{where}: {t.dim()} dims, expected {len(s.shape)} ({list(s.shape)})")

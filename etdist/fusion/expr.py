@@ -1,0 +1,215 @@
+"""Symbolic integer expressions: sizes, task indices, index maps and data-dependent loads.
+
+Index maps are written as ordinary Python lambdas; calling them with `Var`s traces them into
+`Expr` trees. One tree then serves every backend: `evaluate` (validation), `to_python` (the CPU
+runtime compiles it into a lambda) and, later, Triton source for the GPU kernel. Only integer
+arithmetic is allowed, so a map means the same thing on the host and in a kernel.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Union
+
+# The two symbols every graph has: which rank runs the task, and how many ranks there are.
+RANK_NAME = "RANK"
+WORLD_NAME = "WORLD"
+
+_BINARY = {
+    "add": ("+", operator.add),
+    "sub": ("-", operator.sub),
+    "mul": ("*", operator.mul),
+    "floordiv": ("//", operator.floordiv),
+    "mod": ("%", operator.mod),
+    "lt": ("<", operator.lt),
+    "le": ("<=", operator.le),
+    "gt": (">", operator.gt),
+    "ge": (">=", operator.ge),
+    "eq": ("==", operator.eq),
+    "ne": ("!=", operator.ne),
+    "and": ("and", lambda a, b: bool(a) and bool(b)),
+    "or": ("or", lambda a, b: bool(a) or bool(b)),
+}
+_CALLS = {"min": min, "max": max}
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A node: op is one of const, sym, var, load, a binary op name, min, max or where."""
+
+    op: str
+    args: tuple
+
+    # Arithmetic builds trees; comparisons too (so `i * BM < counts[e]` is an Expr).
+    # `==` keeps Python's structural meaning (Exprs are dict keys): use `eq(a, b)` instead.
+    def __add__(self, o): return _bin("add", self, o)
+    def __radd__(self, o): return _bin("add", o, self)
+    def __sub__(self, o): return _bin("sub", self, o)
+    def __rsub__(self, o): return _bin("sub", o, self)
+    def __mul__(self, o): return _bin("mul", self, o)
+    def __rmul__(self, o): return _bin("mul", o, self)
+    def __floordiv__(self, o): return _bin("floordiv", self, o)
+    def __rfloordiv__(self, o): return _bin("floordiv", o, self)
+    def __mod__(self, o): return _bin("mod", self, o)
+    def __rmod__(self, o): return _bin("mod", o, self)
+    def __lt__(self, o): return _bin("lt", self, o)
+    def __le__(self, o): return _bin("le", self, o)
+    def __gt__(self, o): return _bin("gt", self, o)
+    def __ge__(self, o): return _bin("ge", self, o)
+    def __neg__(self): return _bin("sub", 0, self)
+
+    def __bool__(self):
+        raise TypeError(
+            f"symbolic expression {self} has no truth value while the graph is traced; "
+            "use et.where/et.minimum/et.maximum instead of if/min/max in index maps")
+
+    def __index__(self):
+        raise TypeError(f"symbolic expression {self} cannot be used as a Python int while tracing; "
+                        "evaluate it inside the tile body with t(expr)")
+
+    def __repr__(self) -> str:
+        return self.to_python()
+
+    # -- queries ---------------------------------------------------------------------------
+    def walk(self) -> Iterable["Expr"]:
+        yield self
+        for a in self.args:
+            if isinstance(a, Expr):
+                yield from a.walk()
+            elif isinstance(a, tuple):
+                for b in a:
+                    if isinstance(b, Expr):
+                        yield from b.walk()
+
+    def symbols(self) -> set[str]:
+        return {n.args[0] for n in self.walk() if n.op == "sym"}
+
+    def loads(self) -> set[str]:
+        """Names of the runtime tensors this expression reads (data-dependent maps)."""
+        return {n.args[0] for n in self.walk() if n.op == "load"}
+
+    @property
+    def is_data_dependent(self) -> bool:
+        return bool(self.loads())
+
+    # -- backends -----------------------------------------------------------------------------
+    def to_python(self) -> str:
+        op, a = self.op, self.args
+        if op == "const":
+            return repr(a[0])
+        if op in ("sym", "var"):
+            return a[0]
+        if op == "load":
+            name, idx = a
+            return f"int({name}[{', '.join(i.to_python() for i in idx)}])"
+        if op in _CALLS:
+            return f"{op}({a[0].to_python()}, {a[1].to_python()})"
+        if op == "where":
+            return f"({a[1].to_python()} if {a[0].to_python()} else {a[2].to_python()})"
+        return f"({a[0].to_python()} {_BINARY[op][0]} {a[1].to_python()})"
+
+    def evaluate(self, env: Mapping[str, Any]) -> int:
+        """Value under `env`: sizes, index variables and (for loads) indexable tensors by name."""
+        op, a = self.op, self.args
+        if op == "const":
+            return a[0]
+        if op in ("sym", "var"):
+            try:
+                return env[a[0]]
+            except KeyError:
+                raise KeyError(f"no value for symbol {a[0]!r}") from None
+        if op == "load":
+            name, idx = a
+            return int(env[name][tuple(i.evaluate(env) for i in idx)])
+        if op in _CALLS:
+            return _CALLS[op](a[0].evaluate(env), a[1].evaluate(env))
+        if op == "where":
+            return a[1].evaluate(env) if a[0].evaluate(env) else a[2].evaluate(env)
+        return _BINARY[op][1](a[0].evaluate(env), a[1].evaluate(env))
+
+
+Size = Union[int, Expr]
+
+
+def const(v: int) -> Expr:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"index expressions are integers, got {v!r} ({type(v).__name__})")
+    return Expr("const", (v,))
+
+
+def as_expr(v: Size) -> Expr:
+    return v if isinstance(v, Expr) else const(v)
+
+
+def sym(name: str) -> Expr:
+    """A named size, bound at call time (from an input's shape or a keyword)."""
+    if not name.isidentifier():
+        raise ValueError(f"symbol name {name!r} must be a Python identifier")
+    return Expr("sym", (name,))
+
+
+def var(name: str) -> Expr:
+    return Expr("var", (name,))
+
+
+def load(tensor: str, index: tuple) -> Expr:
+    return Expr("load", (tensor, tuple(as_expr(i) for i in index)))
+
+
+def _bin(op: str, a: Size, b: Size) -> Expr:
+    a, b = as_expr(a), as_expr(b)
+    if a.op == "const" and b.op == "const" and op not in ("and", "or"):
+        return const(int(_BINARY[op][1](a.args[0], b.args[0])))
+    return Expr(op, (a, b))
+
+
+def cdiv(a: Size, b: Size) -> Size:
+    """Ceiling division: the number of tiles of size b covering a."""
+    if isinstance(a, int) and isinstance(b, int):
+        return -(-a // b)
+    return (as_expr(a) + as_expr(b) - 1) // as_expr(b)
+
+
+def minimum(a: Size, b: Size) -> Size:
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    return Expr("min", (as_expr(a), as_expr(b)))
+
+
+def maximum(a: Size, b: Size) -> Size:
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    return Expr("max", (as_expr(a), as_expr(b)))
+
+
+def where(cond: Expr, a: Size, b: Size) -> Expr:
+    return Expr("where", (as_expr(cond), as_expr(a), as_expr(b)))
+
+
+def eq(a: Size, b: Size) -> Expr:
+    return _bin("eq", a, b)
+
+
+def logical_and(a: Size, b: Size) -> Expr:
+    return _bin("and", a, b)
+
+
+def evaluate(v: Size, env: Mapping[str, Any]) -> int:
+    return v if isinstance(v, int) else v.evaluate(env)
+
+
+def compile_fn(exprs: tuple[Expr, ...], args: tuple[str, ...]) -> Callable[..., tuple]:
+    """Compile expressions into one Python function of `args` (index vars) and `env`.
+
+    Sizes and loaded tensors come from `env`; the generated source is the same text that
+    `to_python` prints, so what a debug dump shows is what runs.
+    """
+    names = sorted(set().union(*(e.symbols() | e.loads() for e in exprs))) if exprs else []
+    unpack = "".join(f"    {n} = env[{n!r}]\n" for n in names)
+    body = ", ".join(e.to_python() for e in exprs)
+    src = f"def _f({', '.join(args + ('env',))}):\n{unpack}    return ({body}{',' if exprs else ''})\n"
+    scope: dict = {}
+    exec(compile(src, "<etdist index map>", "exec"), scope)  # noqa: S102 - source built from Expr trees only
+    fn = scope["_f"]
+    fn.source = src
+    return fn

@@ -1,0 +1,206 @@
+"""The user-facing graph builder: tensors, event tensors and tile tasks.
+
+    g = et.Graph("gemm_rs")
+    M, K, N = g.size("M"), g.size("K"), g.size("N")
+    x = g.input("x", (M, K))
+    done = g.event("done", (et.cdiv(M, 64),), count=1)
+
+    @g.task(grid=(et.cdiv(M, 64),), notify=lambda i: done[i])
+    def rows(t, i): ...
+
+`Graph` is loose and pleasant; `to_ir()` canonicalises it into the frozen `GraphIR` (ir.py) that
+validation, scheduling and code generation see.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+
+from .errors import GraphError
+from .expr import RANK_NAME, WORLD_NAME, Expr, Size, as_expr, load, sym, var
+from .ir import Access, Check, EventSpec, GraphIR, Role, TaskSpec, TensorSpec
+
+
+@dataclass(frozen=True)
+class EventRef:
+    """An element of an event tensor named inside an index map: `ready[i, j]`."""
+
+    event: "EventTensor"
+    coord: tuple[Expr, ...]
+
+
+class EventTensor:
+    """Counters that tasks notify and wait on. Index it inside maps: `ev[i, j]` is an element.
+
+    count: notifies each element waits for: an int, an Expr, or a function of the coordinate
+        (called with symbolic coordinates, so it may use arithmetic and runtime-tensor loads).
+    distributed: coordinate 0 is the rank that holds the element (a notify with another rank
+        there is a cross-GPU signal); a wait must name its own rank there.
+    """
+
+    def __init__(self, name: str, shape: Sequence[Size], count: Union[Size, Callable] = 1,
+                 distributed: bool = False):
+        if not name.isidentifier():
+            raise GraphError(f"event name {name!r} must be a Python identifier")
+        if len(shape) == 0:
+            raise GraphError(f"event {name!r} needs at least one dimension")
+        self.name, self.shape, self.count, self.distributed = name, tuple(shape), count, distributed
+
+    def __getitem__(self, coord) -> EventRef:
+        coord = coord if isinstance(coord, tuple) else (coord,)
+        if len(coord) != len(self.shape):
+            raise GraphError(f"event {self.name!r} has {len(self.shape)} dims, indexed with {len(coord)}")
+        return EventRef(self, tuple(as_expr(c) for c in coord))
+
+    def to_spec(self) -> EventSpec:
+        coord = tuple(var(f"c{i}") for i in range(len(self.shape)))
+        count = self.count(*coord) if callable(self.count) else self.count
+        return EventSpec(self.name, tuple(as_expr(s) for s in self.shape), as_expr(count), self.distributed)
+
+
+class TensorRef:
+    """A graph tensor. Inside index maps `counts[e]` reads it at run time (a data-dependent map)."""
+
+    def __init__(self, name: str, shape: tuple, dtype: torch.dtype, role: Role, symmetric: bool):
+        self.name, self.shape, self.dtype, self.role, self.symmetric = name, shape, dtype, role, symmetric
+
+    def __getitem__(self, index) -> Expr:
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) != len(self.shape):
+            raise GraphError(f"tensor {self.name!r} has {len(self.shape)} dims, indexed with {len(index)}")
+        return load(self.name, index)
+
+    def to_spec(self) -> TensorSpec:
+        return TensorSpec(self.name, tuple(as_expr(s) for s in self.shape), self.dtype, self.role, self.symmetric)
+
+
+_MapFn = Optional[Callable[..., Union[EventRef, Sequence[EventRef], None]]]
+
+
+class Graph:
+    """A graph of tile tasks, event tensors and the tensors they read and write."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.rank = sym(RANK_NAME)    # the rank running a task
+        self.world = sym(WORLD_NAME)  # number of ranks
+        self._sizes: dict[str, Expr] = {}
+        self._tensors: dict[str, TensorRef] = {}
+        self._events: dict[str, EventTensor] = {}
+        self._tasks: list[tuple[Callable, tuple, _MapFn, _MapFn, _MapFn, str]] = []
+        self._checks: list[Check] = []
+        self._samples: list[dict[str, int]] = []
+
+    # -- declarations ------------------------------------------------------------------------
+    def size(self, name: str) -> Expr:
+        """A symbolic size; bound at call time from an input whose shape names it, or by keyword."""
+        if name in (RANK_NAME, WORLD_NAME):
+            raise GraphError(f"{name} is built in: use graph.rank / graph.world")
+        return self._sizes.setdefault(name, sym(name))
+
+    def input(self, name: str, shape: Sequence[Size], dtype: torch.dtype = torch.float32,
+              symmetric: bool = False) -> TensorRef:
+        return self._tensor(name, shape, dtype, Role.INPUT, symmetric)
+
+    def output(self, name: str, shape: Sequence[Size], dtype: torch.dtype = torch.float32,
+               symmetric: bool = False) -> TensorRef:
+        return self._tensor(name, shape, dtype, Role.OUTPUT, symmetric)
+
+    def scratch(self, name: str, shape: Sequence[Size], dtype: torch.dtype = torch.float32,
+                symmetric: bool = False) -> TensorRef:
+        return self._tensor(name, shape, dtype, Role.SCRATCH, symmetric)
+
+    def event(self, name: str, shape: Sequence[Size], count: Union[Size, Callable] = 1,
+              distributed: bool = False) -> EventTensor:
+        if name in self._events:
+            raise GraphError(f"graph {self.name!r} already has an event named {name!r}")
+        ev = EventTensor(name, shape, count, distributed)
+        self._events[name] = ev
+        return ev
+
+    def check(self, cond: Expr, message: str) -> None:
+        """A condition on sizes every call must satisfy; `message` is the error when it does not."""
+        self._checks.append(Check(as_expr(cond), message))
+
+    def sample(self, **sizes: int) -> None:
+        """Sizes at which compile() enumerates the graph to validate it (symbolic sizes)."""
+        self._samples.append(sizes)
+
+    def task(self, grid: Sequence[Size], wait: _MapFn = None, notify: _MapFn = None,
+             when: _MapFn = None, name: Optional[str] = None):
+        """Decorator: `body(t, *index)` runs once per index of `grid`.
+
+        wait / notify: functions of the index returning an event element or a list of them.
+        when: a function of the index returning a condition (it may read runtime tensors); the
+            task is skipped, notifies included, where it is false. Evaluated after the waits.
+        """
+        def register(body: Callable) -> Callable:
+            self._tasks.append((body, tuple(grid), wait, notify, when, name or body.__name__))
+            return body
+        return register
+
+    def _tensor(self, name, shape, dtype, role, symmetric) -> TensorRef:
+        if not name.isidentifier():
+            raise GraphError(f"tensor name {name!r} must be a Python identifier")
+        if name in self._tensors:
+            raise GraphError(f"graph {self.name!r} already has a tensor named {name!r}")
+        if not isinstance(dtype, torch.dtype):
+            raise GraphError(f"tensor {name!r}: dtype must be a torch.dtype, got {dtype!r}")
+        ref = TensorRef(name, tuple(shape), dtype, role, symmetric)
+        self._tensors[name] = ref
+        return ref
+
+    # -- canonicalisation --------------------------------------------------------------------
+    def to_ir(self) -> GraphIR:
+        clash = set(self._tensors) & (set(self._sizes) | {RANK_NAME, WORLD_NAME})
+        if clash:
+            raise GraphError(f"graph {self.name!r}: {sorted(clash)} name both a tensor and a size")
+        tasks, seen = [], set()
+        for body, grid, wait, notify, when, name in self._tasks:
+            if name in seen:
+                raise GraphError(f"graph {self.name!r} has two tasks named {name!r}")
+            seen.add(name)
+            tasks.append(self._trace_task(body, grid, wait, notify, when, name))
+        used = {a.event for t in tasks for a in t.waits + t.notifies}
+        events = tuple(e.to_spec() for e in self._events.values())
+        sizes = tuple(sorted(set(self._sizes) | {RANK_NAME, WORLD_NAME}))
+        samples = tuple(tuple(sorted(s.items())) for s in self._samples)
+        ir = GraphIR(self.name, tuple(t.to_spec() for t in self._tensors.values()), events,
+                     tuple(tasks), tuple(self._checks), sizes, samples)
+        unused = [e.name for e in events if e.name not in used]
+        if unused:
+            raise GraphError(f"graph {self.name!r}: events {unused} are declared but no task uses them")
+        return ir
+
+    def _trace_task(self, body, grid, wait, notify, when, name) -> TaskSpec:
+        params = list(inspect.signature(body).parameters)[1:]
+        if len(params) != len(grid):
+            raise GraphError(
+                f"task {name!r}: grid has {len(grid)} dims but the body takes {len(params)} index "
+                f"arguments after the tile context ({params}); write `def {name}(t, "
+                f"{', '.join(f'i{k}' for k in range(len(grid)))})`")
+        idx = tuple(var(p) for p in params)
+        cond = None
+        if when is not None:
+            cond = as_expr(when(*idx))
+        return TaskSpec(name, tuple(as_expr(g) for g in grid), tuple(params),
+                        self._trace_map(name, "wait", wait, idx),
+                        self._trace_map(name, "notify", notify, idx), cond, body,
+                        getattr(body, "triton_body", None))
+
+    def _trace_map(self, task: str, what: str, fn: _MapFn, idx) -> tuple[Access, ...]:
+        if fn is None:
+            return ()
+        refs = fn(*idx)
+        refs = [] if refs is None else [refs] if isinstance(refs, EventRef) else list(refs)
+        out = []
+        for r in refs:
+            if not isinstance(r, EventRef):
+                raise GraphError(f"task {task!r}: {what} map must return event elements like ev[i], got {r!r}")
+            if self._events.get(r.event.name) is not r.event:
+                raise GraphError(f"task {task!r}: {what} names event {r.event.name!r} of another graph")
+            out.append(Access(r.event.name, r.coord))
+        return tuple(out)

@@ -1,0 +1,112 @@
+"""The frozen graph IR that every compiler pass sees (the builder in graph.py produces it).
+
+Tasks, events, waits and notifies are frozen dataclasses with tuple fields; every index map is an
+`Expr` over the task's index variables. `GraphIR.key()` is a content hash usable as a cache key.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from .expr import Expr
+
+
+class Role(enum.Enum):
+    INPUT = "input"      # given by the caller, one per rank
+    OUTPUT = "output"    # allocated per launch, returned
+    SCRATCH = "scratch"  # allocated per launch, internal
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[Expr, ...]
+    dtype: torch.dtype
+    role: Role
+    symmetric: bool  # peers may read/write it (NVSHMEM symmetric heap on GPUs)
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """A tensor of counters; element `c` completes after `count(c)` notifies.
+
+    `count` is an Expr over coordinate variables c0, c1, ... (it may read runtime tensors).
+    When `distributed`, coordinate 0 names the rank whose memory holds the counter.
+    """
+
+    name: str
+    shape: tuple[Expr, ...]
+    count: Expr
+    distributed: bool
+
+    @property
+    def coord_names(self) -> tuple[str, ...]:
+        return tuple(f"c{i}" for i in range(len(self.shape)))
+
+
+@dataclass(frozen=True)
+class Access:
+    """One event element named by a task: coordinates are Exprs of the task's indices."""
+
+    event: str
+    coord: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A device function: one tile body run for every index of `grid`.
+
+    Semantics per task: wait until every `waits` element is complete; then, if `when` holds
+    (evaluated after the waits, so it may read data they guard), run the body and notify every
+    `notifies` element once. A task whose `when` is false does nothing.
+    """
+
+    name: str
+    grid: tuple[Expr, ...]
+    index_names: tuple[str, ...]
+    waits: tuple[Access, ...]
+    notifies: tuple[Access, ...]
+    when: Optional[Expr]
+    body: Callable[..., Any] = field(compare=False, repr=False)
+    triton_body: Any = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A condition on sizes that a call must satisfy (e.g. experts divisible by world size)."""
+
+    cond: Expr
+    message: str
+
+
+@dataclass(frozen=True)
+class GraphIR:
+    name: str
+    tensors: tuple[TensorSpec, ...]
+    events: tuple[EventSpec, ...]
+    tasks: tuple[TaskSpec, ...]  # in static order: a task may wait only on earlier ones
+    checks: tuple[Check, ...]
+    sizes: tuple[str, ...]  # every size symbol, RANK and WORLD included
+    samples: tuple[tuple[tuple[str, int], ...], ...]  # sample sizes for validation
+
+    def tensor(self, name: str) -> TensorSpec:
+        return self._by_name("tensors", name)
+
+    def event(self, name: str) -> EventSpec:
+        return self._by_name("events", name)
+
+    def _by_name(self, what: str, name: str):
+        for x in getattr(self, what):
+            if x.name == name:
+                return x
+        raise KeyError(f"graph {self.name!r} has no {what[:-1]} named {name!r}")
+
+    def key(self) -> str:
+        """Content hash of everything but the tile bodies' code objects (their names count)."""
+        text = repr((self.name, self.tensors, self.events, self.checks, self.sizes,
+                     tuple((t, t.body.__qualname__) for t in self.tasks)))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
