@@ -207,11 +207,11 @@ class _Launch:
                 stuck = [(gid, n) for gid, n in enumerate(self.pending[r]) if n > 0]
                 for gid, n in stuck[:8]:
                     f, idx = self.b.decode(gid)
-                    missing = [f"{e}{list(c)} ({int(self.counters[r][e][c] - self.bases[r][e][c])} of "
-                               f"{self._count(r, e, c)})"
+                    missing = [f"{e}{list(c)}: {int(self.counters[r][e][c] - self.bases[r][e][c])} of "
+                               f"{self._count(r, e, c)} notifies"
                                for e, c in f.maps.wait_elements(idx, self.envs[r])
                                if not self.complete(r, e, c)]
-                    lines.append(f"  rank {r}: {f.maps.spec.name}{idx} never released, waiting on "
+                    lines.append(f"  rank {r}: {f.maps.spec.name}{idx} never released: waits on "
                                  + ", ".join(missing))
                 if len(stuck) > 8:
                     lines.append(f"  rank {r}: ... and {len(stuck) - 8} more unreleased tasks")

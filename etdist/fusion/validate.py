@@ -180,8 +180,9 @@ def _check_counts(b: Bound, notifiers, waiters, dynamic, at) -> None:
                 if not got and waiting:
                     raise GraphError(f"{_label(b, *waiting[0])} waits on {e.name}{list(coord)} on rank "
                                      f"{rank}, which expects {expected} notifies, but no task notifies it {at}")
+                blocked = f"; {_label(b, *waiting[0])} waits on it" if waiting else ""
                 raise GraphError(f"event {e.name}{list(coord)} on rank {rank} expects {expected} notifies "
-                                 f"but receives {len(got)} (from {who}) {at}")
+                                 f"but receives {len(got)} (from {who}){blocked} {at}")
 
 
 def _check_acyclic(b: Bound, notifiers, waiters, schedule, at) -> None:
