@@ -231,3 +231,39 @@ def test_trace_records_every_task():
     assert len(stats.trace) == stats.tasks_run
     assert {p for _, p, _, _, _ in stats.trace} == {0, 1}
     assert all(s <= e for *_, s, e in stats.trace)
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_notify_coordinates_read_runtime_tensors(schedule):
+    """Task i notifies bucket[dest[i]] (a data-dependent map); bucket b expects hist[b] notifies."""
+    g = et.Graph("scatter")
+    n, B = g.size("n"), g.size("B")
+    dest = g.input("dest", (n,), torch.int64)
+    hist = g.input("hist", (B,), torch.int64)
+    g.input("x", (n,))
+    g.scratch("acc", (n,))
+    g.output("y", (B,))
+    bucket = g.event("bucket", (B,), count=lambda b: hist[b] + 1)
+    started = g.event("started", (B,))
+
+    @g.task(grid=(B,), notify=lambda b: [started[b], bucket[b]])  # the +1: a bucket nobody picks completes
+    def open_bucket(t, b):
+        pass
+
+    @g.task(grid=(n,), notify=lambda i: bucket[dest[i]])
+    def put(t, i):
+        t.acc[i] = t.x[i] * 10
+
+    @g.task(grid=(B,), wait=lambda b: [started[b], bucket[b]])
+    def total(t, b):
+        t.y[b] = t.acc[t.dest == b].sum()
+
+    dest = torch.tensor([2, 0, 2, 2, 1, 0])
+    x = torch.arange(6, dtype=torch.float32)
+    hist = torch.bincount(dest, minlength=4)
+    kernel = et.compile(g, schedule=schedule)
+    for seed in range(10):
+        y = kernel.run([{"dest": dest, "hist": hist, "x": x}], interleave="random", seed=seed)[0]["y"]
+        assert torch.equal(y, torch.tensor([60.0, 40.0, 50.0, 0.0]))
+    with pytest.raises(et.DeadlockError, match=r"bucket\[3\]: 1 of 2 notifies"):
+        kernel.run([{"dest": dest, "hist": hist + torch.tensor([0, 0, 0, 1]), "x": x}])

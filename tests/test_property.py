@@ -45,13 +45,14 @@ def layered(widths, mix, shifts):
 
 
 def layered_reference(xs, widths, mix, shifts):
+    """Direct evaluation, layer by layer, of what the graph computes."""
     R = len(xs)
     vals = [[None] * R for _ in widths]  # vals[l][rank holding it]
     for l, n in enumerate(widths):
         for r in range(R):  # rank r computes, rank (r + shift) holds
             dst = (r + shifts[l]) % R
             if l == 0:
-                vals[0][dst] = xs[r].double() * (r + 1)
+                vals[0][dst] = xs[r] * (r + 1)
             else:
                 a, b = mix[l]
                 prev = vals[l - 1][r]
@@ -73,9 +74,9 @@ def test_random_layered_graphs(data, world, layers, programs, schedule, seed, in
     gen = torch.Generator().manual_seed(seed)
     xs = [torch.randn(widths[0], generator=gen) for _ in range(world)]
     got = kernel.run([{"x": x} for x in xs], interleave=interleave, seed=seed)
-    want = layered_reference(xs, widths, mix, shifts)
+    want = layered_reference(xs, widths, mix, shifts)  # same float32 ops in the same order
     for r in range(world):
-        assert rel_err(got[r]["y"], want[r]) < 1e-5
+        assert torch.equal(got[r]["y"], want[r])
 
 
 @settings(max_examples=40, deadline=None)

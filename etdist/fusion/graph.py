@@ -48,17 +48,18 @@ class EventTensor:
         if len(shape) == 0:
             raise GraphError(f"event {name!r} needs at least one dimension")
         self.name, self.shape, self.count, self.distributed = name, tuple(shape), count, distributed
+        self.spec = self._trace()  # now, while the names the count function reads mean what they mean
+
+    def _trace(self) -> EventSpec:
+        coord = tuple(var(f"c{i}") for i in range(len(self.shape)))
+        count = self.count(*coord) if callable(self.count) else self.count
+        return EventSpec(self.name, tuple(as_expr(s) for s in self.shape), as_expr(count), self.distributed)
 
     def __getitem__(self, coord) -> EventRef:
         coord = coord if isinstance(coord, tuple) else (coord,)
         if len(coord) != len(self.shape):
             raise GraphError(f"event {self.name!r} has {len(self.shape)} dims, indexed with {len(coord)}")
         return EventRef(self, tuple(as_expr(c) for c in coord))
-
-    def to_spec(self) -> EventSpec:
-        coord = tuple(var(f"c{i}") for i in range(len(self.shape)))
-        count = self.count(*coord) if callable(self.count) else self.count
-        return EventSpec(self.name, tuple(as_expr(s) for s in self.shape), as_expr(count), self.distributed)
 
 
 class TensorRef:
@@ -90,7 +91,7 @@ class Graph:
         self._sizes: dict[str, Expr] = {}
         self._tensors: dict[str, TensorRef] = {}
         self._events: dict[str, EventTensor] = {}
-        self._tasks: list[tuple[Callable, tuple, _MapFn, _MapFn, _MapFn, str]] = []
+        self._tasks: list[TaskSpec] = []
         self._checks: list[Check] = []
         self._samples: list[dict[str, int]] = []
 
@@ -138,7 +139,8 @@ class Graph:
             task is skipped, notifies included, where it is false. Evaluated after the waits.
         """
         def register(body: Callable) -> Callable:
-            self._tasks.append((body, tuple(grid), wait, notify, when, name or body.__name__))
+            # Traced now: the maps' free names are read at declaration, as a reader expects.
+            self._tasks.append(self._trace_task(body, tuple(grid), wait, notify, when, name or body.__name__))
             return body
         return register
 
@@ -158,14 +160,13 @@ class Graph:
         clash = set(self._tensors) & (set(self._sizes) | {RANK_NAME, WORLD_NAME})
         if clash:
             raise GraphError(f"graph {self.name!r}: {sorted(clash)} name both a tensor and a size")
-        tasks, seen = [], set()
-        for body, grid, wait, notify, when, name in self._tasks:
-            if name in seen:
-                raise GraphError(f"graph {self.name!r} has two tasks named {name!r}")
-            seen.add(name)
-            tasks.append(self._trace_task(body, grid, wait, notify, when, name))
+        tasks, seen = self._tasks, set()
+        for t in tasks:
+            if t.name in seen:
+                raise GraphError(f"graph {self.name!r} has two tasks named {t.name!r}")
+            seen.add(t.name)
         used = {a.event for t in tasks for a in t.waits + t.notifies}
-        events = tuple(e.to_spec() for e in self._events.values())
+        events = tuple(e.spec for e in self._events.values())
         sizes = tuple(sorted(set(self._sizes) | {RANK_NAME, WORLD_NAME}))
         samples = tuple(tuple(sorted(s.items())) for s in self._samples)
         ir = GraphIR(self.name, tuple(t.to_spec() for t in self._tensors.values()), events,

@@ -1,0 +1,85 @@
+"""Structured configs for the Hydra apps: a typo or a bad value fails when the config is composed.
+
+The YAML files under conf/ fill these schemas (each starts from `base_<group>`).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import List
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class WorkloadName(enum.Enum):
+    gemm_rs = "gemm_rs"
+    ag_gemm = "ag_gemm"
+    moe = "moe"
+
+
+class ScheduleName(enum.Enum):
+    static = "static"
+    dynamic = "dynamic"
+
+
+class Backend(enum.Enum):
+    auto = "auto"      # nvshmem where there are GPUs, cpu otherwise
+    cpu = "cpu"
+    nvshmem = "nvshmem"
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    hidden: int = MISSING
+    intermediate: int = MISSING       # dense MLP intermediate size (whole, before sharding)
+    num_experts: int = 0              # MoE models only
+    top_k: int = 0
+    expert_intermediate: int = 0
+    routing_skew: float = 0.0         # > 0: Zipf-like routing toward low-numbered experts
+
+
+@dataclass
+class WorkloadConfig:
+    names: List[WorkloadName] = field(default_factory=lambda: list(WorkloadName))
+
+
+@dataclass
+class ScheduleConfig:
+    names: List[ScheduleName] = field(default_factory=lambda: [ScheduleName.static])
+
+
+@dataclass
+class MeshConfig:
+    backend: Backend = Backend.auto
+    worlds: List[int] = field(default_factory=lambda: [1, 2, 4])  # simulated ranks on the CPU runtime
+
+
+@dataclass
+class BenchConfig:
+    tokens: List[int] = field(default_factory=lambda: [37])  # M: tokens per layer call
+    interleavings: int = 3    # seeded-random interleavings per cell on the CPU runtime
+    programs: int = 4         # persistent programs per rank (simulated SMs on the CPU)
+    block_m: int = 16
+    block_n: int = 16
+    seed: int = 0
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    workload: WorkloadConfig = MISSING
+    schedule: ScheduleConfig = MISSING
+    mesh: MeshConfig = MISSING
+    bench: BenchConfig = MISSING
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="workload", name="base_workload", node=WorkloadConfig)
+    cs.store(group="schedule", name="base_schedule", node=ScheduleConfig)
+    cs.store(group="mesh", name="base_mesh", node=MeshConfig)
+    cs.store(group="bench", name="base_bench", node=BenchConfig)

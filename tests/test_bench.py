@@ -1,0 +1,72 @@
+"""The Hydra configs compose, bad overrides fail at compose time, and the main command runs."""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from etdist import bench
+from etdist.config import ScheduleName, WorkloadName
+
+CONF = str(pathlib.Path(__file__).resolve().parents[1] / "conf")
+MODELS = sorted(p.stem for p in (pathlib.Path(CONF) / "model").glob("*.yaml"))
+
+
+def cfg(*overrides):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_composes(model):
+    c = cfg(f"model={model}")
+    assert c.model.name == model and c.model.hidden > 0 and c.model.intermediate > 0
+
+
+@pytest.mark.parametrize("group,option", [("workload", w) for w in ("gemm_rs", "ag_gemm", "moe", "all")]
+                         + [("schedule", s) for s in ("static", "dynamic", "both")]
+                         + [("mesh", m) for m in ("auto", "cpu", "nvshmem")] + [("bench", "cpu")])
+def test_every_group_option_composes(group, option):
+    c = cfg(f"{group}={option}")
+    OmegaConf.to_container(c, resolve=True, throw_on_missing=True)
+
+
+def test_enums_parse():
+    c = cfg("workload=moe", "schedule=dynamic")
+    assert list(c.workload.names) == [WorkloadName.moe]
+    assert list(c.schedule.names) == [ScheduleName.dynamic]
+
+
+@pytest.mark.parametrize("bad", ["model=no_such_model", "bench.programs=many", "schedule.names=[greedy]",
+                                 "workload.names=[conv]", "bench.typo=1"])
+def test_bad_overrides_fail_at_compose(bad):
+    with pytest.raises(Exception) as err:
+        cfg(bad)
+    text = f"{err.value} {err.value.__cause__}"
+    value = bad.split("=")[1].strip("[]")
+    assert value in text or "no_such_model" in text or "typo" in text, text
+
+
+def test_run_returns_accurate_rows():
+    rows = bench.run(cfg("mesh.worlds=[1,2]", "bench.tokens=[9]", "bench.interleavings=2"))
+    assert {r.workload for r in rows} == {"gemm_rs", "ag_gemm", "moe"}
+    assert {r.schedule for r in rows} == {"static", "dynamic"}
+    assert len(rows) == 3 * 2 * 2
+    assert all(r.max_rel_err < 1e-5 and r.tasks > 0 for r in rows)
+
+
+def test_dense_models_skip_moe_cells():
+    rows = list(bench.cells(cfg("model=qwen3_8b", "mesh.worlds=[2]")))
+    assert rows and all(name != "moe" for name, *_ in rows)
+
+
+def test_main_command_prints_the_table(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "etdist.bench", "mesh.worlds=[1,2]", "bench.interleavings=1",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for word in ("gemm_rs", "ag_gemm", "moe", "static", "dynamic", "max rel err", "wall ms"):
+        assert word in out.stdout
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 12
