@@ -7,5 +7,7 @@ from .fusion import (CounterError, DeadlockError, DoubleNotifyError, EtdistError
                      Graph, GraphError, InputError, RuntimeFault, cdiv, compile, eq, logical_and,
                      maximum, minimum, where)
 from .fusion.tiles import block, shift
+from .mesh import init_mesh
+from . import ops
 
 __version__ = "0.1.0"

@@ -195,7 +195,7 @@ def test_bad_compile_arguments():
         et.compile(chain(), schedule="greedy")
     with pytest.raises(et.GraphError, match="target must be one of"):
         et.compile(chain(), target="tpu")
-    with pytest.raises(NotImplementedError, match="GPU megakernel backend"):
+    with pytest.raises(et.GraphError, match="task 'a' has no GPU tile body: pass triton="):
         et.compile(chain(), target="cuda")
 
 

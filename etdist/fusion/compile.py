@@ -24,7 +24,7 @@ DEFAULT_CPU_PROGRAMS = 4
 
 def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str = "cpu",
             programs: Optional[int] = None,
-            samples: Optional[Sequence[Mapping[str, int]]] = None) -> CpuKernel:
+            samples: Optional[Sequence[Mapping[str, int]]] = None):
     """Compile a graph into a megakernel for `target`.
 
     schedule: "static" (tasks pre-assigned to programs by formula; the default for dense work) or
@@ -50,10 +50,10 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
         print(f"[etdist] validate {ir.name}: {report.tasks} tasks over {len(report.samples)} samples; "
               f"runtime-checked events: {list(report.dynamic_events)}")
     if target == "cuda":
-        raise NotImplementedError(
-            "target='cuda' needs the GPU megakernel backend, which is not built yet; "
-            "use target='cpu' (the CPU runtime) meanwhile")
-    kernel = CpuKernel(table, schedule, programs or DEFAULT_CPU_PROGRAMS)
+        from .cuda_runtime import CudaKernel  # imports triton; CPU-only users never need it
+        kernel = CudaKernel(table, schedule, programs)
+    else:
+        kernel = CpuKernel(table, schedule, programs or DEFAULT_CPU_PROGRAMS)
     if debug:
         print(f"[etdist] build {ir.name}: {kernel}")
     return kernel

@@ -322,11 +322,21 @@ def _interleave(launch: _Launch, gens: dict, how: str, seed: int) -> None:
     launch.stats.steps = launch.step
 
 
-def bind_inputs(ir, inputs, sizes: Optional[Mapping[str, int]]) -> dict[str, int]:
-    """Check per-rank inputs against the graph and bind its sizes; raise before any launch."""
-    if isinstance(inputs, Mapping) or not isinstance(inputs, Sequence) or not inputs:
+def bind_inputs(ir, inputs, sizes: Optional[Mapping[str, int]], *, world: Optional[int] = None,
+                device_type: Optional[str] = "cpu") -> dict[str, int]:
+    """Check inputs against the graph and bind its sizes; raise before any launch.
+
+    inputs: a list with one dict per rank (CPU runtime), or {rank: dict} for the ranks this
+    process holds (GPU: its own) with `world` given. device_type: required device, or None.
+    """
+    if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) and inputs and \
+            all(isinstance(d, Mapping) or d is None for d in inputs):
+        per_rank = dict(enumerate(inputs))
+    elif isinstance(inputs, Mapping) and inputs and all(isinstance(k, int) for k in inputs):
+        per_rank = dict(inputs)
+    else:
         raise InputError(f"graph {ir.name!r}: pass a list with one dict of input tensors per rank")
-    world = len(inputs)
+    world = len(per_rank) if world is None else world
     specs = [s for s in ir.tensors if s.role is Role.INPUT]
     names = {s.name for s in specs}
     bound: dict[str, int] = {WORLD_NAME: world}
@@ -335,7 +345,7 @@ def bind_inputs(ir, inputs, sizes: Optional[Mapping[str, int]]) -> dict[str, int
             raise InputError(f"graph {ir.name!r} has no size {k!r} to set (its sizes: "
                              f"{[s for s in ir.sizes if s not in (RANK_NAME, WORLD_NAME)]})")
         bound[k] = int(v)
-    for r, given in enumerate(inputs):
+    for r, given in per_rank.items():
         if not isinstance(given, Mapping):
             raise InputError(f"rank {r}: expected a dict of input tensors, got {type(given).__name__}")
         missing, extra = names - set(given), set(given) - names
@@ -343,16 +353,20 @@ def bind_inputs(ir, inputs, sizes: Optional[Mapping[str, int]]) -> dict[str, int
             raise InputError(f"graph {ir.name!r} rank {r}: missing inputs {sorted(missing)}, "
                              f"unexpected {sorted(extra)}")
         for s in specs:
-            _check_tensor(ir, s, given[s.name], r)
-    for s in specs:  # bind bare-symbol dims from rank 0
-        for d, n in zip(s.shape, inputs[0][s.name].shape):
+            _check_tensor(ir, s, given[s.name], r, device_type)
+    first = per_rank[min(per_rank)]
+    for s in specs:  # bind bare-symbol dims from the first rank given
+        for d, n in zip(s.shape, first[s.name].shape):
             if d.op == "sym" and d.args[0] not in bound:
                 bound[d.args[0]] = int(n)
     unbound = [s for s in ir.sizes if s not in bound and s != RANK_NAME]
     if unbound:
         raise InputError(f"graph {ir.name!r}: sizes {unbound} are not named by any input's shape; "
                          f"pass sizes={{{', '.join(repr(u) + ': ...' for u in unbound)}}}")
-    for r, given in enumerate(inputs):
+    for c in ir.checks:
+        if not c.cond.evaluate(bound):
+            raise InputError(f"graph {ir.name!r} at sizes {bound}: {c.message}")
+    for r, given in per_rank.items():
         env = {**bound, RANK_NAME: r}
         for s in specs:
             want = tuple(evaluate(d, env) for d in s.shape)
@@ -361,19 +375,16 @@ def bind_inputs(ir, inputs, sizes: Optional[Mapping[str, int]]) -> dict[str, int
                 raise InputError(f"graph {ir.name!r}: input {s.name!r} on rank {r} has shape {list(got)}, "
                                  f"expected {list(want)} = {list(s.shape)} at sizes "
                                  f"{ {k: v for k, v in bound.items() if k != WORLD_NAME} } (world {world})")
-    for c in ir.checks:
-        if not c.cond.evaluate(bound):
-            raise InputError(f"graph {ir.name!r} at sizes {bound}: {c.message}")
     return bound
 
 
-def _check_tensor(ir, s: TensorSpec, t: Any, rank: int) -> None:
+def _check_tensor(ir, s: TensorSpec, t: Any, rank: int, device_type: Optional[str]) -> None:
     where = f"graph {ir.name!r} input {s.name!r} on rank {rank}"
     if not isinstance(t, torch.Tensor):
         raise InputError(f"{where}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != s.dtype:
         raise InputError(f"{where}: dtype {t.dtype}, expected {s.dtype}")
-    if t.device.type != "cpu":
+    if device_type is not None and t.device.type != device_type:
         raise InputError(f"{where}: on {t.device}; the CPU runtime takes CPU tensors "
                          "(compile with target='cuda' for GPU tensors)")
     if t.dim() != len(s.shape):

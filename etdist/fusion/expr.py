@@ -92,6 +92,16 @@ class Expr:
     def is_data_dependent(self) -> bool:
         return bool(self.loads())
 
+    def substitute(self, mapping: Mapping[str, "Expr"]) -> "Expr":
+        """Replace index variables by expressions (e.g. an event's coordinate vars by a task's map)."""
+        if self.op == "var":
+            return mapping.get(self.args[0], self)
+        if self.op in ("const", "sym"):
+            return self
+        if self.op == "load":
+            return Expr("load", (self.args[0], tuple(i.substitute(mapping) for i in self.args[1])))
+        return Expr(self.op, tuple(x.substitute(mapping) for x in self.args))
+
     # -- backends -----------------------------------------------------------------------------
     def to_python(self) -> str:
         op, a = self.op, self.args
@@ -107,6 +117,20 @@ class Expr:
         if op == "where":
             return f"({a[1].to_python()} if {a[0].to_python()} else {a[2].to_python()})"
         return f"({a[0].to_python()} {_BINARY[op][0]} {a[1].to_python()})"
+
+    def to_triton(self, load: Callable[[str, tuple], str]) -> str:
+        """Triton source; `load(tensor, index_sources)` prints a runtime-tensor read."""
+        op, a = self.op, self.args
+        if op in ("const", "sym", "var"):
+            return self.to_python()
+        if op == "load":
+            return load(a[0], tuple(i.to_triton(load) for i in a[1]))
+        if op in _CALLS:
+            return f"tl.{'minimum' if op == 'min' else 'maximum'}({a[0].to_triton(load)}, {a[1].to_triton(load)})"
+        if op == "where":
+            return f"tl.where({a[0].to_triton(load)}, {a[1].to_triton(load)}, {a[2].to_triton(load)})"
+        sym_ = {"and": "&", "or": "|"}.get(op, _BINARY[op][0])
+        return f"({a[0].to_triton(load)} {sym_} {a[1].to_triton(load)})"
 
     def evaluate(self, env: Mapping[str, Any]) -> int:
         """Value under `env`: sizes, index variables and (for loads) indexable tensors by name."""
@@ -125,7 +149,12 @@ class Expr:
             return _CALLS[op](a[0].evaluate(env), a[1].evaluate(env))
         if op == "where":
             return a[1].evaluate(env) if a[0].evaluate(env) else a[2].evaluate(env)
-        return _BINARY[op][1](a[0].evaluate(env), a[1].evaluate(env))
+        x, y = a[0].evaluate(env), a[1].evaluate(env)
+        if op in ("floordiv", "mod") and (x < 0 or y <= 0):
+            # Python floors, GPU integer division truncates: the same map would differ on the GPU.
+            raise ValueError(f"{self.to_python()} at {x} {_BINARY[op][0]} {y}: index maps may divide "
+                             "only non-negative values by positive ones (wrap with et.maximum(0, ...))")
+        return _BINARY[op][1](x, y)
 
 
 Size = Union[int, Expr]

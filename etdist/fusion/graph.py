@@ -13,6 +13,7 @@ validation, scheduling and code generation see.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
@@ -131,16 +132,24 @@ class Graph:
         self._samples.append(sizes)
 
     def task(self, grid: Sequence[Size], wait: _MapFn = None, notify: _MapFn = None,
-             when: _MapFn = None, name: Optional[str] = None):
+             when: _MapFn = None, name: Optional[str] = None, triton=None, constexprs: Optional[dict] = None):
         """Decorator: `body(t, *index)` runs once per index of `grid`.
 
         wait / notify: functions of the index returning an event element or a list of them.
         when: a function of the index returning a condition (it may read runtime tensors); the
             task is skipped, notifies included, where it is false. Evaluated after the waits.
+        triton: the GPU tile body (@triton.jit); its parameters are bound by name: the index
+            names, tensor names (pointers), `<tensor>_peers` (peer address tables of symmetric
+            tensors), sizes, RANK, WORLD, and the `constexprs` given here.
+        The decorated function is the torch reference the CPU runtime runs: `body(t, *index)`.
         """
         def register(body: Callable) -> Callable:
             # Traced now: the maps' free names are read at declaration, as a reader expects.
-            self._tasks.append(self._trace_task(body, tuple(grid), wait, notify, when, name or body.__name__))
+            spec = self._trace_task(body, tuple(grid), wait, notify, when, name or body.__name__)
+            if triton is not None:
+                spec = dataclasses.replace(spec, triton_body=triton,
+                                           constexprs=tuple(sorted((constexprs or {}).items())))
+            self._tasks.append(spec)
             return body
         return register
 
@@ -189,8 +198,7 @@ class Graph:
             cond = as_expr(when(*idx))
         return TaskSpec(name, tuple(as_expr(g) for g in grid), tuple(params),
                         self._trace_map(name, "wait", wait, idx),
-                        self._trace_map(name, "notify", notify, idx), cond, body,
-                        getattr(body, "triton_body", None))
+                        self._trace_map(name, "notify", notify, idx), cond, body)
 
     def _trace_map(self, task: str, what: str, fn: _MapFn, idx) -> tuple[Access, ...]:
         if fn is None:

@@ -72,7 +72,10 @@ class TaskSpec:
     notifies: tuple[Access, ...]
     when: Optional[Expr]
     body: Callable[..., Any] = field(compare=False, repr=False)
+    # GPU tile body: a @triton.jit function whose parameters are bound by name (index names,
+    # tensor names, `<tensor>_peers` tables of symmetric tensors, sizes, RANK, WORLD, constexprs).
     triton_body: Any = field(default=None, compare=False, repr=False)
+    constexprs: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

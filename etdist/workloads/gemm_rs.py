@@ -9,10 +9,14 @@ from __future__ import annotations
 import torch
 
 import etdist as et
+from etdist.kernels import gemm_tiles
 
 
-def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32) -> et.Graph:
+def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
+                        block_k: int = 64) -> et.Graph:
+    """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16)."""
     g = et.Graph("gemm_rs")
+    tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     M, K, N = g.size("M"), g.size("K"), g.size("N")
     R, me = g.world, g.rank
     C = et.cdiv(M, R)                                    # rows per owner
@@ -25,12 +29,14 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     g.output("y", (owned(me), N), dtype)
     arrived = g.event("arrived", (R, m_tiles, n_tiles), count=R, distributed=True)  # one per source
 
-    @g.task(grid=(R, m_tiles, n_tiles), notify=lambda dst, i, j: arrived[dst, i, j])
+    @g.task(grid=(R, m_tiles, n_tiles), notify=lambda dst, i, j: arrived[dst, i, j],
+            triton=gemm_tiles.gemm_rs_matmul, constexprs=dict(tiles, BLOCK_K=block_k))
     def matmul(t, dst, i, j):                            # my partial of rank dst's tile (i, j)
         rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, block_n, t.N)
         t.peer(dst).partial[t.rank, rows, cols] = t.x[et.shift(rows, dst * t(C))] @ t.w[:, cols]
 
-    @g.task(grid=(m_tiles, n_tiles), wait=lambda i, j: arrived[me, i, j])
+    @g.task(grid=(m_tiles, n_tiles), wait=lambda i, j: arrived[me, i, j],
+            triton=gemm_tiles.gemm_rs_reduce, constexprs=tiles)
     def reduce(t, i, j):                                 # y = sum over sources
         rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.N)
         t.y[rows, cols] = t.partial[:, rows, cols].sum(0)

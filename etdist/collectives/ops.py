@@ -1,0 +1,166 @@
+"""Collectives as standalone ops on torch tensors (split along dim 0, any world size).
+
+    out = reduce_scatter(x)            # x [W*m, ...] -> [m, ...], summed over ranks
+    out = all_gather(x)                # x [m, ...] -> [W*m, ...], rank order
+    out = all_reduce(x)                # x [...] -> [...], summed over ranks
+    out = all_to_all(x, send_counts)   # rows x[prefix(send)[d]:][:send[d]] go to rank d
+
+Every rank must make the same calls in the same order with the same shapes (all_to_all: matching
+counts); a rank that does not makes every rank raise within the mesh's watchdog. check=True
+(default) ends with an exit rendezvous, waits for the op and raises here. check=False is the fast
+path (benchmarks, CUDA graphs, a forward pass): no rendezvous, no host sync; a fault is recorded
+on the device and raises at the next mesh.check() or mesh.barrier() (or check=True op).
+Sums accumulate in fp32.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Sequence
+
+import torch
+
+from ..mesh import Mesh, MeshError, current_mesh
+from . import plan as plans
+from .cpu_exchange import exchange_cpu
+from .gpu_exchange import exchange_interpreted, prepare_gpu
+from .plan import OP_NAMES, Op
+from .workspace import get_workspace
+
+REDUCE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The exit rendezvous (every rank leaves a call only after all did) runs when check=True, so a
+# fault makes every rank raise; check=False skips it (double-buffered scratch keeps that safe).
+# ETDIST_RENDEZVOUS=0/1 forces it off/on.
+_RENDEZVOUS = None if os.environ.get("ETDIST_RENDEZVOUS") is None else os.environ["ETDIST_RENDEZVOUS"] != "0"
+
+
+def _mesh(mesh: Optional[Mesh]) -> Mesh:
+    return current_mesh() if mesh is None else mesh
+
+
+def _check_input(mesh: Mesh, x: torch.Tensor, op: Op) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{OP_NAMES[op]}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.device != mesh.device and not (x.device.type == mesh.device.type == "cuda"
+                                        and x.device.index == mesh.device.index):
+        raise MeshError(f"{OP_NAMES[op]}: x is on {x.device} but this rank's mesh device is {mesh.device}")
+    if op.reduces and x.dtype not in REDUCE_DTYPES:
+        raise MeshError(f"{OP_NAMES[op]}: dtype {x.dtype} is not supported for sums; use one of "
+                        f"{', '.join(str(d) for d in REDUCE_DTYPES)}")
+    return x.contiguous()
+
+
+def _check_out(out: Optional[torch.Tensor], shape, x: torch.Tensor, op: Op) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=x.dtype, device=x.device)
+    if tuple(out.shape) != tuple(shape) or out.dtype != x.dtype or out.device != x.device:
+        raise MeshError(f"{OP_NAMES[op]}: out must be {tuple(shape)} {x.dtype} on {x.device}, got "
+                        f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    if not out.is_contiguous():
+        raise MeshError(f"{OP_NAMES[op]}: out must be contiguous")
+    return out
+
+
+def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, check: bool) -> torch.Tensor:
+    """Run the plans `pieces(slot_elems)` yields (one per round). On GPUs each distinct call (same
+    tensors, shapes, flags) is prepared once and then launched straight from a cache."""
+    if mesh._failed is not None or mesh._closed:
+        mesh._check_usable()
+    rendezvous = check if _RENDEZVOUS is None else _RENDEZVOUS
+    if mesh.backend == "nvshmem":
+        full_key = key + (x.data_ptr(), out.data_ptr(), x.dtype, rendezvous, mesh.fault_skip_notify_rank)
+        cache = mesh.cache.setdefault("collectives.launches", {})
+        launches = cache.get(full_key)
+        if launches is None:
+            ws = get_workspace(mesh)
+            launches = [prepare_gpu(mesh, ws, x, out, p, rendezvous) for p in pieces(ws.slot_elems(x.dtype))]
+            if len(cache) > 1024:
+                cache.clear()
+            cache[full_key] = launches
+        for launch in launches:
+            launch()
+        if check:
+            mesh.impl.synchronize()
+            mesh.check(OP_NAMES)
+        return out
+    ws = get_workspace(mesh)
+    interpreted = os.environ.get("ETDIST_CPU_EXCHANGE", "torch") == "triton"
+    for plan in pieces(ws.slot_elems(x.dtype)):
+        if interpreted:
+            exchange_interpreted(mesh, ws, x, out, plan, rendezvous)  # epoch kept in the control block
+        else:
+            exchange_cpu(mesh, ws, x, out, plan, mesh.next_epoch("coll"))
+    mesh.check(OP_NAMES)
+    return out
+
+
+def reduce_scatter(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Optional[Mesh] = None,
+                   check: bool = True) -> torch.Tensor:
+    """Sum x over ranks and keep this rank's block of dim 0: [W*m, ...] -> [m, ...]."""
+    mesh = _mesh(mesh)
+    x = _check_input(mesh, x, Op.REDUCE_SCATTER)
+    w = mesh.world_size
+    if x.dim() == 0 or x.shape[0] % w:
+        raise MeshError(f"reduce_scatter: x.shape[0] must be divisible by the world size {w}, got shape "
+                        f"{tuple(x.shape)}")
+    out = _check_out(out, (x.shape[0] // w,) + tuple(x.shape[1:]), x, Op.REDUCE_SCATTER)
+    n = x.numel() // w
+    return _run(mesh, x, out, (Op.REDUCE_SCATTER, n), lambda per: (
+        plans.reduce_scatter(w, n, a, b) for a, b in plans.rounds(n, per)), check)
+
+
+def all_gather(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Optional[Mesh] = None,
+               check: bool = True) -> torch.Tensor:
+    """Concatenate every rank's x along dim 0 in rank order: [m, ...] -> [W*m, ...]."""
+    mesh = _mesh(mesh)
+    x = _check_input(mesh, x, Op.ALL_GATHER)
+    w = mesh.world_size
+    x1 = x.reshape(1) if x.dim() == 0 else x
+    out = _check_out(out, (w * x1.shape[0],) + tuple(x1.shape[1:]), x, Op.ALL_GATHER)
+    n = x.numel()
+    return _run(mesh, x, out, (Op.ALL_GATHER, n), lambda per: (
+        plans.all_gather(w, n, a, b) for a, b in plans.rounds(n, per)), check)
+
+
+def all_reduce(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Optional[Mesh] = None,
+               check: bool = True) -> torch.Tensor:
+    """Sum x over ranks (out of place unless out=x is passed)."""
+    mesh = _mesh(mesh)
+    x = _check_input(mesh, x, Op.ALL_REDUCE)
+    out = _check_out(out, tuple(x.shape), x, Op.ALL_REDUCE)
+    w, n = mesh.world_size, x.numel()
+    return _run(mesh, x, out, (Op.ALL_REDUCE, n), lambda per: (
+        plans.all_reduce(w, n, a, b) for a, b in plans.rounds(n, per)), check)
+
+
+def all_to_all(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Optional[Sequence[int]] = None,
+               out: Optional[torch.Tensor] = None, *, mesh: Optional[Mesh] = None, check: bool = True) -> torch.Tensor:
+    """Rows x[sum(send_counts[:d]):][:send_counts[d]] go to rank d; out holds the rows every rank sent
+    us, in rank order. recv_counts (what each rank sends us) is exchanged when not given (MoE passes it)."""
+    mesh = _mesh(mesh)
+    x = _check_input(mesh, x, Op.ALL_TO_ALL)
+    w, r = mesh.world_size, mesh.rank
+    send = [int(c) for c in send_counts]
+    if len(send) != w or any(c < 0 for c in send) or x.dim() == 0 or sum(send) != x.shape[0]:
+        raise MeshError(f"all_to_all: send_counts must be {w} non-negative row counts summing to x.shape[0]="
+                        f"{x.shape[0] if x.dim() else 'scalar'}, got {send}")
+    if recv_counts is None:
+        table = all_gather(torch.tensor(send, dtype=torch.int64, device=x.device), mesh=mesh).tolist()
+        recv = [int(table[s * w + r]) for s in range(w)]
+    else:
+        recv = [int(c) for c in recv_counts]
+        if len(recv) != w or any(c < 0 for c in recv):
+            raise MeshError(f"all_to_all: recv_counts must be {w} non-negative row counts, got {recv}")
+    if recv[r] != send[r]:
+        raise MeshError(f"all_to_all: recv_counts[{r}]={recv[r]} but this rank sends itself {send[r]} rows")
+    row = math.prod(x.shape[1:])
+    out = _check_out(out, (sum(recv),) + tuple(x.shape[1:]), x, Op.ALL_TO_ALL)
+    plan = plans.all_to_all([c * row for c in send], [c * row for c in recv])
+
+    def pieces(per):
+        if plan.max_count > per:
+            raise MeshError(f"all_to_all: {plan.max_count} elements for one peer exceed the workspace slot of "
+                            f"{per}: raise ETDIST_WORKSPACE_MB")
+        return [plan]
+
+    return _run(mesh, x, out, (Op.ALL_TO_ALL, plan.send_cnt, plan.recv_cnt), pieces, check)

@@ -1,0 +1,253 @@
+"""Codegen: a GraphIR -> the Triton source of one persistent megakernel.
+
+The kernel is a fixed skeleton; only the per-task branches are generated:
+
+    for task id in range(program, total, NUM_PROGRAMS):        # the static schedule's formula
+        if id < end_of_function_0:  unravel -> waits -> [when] -> tile body -> notifies
+        elif ...
+    exit rendezvous                                             # peers may still write into us
+
+Sizes are run-time arguments (not specialised), so one compiled kernel serves every M.
+Event counters live in one int32 arena (symmetric memory: peers notify into it):
+
+    [0, 8) error record | [8, 8+W) exit lanes | [8+W] grid counter | events at run-time offsets
+
+Waits spin until `counter >= launch epoch x count` (counters re-arm by growing, never reset
+while shapes stay the same), bounded by the watchdog in etdist.kernels.sync. A wait's error
+code is (16 + event index) << 20 | element, which the host decodes back to a coordinate.
+ETDIST_DUMP=1 prints the generated source.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from .errors import GraphError
+from .expr import RANK_NAME, WORLD_NAME, Expr, as_expr, var
+from .ir import GraphIR, Role, TaskSpec
+
+ERR_WORDS = 8
+EVENT_CODE_BASE = 16
+ELEMENT_BITS = 20
+
+
+@dataclass(frozen=True)
+class ArenaLayout:
+    """One definition of the counter arena, shared by the codegen and the host runtime."""
+
+    world: int
+
+    @property
+    def exit(self) -> int:
+        return ERR_WORDS
+
+    @property
+    def grid(self) -> int:
+        return ERR_WORDS + self.world
+
+    @property
+    def events(self) -> int:
+        return ERR_WORDS + self.world + 1
+
+
+def event_code(event_index: int, linear: int) -> int:
+    return (EVENT_CODE_BASE + event_index) << ELEMENT_BITS | (linear & ((1 << ELEMENT_BITS) - 1))
+
+
+def decode_event_code(code: int) -> tuple[int, int] | None:
+    e = (code >> ELEMENT_BITS) - EVENT_CODE_BASE
+    return (e, code & ((1 << ELEMENT_BITS) - 1)) if e >= 0 else None
+
+
+def kernel_params(ir: GraphIR) -> list[str]:
+    """The megakernel's run-time parameters, in order (the host passes them in this order)."""
+    ps = [t.name for t in ir.tensors]
+    ps += [f"{t.name}_peers" for t in ir.tensors if t.symmetric]
+    ps += list(ir.sizes)
+    ps += ["arena", "arena_peers"] + [f"ev_{e.name}_off" for e in ir.events]
+    ps += ["epoch", "ev_epoch", "max_spins"]
+    return ps
+
+
+class _Lines:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def indent(self):
+        return _Indent(self)
+
+
+class _Indent:
+    def __init__(self, out: _Lines):
+        self.out = out
+
+    def __enter__(self):
+        self.out.depth += 1
+
+    def __exit__(self, *exc):
+        self.out.depth -= 1
+
+
+def _linear(dims: list[str], coord: list[str]) -> str:
+    """Row-major offset of `coord` in an array of `dims` (Horner form)."""
+    text = coord[0]
+    for d, c in zip(dims[1:], coord[1:]):
+        text = f"({text}) * {d} + {c}"
+    return text
+
+
+def generate(ir: GraphIR) -> str:
+    """Source text of a module defining `megakernel` for this graph."""
+    reserved = set(kernel_params(ir))
+    for t in ir.tasks:
+        if t.triton_body is None:
+            raise GraphError(f"task {t.name!r} has no GPU tile body: pass triton=<@triton.jit fn> to g.task")
+        for n in t.index_names:
+            if n in reserved or n.startswith("_et"):
+                raise GraphError(f"task {t.name!r}: index name {n!r} collides with a tensor, size or kernel "
+                                 "parameter; rename it")
+    tensor_dims = {t.name: [f"_et_{t.name}_d{k}" for k in range(len(t.shape))] for t in ir.tensors}
+
+    def load(name: str, idx: tuple) -> str:
+        return f"tl.load({name} + {_linear(tensor_dims[name], list(idx))})"
+
+    def tx(e: Expr) -> str:
+        return as_expr(e).to_triton(load)
+
+    out = _Lines()
+    out("import triton")
+    out("import triton.language as tl")
+    out("from etdist.kernels.sync import notify as _et_notify, peer_base as _et_peer, wait as _et_wait")
+    out("from etdist.kernels.megakernel_exit import exit_rendezvous as _et_exit")
+    out("")
+    for t in ir.tasks:
+        out(f"# _et_body_{t.name} is bound to {t.triton_body.__module__}.{t.triton_body.__name__}")
+    out("")
+    params = kernel_params(ir)
+    scalars = [p for p in params if p in ir.sizes or p.startswith("ev_") or p in ("epoch", "ev_epoch", "max_spins")]
+    out(f"@triton.jit(do_not_specialize={scalars!r})")
+    out(f"def megakernel({', '.join(params)}, NUM_PROGRAMS: tl.constexpr, USE_ASM: tl.constexpr):")
+    with out.indent():
+        out("_et_pid = tl.program_id(0)")
+        for t in ir.tensors:  # tensor dims, for loads in data-dependent maps
+            if any(t.name in x.loads() for x in _all_exprs(ir)):
+                for d, e in zip(tensor_dims[t.name], t.shape):
+                    out(f"{d} = {tx(e)}")
+        for e in ir.events:
+            for k, d in enumerate(e.shape):
+                out(f"_et_ev_{e.name}_d{k} = {tx(d)}")
+        ends = []
+        for k, t in enumerate(ir.tasks):
+            for a, g in enumerate(t.grid):
+                out(f"_et_g{k}_{a} = {tx(g)}")
+            size = " * ".join(f"_et_g{k}_{a}" for a in range(len(t.grid))) or "1"
+            out(f"_et_end{k} = {'_et_end' + str(k - 1) + ' + ' if k else ''}{size}")
+            ends.append(f"_et_end{k}")
+        out(f"for _et_gid in range(_et_pid, {ends[-1] if ends else 0}, NUM_PROGRAMS):")
+        with out.indent():
+            for k, t in enumerate(ir.tasks):
+                kw = "if" if k == 0 else "elif" if k < len(ir.tasks) - 1 else "else"
+                out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
+                with out.indent():
+                    _emit_task(out, ir, k, t, tx)
+        out(f"_et_exit(arena, arena_peers, {ERR_WORDS}, {ERR_WORDS} + WORLD, epoch, RANK, WORLD, max_spins, "
+            f"{event_code(len(ir.events), 0)}, USE_ASM)  # the arena's exit lanes, then its grid counter")
+    return "\n".join(out.lines) + "\n"
+
+
+def _all_exprs(ir: GraphIR):
+    for e in ir.events:
+        yield e.count
+    for t in ir.tasks:
+        yield from (c for a in t.waits + t.notifies for c in a.coord)
+        if t.when is not None:
+            yield t.when
+
+
+def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx) -> None:
+    out(f"_et_t = _et_gid - _et_end{k - 1}" if k else "_et_t = _et_gid")
+    for a in reversed(range(len(t.grid))):  # unravel row-major
+        name = t.index_names[a]
+        if a == 0:
+            out(f"{name} = _et_t")
+        else:
+            out(f"{name} = _et_t % _et_g{k}_{a}")
+            out(f"_et_t = _et_t // _et_g{k}_{a}")
+    events = {e.name: (i, e) for i, e in enumerate(ir.events)}
+    out("_et_ok = 1")
+    for acc in t.waits:
+        i, e = events[acc.event]
+        dims = [f"_et_ev_{e.name}_d{d}" for d in range(len(e.shape))]
+        coord = [tx(c) for c in acc.coord]
+        lin = _linear(dims, coord)
+        count = e.count.substitute({f"c{d}": acc.coord[d] for d in range(len(e.shape))})
+        scope = "sys" if e.distributed else "gpu"
+        out(f"_et_lin = {lin}")
+        out(f"_et_ok = _et_ok & _et_wait(arena + ev_{e.name}_off + _et_lin, ev_epoch * ({tx(count)}), max_spins, "
+            f"arena, arena_peers, RANK, WORLD, ({EVENT_CODE_BASE + i} << {ELEMENT_BITS}) | (_et_lin & "
+            f"{(1 << ELEMENT_BITS) - 1}), -1, epoch, {scope!r}, USE_ASM)")
+    cond = "_et_ok != 0" if t.when is None else f"(_et_ok != 0) & ({tx(t.when)})"
+    out(f"if {cond}:")
+    with out.indent():
+        out(f"_et_body_{t.name}({', '.join(_bind_body_args(ir, t))})")
+        for acc in t.notifies:
+            i, e = events[acc.event]
+            dims = [f"_et_ev_{e.name}_d{d}" for d in range(len(e.shape))]
+            lin = _linear(dims, [tx(c) for c in acc.coord])
+            base = f"_et_peer(arena_peers, {tx(acc.coord[0])}, arena)" if e.distributed else "arena"
+            scope = "sys" if e.distributed else "gpu"
+            out(f"_et_notify({base} + ev_{e.name}_off + {lin}, 1, False, {scope!r})")
+
+
+def _bind_body_args(ir: GraphIR, t: TaskSpec) -> list[str]:
+    fn = t.triton_body
+    names = list(getattr(fn, "arg_names", None) or inspect.signature(getattr(fn, "fn", fn)).parameters)
+    available = set(kernel_params(ir)) | set(t.index_names)
+    consts = dict(t.constexprs)
+    args = []
+    for n in names:
+        if n in consts:
+            args.append(repr(consts[n]))
+        elif n in available:
+            args.append(n)
+        else:
+            raise GraphError(f"task {t.name!r}: GPU body {fn.__name__}() takes {n!r}, which is no index name, "
+                             f"tensor, `<tensor>_peers` of a symmetric tensor, size, RANK/WORLD or constexpr "
+                             f"(given constexprs: {sorted(consts)})")
+    return args
+
+
+_TRITON_TYPES = {"torch.float32": "*fp32", "torch.bfloat16": "*bf16", "torch.float16": "*fp16",
+                 "torch.int64": "*i64", "torch.int32": "*i32", "torch.bool": "*i1"}
+
+
+def signature(ir: GraphIR) -> dict[str, str]:
+    """Triton types of the kernel parameters (for ahead-of-time compilation)."""
+    sig = {}
+    for p in kernel_params(ir):
+        if p in {t.name for t in ir.tensors}:
+            sig[p] = _TRITON_TYPES[str(ir.tensor(p).dtype)]
+        elif p.endswith("_peers"):
+            sig[p] = "*i64"
+        elif p == "arena":
+            sig[p] = "*i32"
+        else:
+            sig[p] = "i32"
+    return sig
+
+
+def compile_ptx(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps: int = 4) -> str:
+    """PTX of the graph's megakernel for sm_`arch`, compiled on the host: no GPU needed."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from .cuda_runtime import load_module
+
+    fn = load_module(ir, generate(ir)).megakernel
+    sig = {**signature(ir), "NUM_PROGRAMS": "constexpr", "USE_ASM": "constexpr"}
+    src = triton.compiler.ASTSource(fn, sig, constexprs={"NUM_PROGRAMS": num_programs, "USE_ASM": True})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps}).asm["ptx"]

@@ -1,0 +1,236 @@
+"""The GPU backend: a compiled graph launched as one persistent Triton kernel per rank.
+
+Per call: check the inputs (before anything is launched), bind the sizes, and launch
+`min(programs, SMs)` co-resident programs (a cooperative launch, so an oversized grid fails
+loudly). The first call at a new shape allocates symmetric scratch (grown, never shrunk), zeroes
+the event counters, checks that every rank agrees on the sizes, compiles, and ends with a
+barrier, so no rank's kernel spins on a peer that is still compiling. Calls at a known shape
+do none of that: counters re-arm by growing (`counter >= epoch x count`).
+
+Watchdog: a wait that expires records the stalled event in the arena's error record (on every
+rank) and the kernel drains. The host sees it at the next call or at `check()`, and raises an
+error naming the graph, event, coordinate and counter value.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+import pathlib
+import sys
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+import numpy as np
+import torch
+
+from .bind import MapTable
+from .codegen_triton import ERR_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
+from .cpu_runtime import bind_inputs
+from .errors import InputError, RuntimeFault
+from .expr import RANK_NAME, WORLD_NAME, evaluate
+from .ir import Role
+
+CACHE = pathlib.Path(os.environ.get("ETDIST_CACHE", pathlib.Path.home() / ".cache" / "etdist"))
+
+
+def load_module(ir, source: str):
+    """Write the generated source to the cache (Triton reads source from files) and import it."""
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = CACHE / f"megakernel_{ir.name}_{key}.py"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        tmp.replace(path)
+    name = f"etdist_megakernel_{ir.name}_{key}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    for t in ir.tasks:  # the tile bodies the generated code calls by name
+        setattr(mod, f"_et_body_{t.name}", t.triton_body)
+    spec.loader.exec_module(mod)
+    sys.modules[name] = mod
+    return mod
+
+
+@dataclass
+class _Shape:
+    """What the runtime prepared for one set of sizes."""
+
+    sizes: dict
+    scratch: dict                      # name -> tensor view
+    event_offsets: dict                # name -> offset in the arena
+    event_shapes: dict
+
+
+@dataclass
+class _MeshState:
+    arena: Optional[torch.Tensor] = None
+    arena_peers: Optional[torch.Tensor] = None
+    buffers: dict = field(default_factory=dict)  # name -> (flat symmetric/non-symmetric buffer)
+    shape: Optional[_Shape] = None
+    epoch: int = 0        # launches on this mesh: exit-lane epochs, never reset
+    ev_epoch: int = 0     # launches since the counters were last zeroed (shape change)
+    pending: Optional[tuple] = None  # (cuda event, pinned error word) of the last launch
+
+
+class CudaKernel:
+    """A graph compiled for GPUs. Call `kernel(mesh, **inputs)` on every rank; returns its outputs."""
+
+    target = "cuda"
+
+    def __init__(self, table: MapTable, schedule: str, programs: Optional[int] = None,
+                 num_warps: int = 4, num_stages: int = 3):
+        if schedule != "static":
+            raise NotImplementedError("schedule='dynamic' on target='cuda' is not built yet; use 'static'")
+        self.table, self.ir, self.schedule = table, table.ir, schedule
+        self.programs, self.num_warps, self.num_stages = programs, num_warps, num_stages
+        self.source = generate(self.ir)
+        if os.environ.get("ETDIST_DUMP", "0") not in ("", "0"):
+            print(self.source)
+        self.module = load_module(self.ir, self.source)
+        self._states: dict = {}
+
+    def __repr__(self) -> str:
+        return f"CudaKernel({self.ir.name!r}, schedule={self.schedule!r})"
+
+    # -- host side --------------------------------------------------------------------------
+    def __call__(self, mesh, sizes: Optional[Mapping[str, int]] = None, out: Optional[dict] = None,
+                 **inputs: torch.Tensor) -> dict:
+        st = self._states.setdefault(id(mesh), _MeshState())
+        self._check_pending(mesh, st)
+        bound = self._bind(mesh, inputs, sizes)
+        if st.shape is None or st.shape.sizes != bound:
+            self._prepare(mesh, st, bound)
+        env = {**bound, RANK_NAME: mesh.rank}
+        outs = {}
+        for s in self.ir.tensors:
+            if s.role is Role.OUTPUT:
+                shape = tuple(evaluate(d, env) for d in s.shape)
+                given = (out or {}).get(s.name)
+                if given is not None:
+                    if tuple(given.shape) != shape or given.dtype != s.dtype or not given.is_contiguous():
+                        raise InputError(f"out[{s.name!r}]: need a contiguous {s.dtype} tensor of shape {list(shape)}")
+                    outs[s.name] = given
+                else:
+                    outs[s.name] = torch.empty(shape, dtype=s.dtype, device=mesh.device)
+        st.epoch += 1
+        st.ev_epoch += 1
+        self._launch(mesh, st, bound, inputs, outs)
+        return outs
+
+    def check(self, mesh) -> None:
+        """Wait for the last launch and raise if any of its waits timed out (on any rank)."""
+        st = self._states.get(id(mesh))
+        if st is None or st.arena is None:
+            return
+        torch.cuda.synchronize(mesh.device)
+        self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].cpu().tolist())
+
+    def _bind(self, mesh, inputs, sizes) -> dict:
+        world = mesh.world_size
+        for name, t in inputs.items():
+            if isinstance(t, torch.Tensor):
+                if t.device != mesh.device:
+                    raise InputError(f"graph {self.ir.name!r} input {name!r} is on {t.device}, the mesh on {mesh.device}")
+                if not t.is_contiguous():
+                    raise InputError(f"graph {self.ir.name!r} input {name!r} is not contiguous: pass .contiguous()")
+        return bind_inputs(self.ir, {mesh.rank: inputs}, sizes, world=world, device_type=None)
+
+    def _prepare(self, mesh, st: _MeshState, bound: dict) -> None:
+        """New sizes: agree across ranks, (re)allocate, zero the counters, compile, barrier."""
+        everyone = mesh.comm.allgather(sorted(bound.items()))
+        if any(e != everyone[0] for e in everyone):
+            listing = "; ".join(f"rank {r}: {dict(e)}" for r, e in enumerate(everyone))
+            raise InputError(f"graph {self.ir.name!r}: ranks disagree on sizes ({listing})")
+        world = mesh.world_size
+        scratch = {}
+        for s in self.ir.tensors:
+            if s.role is not Role.SCRATCH:
+                continue
+            shape = tuple(evaluate(d, {**bound, RANK_NAME: mesh.rank}) for d in s.shape)
+            scratch[s.name] = self._buffer(mesh, st, s, shape)
+        event_shapes = {e.name: tuple(evaluate(d, bound) for d in e.shape) for e in self.ir.events}
+        offsets, at = {}, ArenaLayout(world).events
+        for e in self.ir.events:
+            offsets[e.name] = at
+            at += math.prod(event_shapes[e.name])
+        if st.arena is None or st.arena.numel() < at:
+            torch.cuda.synchronize(mesh.device)
+            if st.arena is not None:
+                mesh.free(st.arena)
+            st.arena = mesh.empty((max(at, 4096),), torch.int32)
+            st.arena_peers = mesh.peer_ptrs(st.arena)
+        torch.cuda.synchronize(mesh.device)
+        st.arena[ArenaLayout(world).events:].zero_()  # the error record and exit lanes are kept
+        st.ev_epoch = 0
+        st.shape = _Shape(dict(bound), scratch, offsets, event_shapes)
+        mesh.barrier()  # every rank zeroed its counters before any rank notifies into them
+
+    def _buffer(self, mesh, st: _MeshState, spec, shape) -> torch.Tensor:
+        n = math.prod(shape)
+        have = st.buffers.get(spec.name)
+        if have is None or have.numel() < n:
+            cap = max(n, 1) if have is None else max(n, 2 * have.numel())
+            torch.cuda.synchronize(mesh.device)
+            if have is not None and spec.symmetric:
+                mesh.free(have)
+            have = (mesh.empty((cap,), spec.dtype) if spec.symmetric
+                    else torch.empty(cap, dtype=spec.dtype, device=mesh.device))
+            st.buffers[spec.name] = have
+        return have[:n].view(shape)
+
+    def _launch(self, mesh, st: _MeshState, bound: dict, inputs: dict, outs: dict) -> None:
+        shp = st.shape
+        values = {**inputs, **outs, **shp.scratch, **bound, RANK_NAME: mesh.rank, WORLD_NAME: mesh.world_size,
+                  "arena": st.arena, "arena_peers": st.arena_peers, "epoch": st.epoch, "ev_epoch": st.ev_epoch,
+                  "max_spins": mesh.watchdog_spins()}
+        for s in self.ir.tensors:
+            if s.symmetric:
+                t = values[s.name]
+                if not mesh.is_symmetric(t):
+                    raise InputError(f"graph {self.ir.name!r}: {s.name!r} must live in symmetric memory "
+                                     "(allocate it with mesh.empty)")
+                values[f"{s.name}_peers"] = mesh.peer_ptrs(t)
+        for e in self.ir.events:
+            values[f"ev_{e.name}_off"] = shp.event_offsets[e.name]
+        args = [values[p] for p in kernel_params(self.ir)]
+        sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
+        programs = min(self.programs or sms, sms)
+        self.module.megakernel[(programs,)](*args, NUM_PROGRAMS=programs, USE_ASM=True,
+                                            num_warps=self.num_warps, num_stages=self.num_stages,
+                                            launch_cooperative_grid=True)
+        word = torch.empty(1, dtype=torch.int32, pin_memory=True)
+        word.copy_(st.arena[:1], non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        st.pending = (done, word)
+
+    def _check_pending(self, mesh, st: _MeshState) -> None:
+        if st.pending is None:
+            return
+        done, word = st.pending
+        if done.query() and int(word[0]) != 0:
+            torch.cuda.synchronize(mesh.device)
+            self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].cpu().tolist())
+
+    def _raise_if_failed(self, mesh, st: _MeshState, words) -> None:
+        if int(words[0]) == 0:
+            return
+        kind, rank, code, observed, expected, peer, epoch = (int(w) for w in words[:7])
+        what = f"event code {code}"
+        dec = decode_event_code(code)
+        if dec is not None and st.shape is not None:
+            e, linear = dec
+            if e < len(self.ir.events):
+                ev = self.ir.events[e]
+                coord = np.unravel_index(linear, st.shape.event_shapes[ev.name])
+                what = f"{ev.name}{[int(c) for c in coord]}"
+            else:
+                what = "the exit rendezvous"
+        raise RuntimeFault(f"graph {self.ir.name!r}: rank {rank} waited on {what} (launch {epoch}): counter "
+                           f"{observed}, needed {expected}; the watchdog expired after ~{mesh.watchdog_s:g} s. "
+                           f"A task that should notify it did not run (a peer failed, or the graph is wrong)")

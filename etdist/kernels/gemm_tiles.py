@@ -1,0 +1,62 @@
+"""Triton tile bodies for GEMM-shaped work: one output tile of A @ B with fp32 accumulation.
+
+`mm_tile` is the building block the graph bodies call. Rows past `rows` and columns past N are
+masked (ragged M and N need no padding). Row-major, contiguous operands; offsets in elements.
+"""
+import triton
+import triton.language as tl
+
+from .sync import peer_base
+
+
+@triton.jit
+def mm_tile(a, rows, b, K, N, c, ldc, i, j,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """c[i-th BLOCK_M rows, j-th BLOCK_N cols] = a[rows, K] @ b[K, N] (a, c offset to row 0)."""
+    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = offs_m[:, None] < rows
+    col_ok = offs_n[None, :] < N
+    a_ptrs = a + offs_m[:, None] * K + offs_k[None, :]
+    b_ptrs = b + offs_k[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
+        a_t = tl.load(a_ptrs, mask=row_ok & k_ok[None, :], other=0.0)
+        b_t = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok, other=0.0)
+        acc = tl.dot(a_t, b_t, acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K * N
+    tl.store(c + offs_m[:, None] * ldc + offs_n[None, :], acc.to(c.dtype.element_ty), mask=row_ok & col_ok)
+
+
+@triton.jit
+def owned_rows(M, WORLD, r):
+    """Rows of M that rank r owns when split in chunks of cdiv(M, WORLD) (ragged at the end)."""
+    C = (M + WORLD - 1) // WORLD
+    return tl.maximum(0, tl.minimum(C, M - r * C))
+
+
+@triton.jit
+def gemm_rs_matmul(dst, i, j, x, w, partial_peers, M, K, N, RANK, WORLD,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """My partial of rank dst's tile (i, j), stored straight into dst's partial[RANK] (peer stores)."""
+    C = (M + WORLD - 1) // WORLD
+    out = peer_base(partial_peers, dst, x) + RANK * C * N
+    mm_tile(x + dst * C * K, owned_rows(M, WORLD, dst), w, K, N, out, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def gemm_rs_reduce(i, j, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y[tile] = sum over sources of partial[src][tile], in fp32."""
+    C = (M + WORLD - 1) // WORLD
+    rows = owned_rows(M, WORLD, RANK)
+    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
+    offs = offs_m[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for r in range(0, WORLD):
+        acc += tl.load(partial + r * C * N + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)

@@ -1,0 +1,115 @@
+"""Cross-program and cross-GPU synchronisation primitives for Triton kernels.
+
+Ordering (PTX memory model):
+- `notify` is a release: every store the program made before it (all threads: it starts with a
+  CTA barrier) is visible to whoever acquires the same word afterwards. SCOPE "gpu" for events
+  consumed on this GPU, "sys" for a word on (or read by) another GPU.
+- `wait` is an acquire poll: loads after it see what the notifier stored before its release.
+  SCOPE as above: "sys" for lanes a peer notifies. It ends with a CTA barrier.
+- Every wait is bounded: after `max_spins` turns it records (kind, rank, event, observed,
+  expected, peer, epoch) into the error slot of this rank and of every peer, and returns False.
+  Callers skip the work that depended on it and carry on to the exit rendezvous, so a missing
+  notify ends every rank's kernel and the host raises (Mesh.check) instead of hanging.
+
+USE_ASM selects an inline-asm `ld.acquire.<scope>.global.b32` poll (GPU; lighter than an atomic
+poll, which Triton broadcasts through shared memory); without it the poll is an acquire atomic,
+which also runs under TRITON_INTERPRET=1 on CPU tensors (where inline asm cannot).
+"""
+import triton
+import triton.language as tl
+
+ERR_TIMEOUT = tl.constexpr(1)
+ERR_SHAPE = tl.constexpr(2)
+
+
+@triton.jit
+def peer_base(table_ptr, rank, like_ptr):
+    """Rank `rank`'s copy of a symmetric buffer, typed like `like_ptr`, from a Mesh.peer_ptrs table."""
+    return tl.load(table_ptr + rank).to(tl.pointer_type(like_ptr.dtype.element_ty))
+
+
+@triton.jit
+def ld_acquire(ptr, SCOPE: tl.constexpr, USE_ASM: tl.constexpr):
+    if USE_ASM:
+        if SCOPE == "sys":
+            v = tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [ptr],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        v = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
+    return v
+
+
+@triton.jit
+def notify(ptr, value, SET: tl.constexpr, SCOPE: tl.constexpr):
+    """Release `value` into the int32 word at ptr: SET stores it (single-writer lanes stamped with an
+    epoch), otherwise adds it (counters shared by several notifiers)."""
+    tl.debug_barrier()
+    if SET:
+        tl.atomic_xchg(ptr, value, sem="release", scope=SCOPE)
+    else:
+        tl.atomic_add(ptr, value, sem="release", scope=SCOPE)
+
+
+@triton.jit
+def record_error(ctrl_ptr, ctrl_table, rank, world, kind, event, observed, expected, peer, epoch):
+    """First error wins, on this rank and on every peer (sys-scope CAS on word 0, then the fields)."""
+    for r in range(world):
+        slot = ctrl_ptr
+        if r != rank:
+            slot = peer_base(ctrl_table, r, ctrl_ptr)
+        prev = tl.atomic_cas(slot, 0, -1, sem="relaxed", scope="sys")
+        if prev == 0:
+            tl.store(slot + 1, rank)
+            tl.store(slot + 2, event)
+            tl.store(slot + 3, observed)
+            tl.store(slot + 4, expected)
+            tl.store(slot + 5, peer)
+            tl.store(slot + 6, epoch)
+            tl.atomic_xchg(slot, kind, sem="release", scope="sys")
+
+
+@triton.jit
+def wait(ptr, target, max_spins, ctrl_ptr, ctrl_table, rank, world, event, peer, epoch,
+         SCOPE: tl.constexpr, USE_ASM: tl.constexpr):
+    """Spin until the int32 at ptr >= target (acquire). Returns 1, or 0 after recording a timeout
+    (also 0 soon after an error is recorded on this rank, e.g. propagated by a peer)."""
+    v = ld_acquire(ptr, SCOPE, USE_ASM)
+    spins = 0
+    failed = tl.load(ctrl_ptr, volatile=True) != 0
+    while (v < target) & (spins < max_spins) & (failed == 0):
+        v = ld_acquire(ptr, SCOPE, USE_ASM)
+        spins += 1
+        if spins % 1024 == 0:
+            failed = tl.load(ctrl_ptr, volatile=True) != 0
+    ok = (v >= target).to(tl.int32)
+    if ok == 0:
+        if failed == 0:
+            record_error(ctrl_ptr, ctrl_table, rank, world, ERR_TIMEOUT, event, v, target, peer, epoch)
+    tl.debug_barrier()
+    return ok
+
+
+@triton.jit
+def finish_launch(ctrl_ptr, ctrl_table, exit_off, grid_off, epoch_off, epoch, rank, world, max_spins,
+                  RENDEZVOUS: tl.constexpr, EVENT_EXIT: tl.constexpr, USE_ASM: tl.constexpr):
+    """End of a launch: the last program to arrive (grid counter, gpu scope) re-arms the counter,
+    records `epoch` as this GPU's device epoch for the next launch and, with RENDEZVOUS, runs the exit
+    rendezvous: tells every peer 'rank done with epoch' and waits until every peer said the same to
+    us, so no rank starts writing into a peer's buffers for the next call before that peer is done
+    with this one (or a watchdog fired)."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(ctrl_ptr + grid_off, 1, sem="acq_rel", scope="gpu")
+    if arrived == tl.num_programs(0) - 1:
+        tl.atomic_xchg(ctrl_ptr + grid_off, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(ctrl_ptr + epoch_off, epoch, sem="relaxed", scope="gpu")
+        if RENDEZVOUS:
+            for d in range(world):
+                if d != rank:
+                    notify(peer_base(ctrl_table, d, ctrl_ptr) + exit_off + rank, epoch, True, "sys")
+            for s in range(world):
+                if s != rank:
+                    wait(ctrl_ptr + exit_off + s, epoch, max_spins, ctrl_ptr, ctrl_table, rank, world,
+                         EVENT_EXIT, s, epoch, "sys", USE_ASM)

@@ -1,0 +1,111 @@
+"""The control block: one small symmetric int32 array per rank that kernels and host share.
+
+One definition of the layout, used by the host (to read errors) and passed to kernels as offsets.
+
+    [0, 8)            error record: kind, rank, event, observed, expected, peer, epoch, spare
+    [8, 8+W)          barrier lanes: lane s holds the last barrier epoch rank s reached
+    [8+W, 8+2W)       exit lanes: lane s holds the last collective epoch rank s finished
+    [8+2W, 8+6W)      meta: 4 words per source rank s: (epoch, signature) for even and odd epochs;
+                      signature = op << 28 | count mod 2**28 (what the sender sent us)
+    [8+6W]            grid counter (local): programs of one launch that have finished
+    [8+6W+1]          device epoch (local): the last collective epoch this GPU ran; kernels read it
+                      and bump it themselves, so a launch replayed from a CUDA graph stays correct
+
+A lane has a single writer (the rank it is named after), so the same protocol works with plain
+stores on CPU and release atomics on GPU: notify sets the lane to the epoch, wait spins until
+lane >= epoch. Epochs increase by one per call and are never reset.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+ERR_WORDS = 8
+META_WORDS = 4
+
+
+class ErrorKind(enum.IntEnum):
+    NONE = 0
+    TIMEOUT = 1  # a wait ran past the watchdog
+    SHAPE = 2  # a peer's op/count differs from ours
+
+
+class Event(enum.IntEnum):
+    """What a recorded wait was waiting for (the error record's `event` word is event*2**20 + index)."""
+
+    CHUNK = 1  # a data chunk of a collective, index = chunk
+    EXIT = 2  # the exit rendezvous of a collective
+    BARRIER = 3  # mesh.barrier
+
+    @staticmethod
+    def encode(kind: "Event", index: int) -> int:
+        return int(kind) << 20 | index
+
+    @staticmethod
+    def decode(word: int):
+        return Event(word >> 20) if (word >> 20) in Event._value2member_map_ else None, word & ((1 << 20) - 1)
+
+
+@dataclass(frozen=True)
+class ControlLayout:
+    world: int
+
+    @property
+    def err(self) -> int:
+        return 0
+
+    @property
+    def barrier(self) -> int:
+        return ERR_WORDS
+
+    @property
+    def exit(self) -> int:
+        return ERR_WORDS + self.world
+
+    @property
+    def meta(self) -> int:
+        return ERR_WORDS + 2 * self.world
+
+    @property
+    def grid(self) -> int:
+        return ERR_WORDS + (2 + META_WORDS) * self.world
+
+    @property
+    def epoch(self) -> int:
+        return self.grid + 1
+
+    @property
+    def size(self) -> int:
+        return self.grid + 2
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    kind: ErrorKind
+    rank: int  # the rank whose wait stalled (or that saw the mismatch)
+    event: int
+    observed: int
+    expected: int
+    peer: int  # the rank it waited on
+    epoch: int
+
+    @staticmethod
+    def from_words(words) -> "ErrorRecord":
+        w = [int(x) for x in words[:ERR_WORDS]]
+        return ErrorRecord(ErrorKind(w[0]) if w[0] in ErrorKind._value2member_map_ else ErrorKind.TIMEOUT,
+                           w[1], w[2], w[3], w[4], w[5], w[6])
+
+    def describe(self, watchdog_s: float, op_names=None) -> str:
+        ev, idx = Event.decode(self.event)
+        what = {Event.CHUNK: f"data chunk {idx}", Event.EXIT: "the exit rendezvous",
+                Event.BARRIER: "a barrier"}.get(ev, f"event {self.event}")
+        if self.kind is ErrorKind.SHAPE:
+            ours, theirs = self.expected, self.observed
+            names = op_names or {}
+            return (f"ranks disagree on a collective: rank {self.rank} expected "
+                    f"{names.get(ours >> 28, 'op')} with count {ours & (2**28 - 1)}, but rank {self.peer} "
+                    f"sent {names.get(theirs >> 28, 'op')} with count {theirs & (2**28 - 1)} (call {self.epoch}): "
+                    f"every rank must call the same collective with the same shapes")
+        return (f"rank {self.rank} waited for {what} from rank {self.peer} (call {self.epoch}): lane "
+                f"holds {self.observed}, expected >= {self.expected}; watchdog expired after ~{watchdog_s:g} s. "
+                f"Rank {self.peer} never notified: it skipped a collective, called a different one, or died")

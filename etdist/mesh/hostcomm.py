@@ -1,0 +1,108 @@
+"""Host-side messages between ranks: broadcast/allgather small Python objects, and a barrier.
+
+Used only to set a mesh up and to check agreement (run ids, NVSHMEM's unique id, device ids,
+shapes); data never moves through here. Under torchrun/srun it is torch.distributed (gloo for
+objects; a process group created here is destroyed at close), under mpirun mpi4py, and a
+single process needs nothing.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any, List
+
+from .errors import MeshError
+from .launch import Launch, Launcher
+
+
+class HostComm:
+    rank: int = 0
+    world_size: int = 1
+
+    def broadcast(self, obj: Any, root: int = 0) -> Any:
+        return obj
+
+    def allgather(self, obj: Any) -> List[Any]:
+        return [obj]
+
+    def barrier(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class LocalComm(HostComm):
+    """One process: nothing to exchange."""
+
+
+class TorchComm(HostComm):
+    def __init__(self, launch: Launch, timeout_s: float, want_nccl: bool):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.rank, self.world_size = launch.rank, launch.world_size
+        self.owns_group = not dist.is_initialized()
+        if self.owns_group:
+            missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+            if missing:
+                hint = ("under srun: export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1) "
+                        "MASTER_PORT=29500" if launch.launcher is Launcher.SLURM else "launch with torchrun")
+                raise MeshError(f"cannot reach the other ranks: {', '.join(missing)} not set ({hint})")
+            backend = "cpu:gloo,cuda:nccl" if want_nccl else "gloo"
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size,
+                                    timeout=datetime.timedelta(seconds=max(timeout_s, 1.0)))
+        elif dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
+            raise MeshError(f"torch.distributed is initialised as rank {dist.get_rank()} of "
+                            f"{dist.get_world_size()} but the mesh is rank {self.rank} of {self.world_size}")
+        # Objects travel through a gloo group so that no CUDA stream or NCCL comm is involved.
+        self.group = dist.new_group(backend="gloo") if want_nccl or not self.owns_group else None
+
+    def broadcast(self, obj, root=0):
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=root, group=self.group)
+        return box[0]
+
+    def allgather(self, obj):
+        out = [None] * self.world_size
+        self.dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def barrier(self):
+        self.dist.barrier(group=self.group)
+
+    def close(self):
+        if self.owns_group and self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+class MpiComm(HostComm):
+    def __init__(self, launch: Launch):
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise MeshError(f"launched by mpirun ({launch.launcher.value}) but mpi4py is missing: "
+                            f"pip install mpi4py (CPU machines: pip install mpi4py mpich) [{e}]") from None
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
+        if (self.rank, self.world_size) != (launch.rank, launch.world_size):
+            raise MeshError(f"MPI says rank {self.rank} of {self.world_size} but the environment said "
+                            f"rank {launch.rank} of {launch.world_size}: mpi4py is built against another "
+                            f"MPI than the mpirun that started this process")
+
+    def broadcast(self, obj, root=0):
+        return self.comm.bcast(obj, root=root)
+
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+
+def make_host_comm(launch: Launch, timeout_s: float, want_nccl: bool = False) -> HostComm:
+    if launch.world_size == 1:
+        return LocalComm()
+    if launch.launcher.is_mpi:
+        return MpiComm(launch)
+    return TorchComm(launch, timeout_s, want_nccl)

@@ -1,0 +1,312 @@
+"""The Mesh: ranks that found each other, symmetric memory, a control block, and errors.
+
+    mesh = init_mesh()                    # reads torchrun / mpirun / srun from the environment
+    x = mesh.empty((1024,), torch.bfloat16)   # symmetric: every rank holds one, same shape
+    y = mesh.peer(x, 1)                   # rank 1's copy, writable from here
+    ptrs = mesh.peer_ptrs(x)              # int64 [world] on mesh.device: base address per rank
+    mesh.barrier(); mesh.close()          # or `with init_mesh() as mesh:`
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+
+from .control import ERR_WORDS, ControlLayout, ErrorKind, ErrorRecord, Event
+from .errors import MeshError, PeerTimeoutError, ShapeMismatchError
+from .hostcomm import HostComm, make_host_comm
+from .launch import Launch, Launcher, detect_launch, resolve_launch
+
+_CURRENT: Optional["Mesh"] = None
+_ALIGN = 256  # bytes; every symmetric allocation starts aligned for 16-byte vector access
+
+
+def current_mesh() -> "Mesh":
+    """The mesh of the last init_mesh() not yet closed, for ops that take mesh=None."""
+    if _CURRENT is None:
+        raise MeshError("no mesh: call etdist.init_mesh() first (or pass mesh=...)")
+    return _CURRENT
+
+
+@dataclass(eq=False)  # compared by identity: fields hold tensors
+class _Alloc:
+    views: List[torch.Tensor]  # flat uint8, one per rank
+    base: int  # own data_ptr
+    nbytes: int
+
+
+class Mesh:
+    """Use init_mesh() to make one."""
+
+    def __init__(self, launch: Launch, backend: str, device: torch.device, comm: HostComm, impl,
+                 watchdog_s: float):
+        self.launch, self.backend, self.device, self.comm, self.impl = launch, backend, device, comm, impl
+        self.rank, self.world_size, self.local_rank = launch.rank, launch.world_size, launch.local_rank
+        self.watchdog_s = watchdog_s
+        self.layout = ControlLayout(self.world_size)
+        self._allocs: List[_Alloc] = []
+        self._ptr_cache: Dict[tuple, torch.Tensor] = {}
+        self._epochs: Dict[str, int] = {}
+        self._failed: Optional[MeshError] = None
+        self.cache: Dict[str, object] = {}  # per-mesh state of the layers above (e.g. collective workspaces)
+        self._closed = False
+        # Test hook: the rank named here skips its data notifies in collectives (fault injection).
+        self.fault_skip_notify_rank: Optional[int] = None
+        self.ctrl = self.empty((self.layout.size,), torch.int32)
+        self._ctrl_np = self.ctrl.numpy() if backend == "cpu" else None
+        self._ctrl_peers_np = ([self.peer(self.ctrl, r).numpy() for r in range(self.world_size)]
+                               if backend == "cpu" else None)
+
+    # ---- symmetric memory -------------------------------------------------------------------
+    def empty(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Collective: a tensor of `shape` in symmetric memory (zero-filled). Same shape on all ranks."""
+        self._check_usable()
+        shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise MeshError(f"mesh.empty: negative size in shape {shape}")
+        mine = (shape, str(dtype))
+        everyone = self.comm.allgather(mine)
+        if any(e != mine for e in everyone):
+            listing = ", ".join(f"rank {r}: {s} {d}" for r, (s, d) in enumerate(everyone))
+            raise ShapeMismatchError(f"mesh.empty called with different shapes across ranks ({listing}): "
+                                     f"symmetric tensors must have the same shape and dtype everywhere")
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = -(-max(nbytes, 1) // _ALIGN) * _ALIGN
+        views = self.impl.alloc(nbytes)
+        self._allocs.append(_Alloc(views, views[self.rank].data_ptr(), nbytes))
+        return views[self.rank].view(dtype)[: math.prod(shape)].view(shape)
+
+    def _find(self, t: torch.Tensor):
+        p = t.data_ptr()
+        for a in self._allocs:
+            if a.base <= p < a.base + a.nbytes or (p == a.base and a.nbytes == 0):
+                return a, p - a.base
+        raise MeshError("tensor is not in symmetric memory: allocate it with mesh.empty(shape, dtype)")
+
+    def is_symmetric(self, t: torch.Tensor) -> bool:
+        try:
+            self._find(t)
+            return True
+        except MeshError:
+            return False
+
+    def peer(self, t: torch.Tensor, rank: int) -> torch.Tensor:
+        """A view of `rank`'s copy of symmetric tensor t (t itself for our own rank)."""
+        if not 0 <= rank < self.world_size:
+            raise MeshError(f"peer rank {rank} outside the world of {self.world_size}")
+        a, off = self._find(t)
+        if rank == self.rank:
+            return t
+        es = t.element_size()
+        if off % es:
+            raise MeshError("symmetric view is not aligned to its element size")
+        flat = a.views[rank][: a.nbytes - a.nbytes % es].view(t.dtype)
+        return torch.as_strided(flat, t.shape, t.stride(), off // es)
+
+    def peer_ptrs(self, t: torch.Tensor) -> torch.Tensor:
+        """int64 [world] on mesh.device: the address of t's first element on every rank."""
+        key = (t.data_ptr(),)
+        hit = self._ptr_cache.get(key)
+        if hit is None:
+            a, off = self._find(t)
+            hit = torch.tensor([v.data_ptr() + off for v in a.views], dtype=torch.int64, device=self.device)
+            self._ptr_cache[key] = hit
+        return hit
+
+    def free(self, t: torch.Tensor) -> None:
+        """Collective: give back a tensor from mesh.empty (same order on every rank)."""
+        a, _ = self._find(t)
+        self._allocs.remove(a)
+        self._ptr_cache = {k: v for k, v in self._ptr_cache.items() if not a.base <= k[0] < a.base + a.nbytes}
+        self.impl.free(a.views)
+
+    # ---- epochs, errors, barrier ------------------------------------------------------------
+    def next_epoch(self, stream: str) -> int:
+        """Every rank calls collectives in the same order, so these counters agree across ranks."""
+        e = self._epochs.get(stream, 0) + 1
+        self._epochs[stream] = e
+        return e
+
+    def watchdog_spins(self) -> int:
+        from .nvshmem_backend import SPINS_PER_SECOND
+
+        return max(1000, int(self.watchdog_s * SPINS_PER_SECOND))
+
+    def error_record(self) -> Optional[ErrorRecord]:
+        words = self._ctrl_np[:ERR_WORDS] if self._ctrl_np is not None else self.ctrl[:ERR_WORDS].cpu().tolist()
+        return None if int(words[0]) == 0 else ErrorRecord.from_words(words)
+
+    def check(self, op_names=None) -> None:
+        """Raise if any wait on this rank (or a peer that propagated its error) failed."""
+        if self._failed is not None:
+            raise self._failed
+        rec = self.error_record()
+        if rec is None:
+            return
+        msg = f"rank {self.rank}: " + rec.describe(self.watchdog_s, op_names)
+        cls = ShapeMismatchError if rec.kind is ErrorKind.SHAPE else PeerTimeoutError
+        self._failed = cls(msg)
+        raise self._failed
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise MeshError("the mesh is closed")
+        if self._failed is not None:
+            raise MeshError(f"the mesh failed earlier and cannot be used: {self._failed}")
+
+    def record_error(self, kind: ErrorKind, event: int, observed: int, expected: int, peer: int,
+                     epoch: int) -> None:
+        """Host-side (cpu backend) error record: ours, then every peer's if still empty."""
+        words = [int(kind), self.rank, event, observed, expected, peer, epoch, 0]
+        for r in [self.rank] + [s for s in range(self.world_size) if s != self.rank]:
+            slot = self._ctrl_peers_np[r]
+            if int(slot[0]) == 0:
+                slot[1:ERR_WORDS] = words[1:]
+                slot[0] = words[0]
+
+    def spin_until(self, lanes, lanes_off: int, sources, target: int, event: int, epoch: int,
+                   timeout_s: float) -> bool:
+        """cpu backend: wait until lanes[lanes_off + s] >= target for every s (lanes: a numpy view of
+        symmetric int32 memory). On expiry record a timeout here and on every peer; False."""
+        deadline = time.monotonic() + timeout_s
+        turns = 0
+        for s in sources:
+            while int(lanes[lanes_off + s]) < target:
+                if int(self._ctrl_np[0]) != 0:
+                    return False  # a peer already failed and told us: stop waiting
+                turns += 1
+                if turns > 200:
+                    time.sleep(min(1e-3, 2e-6 * turns))
+                if time.monotonic() > deadline:
+                    self.record_error(ErrorKind.TIMEOUT, event, int(lanes[lanes_off + s]), target, s, epoch)
+                    return False
+        return True
+
+    def barrier(self) -> None:
+        """All ranks reach this point (and, on GPUs, their queued work is done) or every rank raises."""
+        self._check_usable()
+        self.impl.synchronize()
+        self.check()
+        if self.world_size == 1:
+            return
+        if self.backend == "cpu":
+            epoch = self.next_epoch("barrier")
+            lay = self.layout
+            for d in range(self.world_size):
+                self._ctrl_peers_np[d][lay.barrier + self.rank] = epoch
+            self.spin_until(self._ctrl_np, lay.barrier, range(self.world_size), epoch, Event.encode(Event.BARRIER, 0),
+                            epoch, self.watchdog_s)
+            self.check()
+        else:
+            self.comm.barrier()
+
+    # ---- lifetime -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Collective: free symmetric memory on every rank and finalize. Safe to call twice."""
+        global _CURRENT
+        if self._closed:
+            return
+        self._closed = True
+        if _CURRENT is self:
+            _CURRENT = None
+        try:
+            self.cache.clear()
+            self._allocs.clear()
+            self._ptr_cache.clear()
+            self._ctrl_np = self._ctrl_peers_np = None
+            self.impl.close()
+        finally:
+            self.comm.close()
+
+    def __enter__(self) -> "Mesh":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Mesh(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
+                f"device={self.device}, launcher={self.launch.launcher.value})")
+
+
+def _pick_device(launch: Launch, backend: str, device) -> torch.device:
+    if backend == "cpu":
+        return torch.device("cpu")
+    n = torch.cuda.device_count()
+    if device is None:
+        if launch.local_world_size > n:
+            how = (f"torchrun --nproc_per_node={n}" if launch.launcher is Launcher.TORCHRUN
+                   else f"mpirun -n {n}" if launch.launcher.is_mpi else f"{n} ranks per node")
+            raise MeshError(f"world size {launch.world_size} with {launch.local_world_size} ranks on this node "
+                            f"but only {n} GPU(s) here: run {how} (or init_mesh(backend='cpu'))")
+        device = torch.device("cuda", launch.local_rank)
+    device = torch.device(device)
+    if device.type != "cuda" or device.index is None or not 0 <= device.index < n:
+        raise MeshError(f"device {device} is not one of this node's {n} GPUs")
+    return device
+
+
+def _check_one_rank_per_gpu(comm: HostComm, device: torch.device) -> None:
+    ident = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
+    everyone = comm.allgather(ident)
+    seen: Dict[tuple, int] = {}
+    for r, i in enumerate(everyone):
+        if i in seen:
+            raise MeshError(f"ranks {seen[i]} and {r} are both on GPU {i[1]} of host {i[0]}: one rank per GPU "
+                            f"(set the device from LOCAL_RANK, or don't pin CUDA_VISIBLE_DEVICES to one GPU)")
+        seen[i] = r
+
+
+def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, rank: Optional[int] = None,
+              local_rank: Optional[int] = None, device=None, watchdog_s: Optional[float] = None) -> Mesh:
+    """Find the other ranks and set up symmetric memory.
+
+    backend: "nvshmem" (GPUs, nvshmem4py) or "cpu" (memory-mapped files); default nvshmem when CUDA
+    is available, cpu otherwise. world_size/rank/local_rank/device override what the launcher set.
+    watchdog_s: how long any cross-rank wait may spin before every rank raises (default
+    ETDIST_WATCHDOG_S or 30).
+    """
+    global _CURRENT
+    launch = resolve_launch(detect_launch(), world_size, rank, local_rank)
+    if launch.launcher is Launcher.SINGLE and launch.world_size > 1 and "MASTER_ADDR" not in os.environ:
+        raise MeshError(f"world_size={launch.world_size} with no launcher: run `torchrun --nproc_per_node="
+                        f"{launch.world_size} your_script.py` or `mpirun -n {launch.world_size} python "
+                        f"your_script.py` (or set MASTER_ADDR/MASTER_PORT with explicit ranks)")
+    if backend is None:
+        backend = "nvshmem" if torch.cuda.is_available() else "cpu"
+    if backend not in ("nvshmem", "cpu"):
+        raise MeshError(f"unknown backend {backend!r}: use 'nvshmem' (GPUs) or 'cpu'")
+    if backend == "nvshmem":
+        if not torch.cuda.is_available():
+            raise MeshError("backend 'nvshmem' needs CUDA GPUs and none are visible: use init_mesh(backend='cpu')")
+        from .nvshmem_backend import import_nvshmem
+
+        import_nvshmem()  # fail before any rank talks to another
+    if watchdog_s is None:
+        watchdog_s = float(os.environ.get("ETDIST_WATCHDOG_S", "30"))
+    if watchdog_s <= 0:
+        raise MeshError(f"watchdog_s must be > 0, got {watchdog_s}")
+    dev = _pick_device(launch, backend, device)
+    comm = make_host_comm(launch, timeout_s=max(60.0, 4 * watchdog_s), want_nccl=backend == "nvshmem")
+    try:
+        if backend == "cpu":
+            from .cpu_backend import CpuBackend
+
+            impl = CpuBackend(launch.rank, launch.world_size, comm)
+        else:
+            torch.cuda.set_device(dev)
+            _check_one_rank_per_gpu(comm, dev)
+            from .nvshmem_backend import NvshmemBackend
+
+            impl = NvshmemBackend(launch.rank, launch.world_size, launch.local_world_size, dev, comm, watchdog_s)
+        mesh = Mesh(launch, backend, dev, comm, impl, watchdog_s)
+    except BaseException:
+        comm.close()
+        raise
+    _CURRENT = mesh
+    return mesh

@@ -1,0 +1,82 @@
+"""Tensor-parallel GEMM + reduce-scatter as one persistent kernel per GPU."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..fusion import compile as et_compile
+from ..fusion.errors import InputError
+from ..mesh import current_mesh
+from ..workloads import gemm_rs
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# Two size classes: decode-sized row chunks stream the weights through many narrow tiles; larger
+# ones use square tiles. Each class is one compiled kernel for every M in it.
+SMALL = TileConfig(16, 64, 128, 4, 4)
+LARGE = TileConfig(128, 128, 64, 8, 3)
+SMALL_MAX_ROWS = 64
+
+_KERNELS: dict = {}
+
+
+def tile_config(M: int, world: int) -> TileConfig:
+    return SMALL if -(-M // world) <= SMALL_MAX_ROWS else LARGE
+
+
+def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: str = "static",
+                        out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """sum over ranks of x @ w, scattered by rows: this rank's rows [r*C, min((r+1)*C, M)), C = cdiv(M, R).
+
+    x: [M, K_local] this rank's shard of the contraction (row-major, contiguous); the same M on
+       every rank, any M (not necessarily a multiple of the world size or the tile).
+    w: [K_local, N] (row-major: pass `weight.t().contiguous()` for an nn.Linear weight [N, K]).
+    Returns [rows owned, N] in x's dtype (bf16/fp16/fp32), accumulated in fp32 per rank and summed
+    in fp32 across ranks (partials travel in x's dtype).
+    """
+    mesh = mesh or current_mesh()
+    if mesh.backend != "nvshmem":
+        raise InputError("et.ops.gemm_reduce_scatter runs on GPUs (mesh backend 'nvshmem'); on the CPU, "
+                         "run the graph etdist.workloads.gemm_rs on the CPU runtime")
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise InputError(f"gemm_reduce_scatter: {name} must be a 2-D tensor, got "
+                             f"{getattr(t, 'shape', type(t).__name__)}")
+        if t.device != mesh.device:
+            raise InputError(f"gemm_reduce_scatter: {name} is on {t.device}, this rank's GPU is {mesh.device}")
+        if not t.is_contiguous():
+            raise InputError(f"gemm_reduce_scatter: {name} is not contiguous (row-major): pass {name}.contiguous()")
+    if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise InputError(f"gemm_reduce_scatter: x and w must share a dtype among bf16/fp16/fp32, got "
+                         f"{x.dtype} and {w.dtype}")
+    if x.shape[1] != w.shape[0]:
+        raise InputError(f"gemm_reduce_scatter: x is [M, {x.shape[1]}] but w is [{w.shape[0]}, N]: "
+                         "the contraction dims differ")
+    cfg = tile_config(x.shape[0], mesh.world_size)
+    key = (x.dtype, cfg, schedule)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        graph = gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k)
+        kernel = et_compile(graph, schedule=schedule, target="cuda")
+        kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
+        _KERNELS[key] = kernel
+    return kernel(mesh, x=x, w=w, out=None if out is None else {"y": out})["y"]
+
+
+def compiled_variants() -> int:
+    """How many megakernel binaries the op has compiled so far (over all size classes)."""
+    n = 0
+    for k in _KERNELS.values():
+        for caches in k.module.megakernel.device_caches.values():
+            n += len(caches[0])
+    return n

@@ -1,0 +1,117 @@
+"""GPU checks of the fused GEMM+RS megakernel, one process per GPU:
+
+    torchrun --nproc_per_node=N tests/gpu/gemm_rs_worker.py [--case ok|peer-skips]
+
+Prints 'OK <check>' lines that tests/gpu/test_megakernel_gpu.py counts.
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import etdist as et
+from etdist.ops import gemm_rs as op_module
+
+
+def reference(x, w, mesh):
+    """float32 reference: all ranks' x and w gathered, summed, this rank's rows."""
+    xs = [torch.empty_like(x) for _ in range(mesh.world_size)]
+    ws = [torch.empty_like(w) for _ in range(mesh.world_size)]
+    dist.all_gather(xs, x)
+    dist.all_gather(ws, w)
+    total = sum(a.float() @ b.float() for a, b in zip(xs, ws))
+    C = -(-x.shape[0] // mesh.world_size)
+    return total[mesh.rank * C:(mesh.rank + 1) * C]
+
+
+def check_ok(mesh):
+    torch.manual_seed(1234 + mesh.rank)
+    K, N = 1536, 1024
+    for M in (1, 5, 16, 64, 100, 1000, 1024, 2048):  # ragged ones included
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(M, K, device=mesh.device, dtype=dtype)
+            w = torch.randn(K, N, device=mesh.device, dtype=dtype) / K ** 0.5
+            y = et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+            ref = reference(x, w, mesh)
+            for k in op_module._KERNELS.values():
+                k.check(mesh)
+            assert y.shape == ref.shape, (y.shape, ref.shape)
+            err = ((y.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item() if ref.numel() else 0.0
+            tol = 1e-2 if dtype == torch.bfloat16 else 5e-3  # fp32 tl.dot uses tf32
+            assert err < tol, f"M={M} {dtype}: rel err {err:.2e}"
+            # the same call again: counters re-armed, no recompilation, same answer
+            y2 = et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+            assert torch.equal(y, y2), f"M={M}: second launch differs"
+    print(f"OK correctness rank {mesh.rank}", flush=True)
+    before = op_module.compiled_variants()
+    for M in range(3000, 3100, 7):  # unseen sizes of the large class
+        x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
+        w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16)
+        et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+    for M in range(2, 120, 9):    # unseen sizes of the small class
+        x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
+        w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16)
+        et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+    torch.cuda.synchronize()
+    assert op_module.compiled_variants() == before, (before, op_module.compiled_variants())
+    print(f"OK no-recompile rank {mesh.rank} ({before} binaries)", flush=True)
+    bad = [(torch.randn(8, K, device=mesh.device, dtype=torch.bfloat16),
+            torch.randn(K + 1, N, device=mesh.device, dtype=torch.bfloat16), "contraction dims differ"),
+           (torch.randn(8, K, device=mesh.device, dtype=torch.bfloat16),
+            torch.randn(K, N, device=mesh.device, dtype=torch.float32), "must share a dtype"),
+           (torch.randn(K, 8, device=mesh.device, dtype=torch.bfloat16).t(),
+            torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16), "not contiguous"),
+           (torch.randn(8, K, dtype=torch.bfloat16), torch.randn(K, N, dtype=torch.bfloat16), "is on cpu")]
+    for x, w, msg in bad:
+        try:
+            et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+        except et.InputError as e:
+            assert msg in str(e), (msg, str(e))
+        else:
+            raise AssertionError(f"no error for {msg}")
+    print(f"OK bad-input rank {mesh.rank}", flush=True)
+
+
+def check_peer_skips(mesh):
+    """Rank 1 skips a call: rank 0's reduce never completes; the watchdog must raise, no hang."""
+    K, N, M = 256, 256, 64
+    x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
+    w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16)
+    et.ops.gemm_reduce_scatter(x, w, mesh=mesh)  # first call at this shape: prepares on every rank
+    kernel = next(iter(op_module._KERNELS.values()))
+    kernel.check(mesh)
+    if mesh.rank == 0:
+        et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+        try:
+            kernel.check(mesh)
+        except et.RuntimeFault as e:
+            assert "arrived" in str(e) and "watchdog" in str(e), str(e)
+            print(f"OK watchdog rank 0: {e}", flush=True)
+        else:
+            raise AssertionError("rank 0 did not notice the missing peer")
+    else:  # stay alive (peers write into our memory) and learn of the failure from rank 0's record
+        import time
+        time.sleep(mesh.watchdog_s + 3)
+        try:
+            kernel.check(mesh)
+        except et.RuntimeFault as e:
+            print(f"OK watchdog rank {mesh.rank}: skipped the call, then saw: {e}", flush=True)
+        else:
+            raise AssertionError("rank 1 never learned that rank 0 failed")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", default="ok")
+    args = ap.parse_args()
+    dist.init_process_group("cpu:gloo,cuda:nccl")  # NCCL for the reference; the mesh reuses the group
+    mesh = et.init_mesh(watchdog_s=3 if args.case == "peer-skips" else None)
+    if args.case == "ok":
+        check_ok(mesh)
+        mesh.close()
+    else:  # the mesh is broken on purpose: leave without the collective teardown
+        check_peer_skips(mesh)
+        sys.stdout.flush()
+        os._exit(0)

@@ -1,0 +1,96 @@
+"""Launcher detection and init_mesh's checks: no processes, no GPU."""
+import os
+
+import pytest
+import torch
+
+from etdist.mesh import Launcher, MeshError, current_mesh, detect_launch, init_mesh
+from etdist.mesh.launch import resolve_launch
+
+
+@pytest.mark.parametrize("env, launcher, rank, world, local", [
+    ({}, Launcher.SINGLE, 0, 1, 0),
+    ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, Launcher.TORCHRUN, 3, 4, 1),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"},
+     Launcher.OPENMPI, 1, 2, 1),
+    ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0"}, Launcher.MPICH, 2, 4, 0),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}, Launcher.SLURM, 5, 8, 1),
+    # torchrun inside an srun allocation: torchrun's variables win
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "SLURM_PROCID": "7", "SLURM_NTASKS": "9"},
+     Launcher.TORCHRUN, 0, 2, 0),
+])
+def test_detect(env, launcher, rank, world, local):
+    got = detect_launch(env)
+    assert (got.launcher, got.rank, got.world_size, got.local_rank) == (launcher, rank, world, local)
+
+
+def test_bad_integer_names_variable():
+    with pytest.raises(MeshError, match="RANK='x'"):
+        detect_launch({"RANK": "x", "WORLD_SIZE": "2"})
+
+
+def test_explicit_arguments_override_and_are_checked():
+    single = detect_launch({})
+    assert resolve_launch(single, world_size=2, rank=1).rank == 1
+    with pytest.raises(MeshError, match="rank 5 is outside"):
+        resolve_launch(single, world_size=2, rank=5)
+    with pytest.raises(MeshError, match="torchrun --nproc_per_node=2"):
+        resolve_launch(single, world_size=2)
+    tr = detect_launch({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    with pytest.raises(MeshError, match="started 2 processes"):
+        resolve_launch(tr, world_size=4)
+
+
+def test_two_ranks_without_launcher(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(MeshError, match=r"torchrun --nproc_per_node=2 your_script.py"):
+        init_mesh(world_size=2)
+
+
+def test_backend_errors(monkeypatch):
+    with pytest.raises(MeshError, match="unknown backend"):
+        init_mesh(backend="gloo")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(MeshError, match="backend='cpu'"):
+        init_mesh(backend="nvshmem")
+
+
+def test_nvshmem4py_missing_names_the_package(monkeypatch):
+    import sys
+
+    from etdist.mesh.nvshmem_backend import import_nvshmem
+    monkeypatch.setitem(sys.modules, "nvshmem", None)
+    monkeypatch.setitem(sys.modules, "nvshmem.core", None)
+    with pytest.raises(MeshError, match="pip install nvshmem4py-cu13"):
+        import_nvshmem()
+
+
+def test_current_mesh_requires_init():
+    with pytest.raises(MeshError, match="init_mesh"):
+        current_mesh()
+
+
+def test_single_process_mesh_api():
+    with init_mesh(backend="cpu") as mesh:
+        assert (mesh.rank, mesh.world_size, mesh.backend, mesh.device.type) == (0, 1, "cpu", "cpu")
+        assert current_mesh() is mesh
+        x = mesh.empty((3, 5), torch.bfloat16)
+        assert x.shape == (3, 5) and x.dtype == torch.bfloat16 and bool((x == 0).all())
+        assert mesh.peer(x, 0) is x
+        ptrs = mesh.peer_ptrs(x[1])
+        assert ptrs.dtype == torch.int64 and ptrs.tolist() == [x[1].data_ptr()]
+        with pytest.raises(MeshError, match="mesh.empty"):
+            mesh.peer(torch.zeros(3), 0)
+        mesh.barrier()
+        run_dir = mesh.impl.run_dir
+        assert os.path.isdir(run_dir)
+    assert not os.path.exists(run_dir), "symmetric files leaked"
+    with pytest.raises(MeshError, match="init_mesh"):
+        current_mesh()
+    mesh.close()  # twice is fine
+
+
+def test_watchdog_must_be_positive():
+    with pytest.raises(MeshError, match="watchdog_s"):
+        init_mesh(backend="cpu", watchdog_s=0)

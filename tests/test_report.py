@@ -1,0 +1,112 @@
+"""etdist.report from synthetic records: tables, speedups, geometric means, markers, plots."""
+import math
+import re
+
+import pytest
+
+from etdist import report
+from etdist.measure.records import Record, append
+
+ENV = dict(device="NVIDIA H200", torch="2.11.0+cu130", triton="3.6.0", commit="abc1234")
+
+
+def rec(workload="gemm_rs", model="qwen3_8b", M=16, world=2, schedule="static", ours=30.0,
+        graph=40.0, eager=50.0, date="2026-11-22T10:00:00+00:00", **extra):
+    baselines = {"graph": graph, "eager": eager, "mm": ours * 0.5, **extra}
+    return Record(workload=workload, model=model, M=M, world=world, schedule=schedule, ours_us=ours,
+                  baselines=baselines, floor_us=ours / 2, rel_err=2e-3, date=date, **ENV)
+
+
+@pytest.fixture
+def results(tmp_path):
+    d = tmp_path / "bench" / "results"
+    rows = [
+        rec(M=16, ours=20.0, graph=40.0, eager=50.0),                 # best 40 -> 2.00x
+        rec(M=128, ours=25.0, graph=60.0, eager=50.0),                # best 50 (eager) -> 2.00x
+        rec(M=1024, ours=100.0, graph=80.0, eager=90.0),              # 0.80x: slower
+        rec(model="llama31_70b", M=16, ours=50.0, graph=75.0, eager=70.0, symm_mem=300.0),  # 1.40x
+        rec(schedule="dynamic", M=16, ours=40.0, graph=40.0, eager=50.0),                   # 1.00x
+        # an older record of a cell that has a newer one: ignored
+        rec(M=16, ours=1.0, date="2026-11-01T10:00:00+00:00"),
+    ]
+    for r in rows:
+        append(d / "gemm_rs.jsonl", r)
+    append(d / "ag_gemm.jsonl", rec(workload="ag_gemm", M=8192, ours=1000.0, graph=1200.0,
+                                    eager=1100.0))
+    return d
+
+
+def _table_rows(block, workload):
+    section = block.split(f"### {workload}")[1].split("###")[0]
+    return [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+
+
+def test_tables_speedups_and_geomean(results, tmp_path, capsys):
+    out = tmp_path / "BENCHMARKS.md"
+    report.main(["--results", str(results), "--out", str(out), "--plots", str(tmp_path / "plots")])
+    text = out.read_text()
+    assert capsys.readouterr().out.strip() in text             # the tables go to stdout too
+    head, *rows = _table_rows(text, "gemm_rs")
+    assert "symm_mem us" in head and "best baseline us" in head and "ours/floor" in head
+    assert len(rows) == 5                                      # the older duplicate cell is gone
+    by_cell = {tuple(c.strip() for c in r.split("|")[1:5]): r for r in rows}
+    assert "| 40.0 | 2.00x |" in by_cell[("qwen3_8b", "16", "2", "static")]
+    assert "| 50.0 | 2.00x |" in by_cell[("qwen3_8b", "128", "2", "static")]
+    assert "**0.80x** (slower)" in by_cell[("qwen3_8b", "1024", "2", "static")]
+    assert "| 300.0 |" in by_cell[("llama31_70b", "16", "2", "static")]
+    assert "| 2.00 | 2.0e-03 |" in by_cell[("qwen3_8b", "16", "2", "static")]   # ours/floor
+    # models in the paper's order (qwen3_8b before llama31_70b), then M, world, schedule
+    assert [c[0] for c in by_cell] == ["qwen3_8b"] * 4 + ["llama31_70b"]
+    assert [c[1] for c in by_cell][:2] == ["16", "16"]
+    geo = re.search(r"gemm_rs static: \*\*([\d.]+)x\*\* over 4 cells", text)
+    want = math.prod([2.0, 2.0, 0.8, 70 / 50]) ** 0.25
+    assert float(geo.group(1)) == pytest.approx(want, abs=0.01)
+    assert "slower than the best baseline in 1: qwen3_8b M=1024 world=2" in text
+    assert "gemm_rs dynamic: **1.00x** over 1 cells" in text
+    assert "| 1000.0 |" in _table_rows(text, "ag_gemm")[1]
+    assert "device: NVIDIA H200; torch 2.11.0+cu130; triton 3.6.0; commit abc1234" in text
+
+
+def test_plots_written_and_linked(results, tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    plots = tmp_path / "bench" / "plots"
+    report.write_report(results, out, plots)
+    names = sorted(p.name for p in plots.iterdir())
+    assert names == ["ag_gemm_static_w2.png", "gemm_rs_dynamic_w2.png", "gemm_rs_static_w2.png"]
+    assert all((plots / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
+    assert "](bench/plots/gemm_rs_static_w2.png)" in out.read_text()
+
+
+def test_content_outside_markers_is_kept(results, tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    before = "# Benchmarks\n\nintro\n\n"
+    after = "\n## Collectives\n\n| size | us |\n|---|---|\n| 4 KiB | 55 |\n"
+    out.write_text(f"{before}{report.BEGIN}\nstale table\n{report.END}{after}")
+    report.write_report(results, out, tmp_path / "plots")
+    text = out.read_text()
+    assert text.startswith(before + report.BEGIN) and text.endswith(report.END + after)
+    assert "stale table" not in text and "### gemm_rs" in text
+    once = text
+    report.write_report(results, out, tmp_path / "plots")      # idempotent
+    assert out.read_text() == once
+
+
+def test_splice_creates_appends_and_rejects():
+    made = report.splice("", "T\n")
+    assert made == f"# Benchmarks\n\n{report.BEGIN}\nT\n{report.END}\n"
+    added = report.splice("# B\n\n## Collectives\nx\n", "T")
+    assert added.startswith("# B\n\n## Collectives\nx\n\n" + report.BEGIN)
+    with pytest.raises(ValueError, match="markers"):
+        report.splice(f"{report.END}\n{report.BEGIN}\n", "T")
+
+
+def test_no_records(tmp_path):
+    out = tmp_path / "B.md"
+    report.write_report(tmp_path / "none", out, tmp_path / "plots")
+    assert "No result records yet." in out.read_text()
+
+
+def test_slower_cell_never_reads_one_and_ticks_do_not_crowd():
+    block = report.workload_table("gemm_rs", [rec(ours=100.0, graph=99.6, eager=120.0)])
+    assert "**0.99x** (slower)" in block
+    assert report._tick_values({16, 128, 1000, 1024, 8192}) == [16, 128, 1024, 8192]
