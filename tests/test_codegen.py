@@ -25,9 +25,9 @@ def gemm_rs_ptx(gemm_rs_ir):
 def test_generated_source_is_the_static_schedule(gemm_rs_ir):
     src = generate(gemm_rs_ir)
     assert "for _et_gid in range(_et_pid, _et_end1, NUM_PROGRAMS):" in src  # program p runs p, p+P, ...
-    assert "do_not_specialize=['K', 'M', 'N', 'RANK', 'WORLD'" in src      # one binary for every size
+    assert "do_not_specialize=['K', 'M', 'N', 'RANK', 'WORLD'" in src      # align=1: nothing specialised
     assert src.count("_et_wait(") == 1 and src.count("_et_notify(") == 1
-    assert "_et_body_matmul(dst, i, j, x, w, partial_peers, M, K, N, RANK, WORLD, 64, 64, 64)" in src
+    assert "_et_body_matmul(dst, i, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 64, 64, 64)" in src
 
 
 def test_ptx_orders_cross_gpu_signals(gemm_rs_ptx):
@@ -37,6 +37,17 @@ def test_ptx_orders_cross_gpu_signals(gemm_rs_ptx):
     assert re.search(r"atom\.global\.sys\.release\.exch", ptx), "exit lanes are set with a sys-scope release"
     assert re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx), "the grid counter is a gpu-scope acq_rel add"
     assert "mma" in ptx and "bar.sync" in ptx  # tensor-core tiles; CTA barrier before each release
+
+
+def test_aligned_sizes_vectorise_and_M_stays_unspecialised():
+    """K, N promised multiples of 16 are specialised (vector loads, cp.async, vector peer stores);
+    M is not, so every M runs the same binary."""
+    ir = gemm_rs.gemm_reduce_scatter(block_m=128, block_n=128, dtype=torch.bfloat16, align=16).to_ir()
+    src = generate(ir)
+    assert "do_not_specialize=['M', 'RANK', 'WORLD'" in src
+    ptx = compile_ptx(ir, num_warps=8)
+    assert "cp.async" in ptx and "wgmma" in ptx
+    assert "st.global.b16" not in ptx, "a store of the GEMM or the reduce is not vectorised"
 
 
 def test_local_events_use_gpu_scope():

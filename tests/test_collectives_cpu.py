@@ -56,14 +56,14 @@ def test_rounds_when_messages_exceed_the_workspace():
                                             (2, "shape", "ShapeMismatchError"),
                                             (2, "empty-shape", "ShapeMismatchError")])
 def test_faults_raise_on_every_rank(n, case, error):
-    rc, out = torchrun(n, "--case", case, "--watchdog", "2")
+    rc, out = torchrun(n, "--case", case, "--watchdog", "1")
     _ok(rc, out, n)
     assert out.count(f"RAISED {error}") == n
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpi4py mpich)")
 def test_mpiexec_missing_notify():
-    rc, out = mpiexec(2, "--case", "skip-notify", "--watchdog", "2")
+    rc, out = mpiexec(2, "--case", "skip-notify", "--watchdog", "1")
     _ok(rc, out, 2)
     assert "Rank 1 never notified" in out
 

@@ -366,6 +366,10 @@ def bind_inputs(ir, inputs, sizes: Optional[Mapping[str, int]], *, world: Option
     for c in ir.checks:
         if not c.cond.evaluate(bound):
             raise InputError(f"graph {ir.name!r} at sizes {bound}: {c.message}")
+    for name, m in ir.multiples:
+        if bound[name] % m:
+            raise InputError(f"graph {ir.name!r}: size {name}={bound[name]} is not a multiple of {m}, "
+                             f"as the graph declares (g.size({name!r}, multiple_of={m}))")
     for r, given in per_rank.items():
         env = {**bound, RANK_NAME: r}
         for s in specs:

@@ -95,12 +95,21 @@ class Graph:
         self._tasks: list[TaskSpec] = []
         self._checks: list[Check] = []
         self._samples: list[dict[str, int]] = []
+        self._multiples: dict[str, int] = {}
 
     # -- declarations ------------------------------------------------------------------------
-    def size(self, name: str) -> Expr:
-        """A symbolic size; bound at call time from an input whose shape names it, or by keyword."""
+    def size(self, name: str, multiple_of: int = 1) -> Expr:
+        """A symbolic size; bound at call time from an input whose shape names it, or by keyword.
+
+        multiple_of: a promise checked at every call; the GPU kernel uses it for aligned,
+        vectorised memory access (e.g. 16 for a row length).
+        """
         if name in (RANK_NAME, WORLD_NAME):
             raise GraphError(f"{name} is built in: use graph.rank / graph.world")
+        if not isinstance(multiple_of, int) or multiple_of < 1:
+            raise GraphError(f"size {name!r}: multiple_of must be a positive int, got {multiple_of!r}")
+        if multiple_of > 1:
+            self._multiples[name] = multiple_of
         return self._sizes.setdefault(name, sym(name))
 
     def input(self, name: str, shape: Sequence[Size], dtype: torch.dtype = torch.float32,
@@ -179,7 +188,7 @@ class Graph:
         sizes = tuple(sorted(set(self._sizes) | {RANK_NAME, WORLD_NAME}))
         samples = tuple(tuple(sorted(s.items())) for s in self._samples)
         ir = GraphIR(self.name, tuple(t.to_spec() for t in self._tensors.values()), events,
-                     tuple(tasks), tuple(self._checks), sizes, samples)
+                     tuple(tasks), tuple(self._checks), sizes, samples, tuple(sorted(self._multiples.items())))
         unused = [e.name for e in events if e.name not in used]
         if unused:
             raise GraphError(f"graph {self.name!r}: events {unused} are declared but no task uses them")

@@ -95,6 +95,7 @@ class GraphIR:
     checks: tuple[Check, ...]
     sizes: tuple[str, ...]  # every size symbol, RANK and WORLD included
     samples: tuple[tuple[tuple[str, int], ...], ...]  # sample sizes for validation
+    multiples: tuple[tuple[str, int], ...] = ()  # sizes promised to be multiples (alignment hints)
 
     def tensor(self, name: str) -> TensorSpec:
         return self._by_name("tensors", name)

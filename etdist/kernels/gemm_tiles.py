@@ -6,7 +6,6 @@ masked (ragged M and N need no padding). Row-major, contiguous operands; offsets
 import triton
 import triton.language as tl
 
-from .sync import peer_base
 
 
 @triton.jit
@@ -32,6 +31,17 @@ def mm_tile(a, rows, b, K, N, c, ldc, i, j,
 
 
 @triton.jit
+def aligned_peer(local, table, rank):
+    """Rank `rank`'s copy of the symmetric tensor whose local copy is `local`, as an offset from
+    `local`: symmetric allocations are 256-byte aligned everywhere, and writing the offset as a
+    multiple of 256 bytes lets Triton prove alignment and vectorise (a pointer made from a loaded
+    integer would be stored one element at a time)."""
+    ELEM: tl.constexpr = local.dtype.element_ty.primitive_bitwidth // 8
+    delta = tl.load(table + rank) - local.to(tl.int64, bitcast=True)
+    return local + (delta // 256) * (256 // ELEM)
+
+
+@triton.jit
 def owned_rows(M, WORLD, r):
     """Rows of M that rank r owns when split in chunks of cdiv(M, WORLD) (ragged at the end)."""
     C = (M + WORLD - 1) // WORLD
@@ -39,11 +49,11 @@ def owned_rows(M, WORLD, r):
 
 
 @triton.jit
-def gemm_rs_matmul(dst, i, j, x, w, partial_peers, M, K, N, RANK, WORLD,
+def gemm_rs_matmul(dst, i, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """My partial of rank dst's tile (i, j), stored straight into dst's partial[RANK] (peer stores)."""
     C = (M + WORLD - 1) // WORLD
-    out = peer_base(partial_peers, dst, x) + RANK * C * N
+    out = aligned_peer(partial, partial_peers, dst) + RANK * C * N
     mm_tile(x + dst * C * K, owned_rows(M, WORLD, dst), w, K, N, out, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K)
 
 

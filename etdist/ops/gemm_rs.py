@@ -63,10 +63,11 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
         raise InputError(f"gemm_reduce_scatter: x is [M, {x.shape[1]}] but w is [{w.shape[0]}, N]: "
                          "the contraction dims differ")
     cfg = tile_config(x.shape[0], mesh.world_size)
-    key = (x.dtype, cfg, schedule)
+    align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1  # aligned rows vectorise
+    key = (x.dtype, cfg, schedule, align)
     kernel = _KERNELS.get(key)
     if kernel is None:
-        graph = gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k)
+        graph = gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
         kernel = et_compile(graph, schedule=schedule, target="cuda")
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
         _KERNELS[key] = kernel

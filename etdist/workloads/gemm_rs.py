@@ -13,11 +13,12 @@ from etdist.kernels import gemm_tiles
 
 
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
-                        block_k: int = 64) -> et.Graph:
-    """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16)."""
+                        block_k: int = 64, align: int = 1) -> et.Graph:
+    """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16).
+    align: K and N are promised multiples of it (16 lets the GPU kernel vectorise)."""
     g = et.Graph("gemm_rs")
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
-    M, K, N = g.size("M"), g.size("K"), g.size("N")
+    M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
     R, me = g.world, g.rank
     C = et.cdiv(M, R)                                    # rows per owner
     owned = lambda r: et.maximum(0, et.minimum(C, M - r * C))
