@@ -112,3 +112,12 @@ def test_event_codes_round_trip():
     for e, lin in [(0, 0), (3, 12345), (7, (1 << 20) - 1)]:
         assert decode_event_code(event_code(e, lin)) == (e, lin)
     assert decode_event_code(2 << 20) is None  # the mesh's own codes are below ours
+
+
+def test_skinny_variant_notifies_every_owner_in_a_loop():
+    ir = gemm_rs.gemm_reduce_scatter_skinny(dtype=torch.bfloat16, splits=4, align=16).to_ir()
+    src = generate(ir)
+    assert "for _et_s0 in range(0, WORLD):" in src  # et.every(0, R) becomes a loop of notifies
+    ptx = compile_ptx(ir)
+    assert "wgmma" in ptx and "cp.async" in ptx
+    assert re.search(r"atom\.global\.sys\.release\.add", ptx)

@@ -49,16 +49,16 @@ def test_atomic_poll_variant_compiles_to_an_acquire():
     assert "ld.global.sys.acquire.b32" in ptx  # Triton turns an acquire add-of-zero into an acquire load
 
 
-def _exchange_ptx(reduce: bool, align: int):
+def _exchange_ptx(reduce: bool, align: int, direct: bool = False):
     ptrs = ["x_ptr", "out_ptr", "plan_ptr", "scratch_ptr", "scratch_table", "sig_ptr", "sig_table", "ctrl_ptr",
             "ctrl_table"]
     types = ["*bf16", "*bf16", "*i64", "*bf16", "*i64", "*i32", "*i64", "*i32", "*i64"]
-    sig = dict(zip(ptrs, types))
-    sig.update({k: "i32" for k in ["meta_off", "exit_off", "grid_off", "epoch_off", "rank", "world", "op_sig",
+    sig = dict(zip(ptrs, types), out_table="*i64")
+    sig.update({k: "i32" for k in ["meta_off", "exit_off", "grid_off", "epoch_off", "entry_off", "rank", "world", "op_sig",
                                    "max_spins", "skip_notify"]}, nchunks="i64")
-    sig.update({k: "constexpr" for k in ["REDUCE", "RENDEZVOUS", "USE_ASM", "BLOCK", "ALIGN", "PALIGN"]})
+    sig.update({k: "constexpr" for k in ["REDUCE", "RENDEZVOUS", "DIRECT", "USE_ASM", "BLOCK", "ALIGN", "PALIGN"]})
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}  # what a launch with aligned tensors gets
-    const = dict(REDUCE=reduce, RENDEZVOUS=True, USE_ASM=True, BLOCK=8192, ALIGN=align, PALIGN=2 * align)
+    const = dict(REDUCE=reduce, RENDEZVOUS=True, DIRECT=direct, USE_ASM=True, BLOCK=8192, ALIGN=align, PALIGN=2 * align)
     return _ptx(exchange_kernel, sig, const, attrs, num_warps=4)
 
 
@@ -75,3 +75,8 @@ def test_exchange_kernel_signals_across_gpus_and_moves_16_byte_vectors(reduce):
 
 def test_exchange_kernel_unaligned_variant_compiles():
     assert "ld.acquire.sys.global.b32" in _exchange_ptx(True, align=1)
+
+
+def test_direct_all_gather_variant_vectorises():
+    ptx = _exchange_ptx(False, align=8, direct=True)
+    assert "st.global.v4.b32" in ptx and "ld.acquire.sys.global.b32" in ptx

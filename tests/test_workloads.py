@@ -33,6 +33,22 @@ def test_gemm_reduce_scatter(schedule, world, M):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("M", [16, 5, 1])
+def test_gemm_reduce_scatter_skinny(schedule, world, M):
+    """The decode variant: every row in one tile, split-K, each tile notifying every owner."""
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter_skinny(block_m=16, block_n=8, block_k=4, splits=3),
+                        schedule=schedule, programs=3)
+    inputs = gemm_rs.make_inputs(world, M, 21, 19, seed=world * 10 + M)
+    want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
+    for seed in SEEDS:
+        got = kernel.run(inputs, interleave="random", seed=seed)
+        for r in range(world):
+            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+    with pytest.raises(et.InputError, match="M must be <= 16"):
+        kernel.run(gemm_rs.make_inputs(world, 17, 21, 19))
+
+
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 3])
 def test_all_gather_gemm(schedule, world, M):
     kernel = et.compile(ag_gemm.all_gather_gemm(block_m=8, block_n=8), schedule=schedule, programs=3)

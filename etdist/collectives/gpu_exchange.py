@@ -69,7 +69,8 @@ def _resident_programs(mesh: Mesh, kernel, num_warps: int) -> int:
     return max(1, props.multi_processor_count * min(per_sm, _knob("ETDIST_PROGRAMS_PER_SM", PROGRAMS_PER_SM)))
 
 
-def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, plan: Plan, rendezvous: bool):
+def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, plan: Plan, rendezvous: bool,
+                direct: bool = False):
     """Everything a launch needs, resolved once: returns a no-argument callable that launches the
     compiled kernel on the current stream (a few microseconds of host time)."""
     if torch.cuda.is_current_stream_capturing():
@@ -85,10 +86,11 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
     packed = torch.zeros(4 * w + 2, dtype=torch.int64, device=mesh.device)
     args = dict(x_ptr=x, out_ptr=out, plan_ptr=packed, scratch_ptr=ws.scratch.view(x.dtype),
                 scratch_table=ws.scratch_table, sig_ptr=ws.signals, sig_table=ws.signals_table, ctrl_ptr=mesh.ctrl,
-                ctrl_table=ws.ctrl_table, meta_off=lay.meta, exit_off=lay.exit, grid_off=lay.grid,
-                epoch_off=lay.epoch, rank=mesh.rank, world=w, op_sig=int(plan.op) << 28, nchunks=1,
+                ctrl_table=ws.ctrl_table, out_table=mesh.peer_ptrs(out) if direct else ws.scratch_table,
+                meta_off=lay.meta, exit_off=lay.exit, grid_off=lay.grid, epoch_off=lay.epoch,
+                entry_off=lay.entry, rank=mesh.rank, world=w, op_sig=int(plan.op) << 28, nchunks=1,
                 max_spins=mesh.watchdog_spins(), skip_notify=int(mesh.fault_skip_notify_rank == mesh.rank))
-    constexprs = dict(REDUCE=plan.op.reduces, RENDEZVOUS=rendezvous, USE_ASM=True, BLOCK=block, ALIGN=align,
+    constexprs = dict(REDUCE=plan.op.reduces, RENDEZVOUS=rendezvous, DIRECT=direct, USE_ASM=True, BLOCK=block, ALIGN=align,
                       PALIGN=align * es)
     kernel = _compiled(mesh, args, constexprs, num_warps)
     cap = _resident_programs(mesh, kernel, num_warps)
@@ -132,6 +134,6 @@ def exchange_interpreted(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.
     lay = mesh.layout
     exchange_kernel[(max(1, min(nchunks, 4)),)](
         x, out, packed, ws.scratch.view(x.dtype), ws.scratch_table, ws.signals, ws.signals_table, mesh.ctrl,
-        ws.ctrl_table, lay.meta, lay.exit, lay.grid, lay.epoch, mesh.rank, w, int(plan.op) << 28, nchunks,
-        int(mesh.watchdog_s * 1000), int(mesh.fault_skip_notify_rank == mesh.rank),
-        REDUCE=plan.op.reduces, RENDEZVOUS=rendezvous, USE_ASM=False, BLOCK=BLOCK, ALIGN=1, PALIGN=es)
+        ws.ctrl_table, ws.scratch_table, lay.meta, lay.exit, lay.grid, lay.epoch, lay.entry, mesh.rank, w,
+        int(plan.op) << 28, nchunks, int(mesh.watchdog_s * 1000), int(mesh.fault_skip_notify_rank == mesh.rank),
+        REDUCE=plan.op.reduces, RENDEZVOUS=rendezvous, DIRECT=False, USE_ASM=False, BLOCK=BLOCK, ALIGN=1, PALIGN=es)

@@ -31,6 +31,8 @@ REDUCE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The exit rendezvous (every rank leaves a call only after all did) runs when check=True, so a
 # fault makes every rank raise; check=False skips it (double-buffered scratch keeps that safe).
 # ETDIST_RENDEZVOUS=0/1 forces it off/on.
+# all_gather into an `out` from mesh.empty writes peers' out directly (no scratch, no receiver copy).
+_DIRECT = os.environ.get("ETDIST_DIRECT", "1") != "0"
 _RENDEZVOUS = None if os.environ.get("ETDIST_RENDEZVOUS") is None else os.environ["ETDIST_RENDEZVOUS"] != "0"
 
 
@@ -73,7 +75,8 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
         launches = cache.get(full_key)
         if launches is None:
             ws = get_workspace(mesh)
-            launches = [prepare_gpu(mesh, ws, x, out, p, rendezvous) for p in pieces(ws.slot_elems(x.dtype))]
+            direct = key[0] is Op.ALL_GATHER and _DIRECT and mesh.is_symmetric(out)
+            launches = [prepare_gpu(mesh, ws, x, out, p, rendezvous, direct) for p in pieces(ws.slot_elems(x.dtype))]
             if len(cache) > 1024:
                 cache.clear()
             cache[full_key] = launches

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .errors import GraphError
-from .expr import RANK_NAME, compile_fn, evaluate
+from .expr import RANK_NAME, compile_fn, evaluate, expand_coords, is_span
 from .ir import Access, EventSpec, GraphIR, TaskSpec
 
 
@@ -27,8 +27,9 @@ class TaskMaps:
 
     @staticmethod
     def build(spec: TaskSpec) -> "TaskMaps":
-        def flat(accesses: tuple[Access, ...]):
-            return compile_fn(tuple(c for a in accesses for c in a.coord), spec.index_names)
+        def flat(accesses: tuple[Access, ...]):  # a span coordinate contributes its start and stop
+            return compile_fn(tuple(x for a in accesses for c in a.coord
+                                    for x in (c.args if is_span(c) else (c,))), spec.index_names)
         when = compile_fn((spec.when,), spec.index_names) if spec.when is not None else None
         return TaskMaps(spec, flat(spec.waits), flat(spec.notifies), when)
 
@@ -36,9 +37,15 @@ class TaskMaps:
     def _split(accesses: tuple[Access, ...], flat: tuple) -> list[tuple[str, tuple[int, ...]]]:
         out, k = [], 0
         for a in accesses:
-            n = len(a.coord)
-            out.append((a.event, tuple(flat[k:k + n])))
-            k += n
+            values = []
+            for c in a.coord:
+                if is_span(c):
+                    values.append((flat[k], flat[k + 1]))
+                    k += 2
+                else:
+                    values.append(flat[k])
+                    k += 1
+            out.extend((a.event, coord) for coord in expand_coords(tuple(values)))
         return out
 
     def wait_elements(self, idx: tuple, env: Mapping[str, Any]) -> list[tuple[str, tuple]]:

@@ -202,10 +202,19 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx) -> None:
         for acc in t.notifies:
             i, e = events[acc.event]
             dims = [f"_et_ev_{e.name}_d{d}" for d in range(len(e.shape))]
-            lin = _linear(dims, [tx(c) for c in acc.coord])
-            base = f"_et_peer(arena_peers, {tx(acc.coord[0])}, arena)" if e.distributed else "arena"
+            coord, depth = [], out.depth
+            for d, c in enumerate(acc.coord):  # et.every(a, b): one notify per coordinate in [a, b)
+                if c.op == "span":
+                    out(f"for _et_s{d} in range({tx(c.args[0])}, {tx(c.args[1])}):")
+                    out.depth += 1
+                    coord.append(f"_et_s{d}")
+                else:
+                    coord.append(tx(c))
+            lin = _linear(dims, coord)
+            base = f"_et_peer(arena_peers, {coord[0]}, arena)" if e.distributed else "arena"
             scope = "sys" if e.distributed else "gpu"
             out(f"_et_notify({base} + ev_{e.name}_off + {lin}, 1, False, {scope!r})")
+            out.depth = depth
 
 
 def _bind_body_args(ir: GraphIR, t: TaskSpec) -> list[str]:

@@ -116,6 +116,8 @@ class Expr:
             return f"{op}({a[0].to_python()}, {a[1].to_python()})"
         if op == "where":
             return f"({a[1].to_python()} if {a[0].to_python()} else {a[2].to_python()})"
+        if op == "span":
+            raise TypeError("et.every(...) is a set of coordinates, usable only directly in a notify map")
         return f"({a[0].to_python()} {_BINARY[op][0]} {a[1].to_python()})"
 
     def to_triton(self, load: Callable[[str, tuple], str]) -> str:
@@ -149,6 +151,8 @@ class Expr:
             return _CALLS[op](a[0].evaluate(env), a[1].evaluate(env))
         if op == "where":
             return a[1].evaluate(env) if a[0].evaluate(env) else a[2].evaluate(env)
+        if op == "span":
+            raise TypeError("et.every(...) is a set of coordinates: expand it with expand_coords()")
         x, y = a[0].evaluate(env), a[1].evaluate(env)
         if op in ("floordiv", "mod") and (x < 0 or y <= 0):
             # Python floors, GPU integer division truncates: the same map would differ on the GPU.
@@ -211,6 +215,12 @@ def maximum(a: Size, b: Size) -> Size:
     return Expr("max", (as_expr(a), as_expr(b)))
 
 
+def every(start: Size, stop: Size) -> Expr:
+    """In a notify map: every coordinate in [start, stop) (one notify per element), e.g. a tile
+    that feeds all ranks notifies `arrived[et.every(0, g.world), j]`."""
+    return Expr("span", (as_expr(start), as_expr(stop)))
+
+
 def where(cond: Expr, a: Size, b: Size) -> Expr:
     return Expr("where", (as_expr(cond), as_expr(a), as_expr(b)))
 
@@ -242,3 +252,14 @@ def compile_fn(exprs: tuple[Expr, ...], args: tuple[str, ...]) -> Callable[..., 
     fn = scope["_f"]
     fn.source = src
     return fn
+
+
+def is_span(e: Expr) -> bool:
+    return e.op == "span"
+
+
+def expand_coords(values: tuple) -> list[tuple]:
+    """Coordinates from evaluated values where a span contributed a (start, stop) pair."""
+    import itertools
+    axes = [range(v[0], v[1]) if isinstance(v, tuple) else (v,) for v in values]
+    return list(itertools.product(*axes))

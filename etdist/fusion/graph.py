@@ -220,5 +220,8 @@ class Graph:
                 raise GraphError(f"task {task!r}: {what} map must return event elements like ev[i], got {r!r}")
             if self._events.get(r.event.name) is not r.event:
                 raise GraphError(f"task {task!r}: {what} names event {r.event.name!r} of another graph")
+            if what == "wait" and any(c.op == "span" for c in r.coord):
+                raise GraphError(f"task {task!r}: a wait on et.every(...) is not supported: wait on one "
+                                 "element whose count covers all the notifies instead")
             out.append(Access(r.event.name, r.coord))
         return tuple(out)

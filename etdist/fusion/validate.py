@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from .bind import Bound, MapTable, bind, in_bounds
 from .errors import GraphError
-from .expr import RANK_NAME, WORLD_NAME
+from .expr import RANK_NAME, WORLD_NAME, expand_coords, is_span
 from .ir import GraphIR
 
 # Default sample sizes: small, ragged, and a couple of world sizes. Graphs with checks on their
@@ -140,16 +140,18 @@ def _enumerate(b: Bound, schedule: str, dynamic: set[str]) -> int:
                     for a in accesses:
                         if any(c.is_data_dependent for c in a.coord):
                             continue
-                        coord = tuple(c.evaluate(env_t) for c in a.coord)
+                        values = tuple(tuple(x.evaluate(env_t) for x in c.args) if is_span(c)
+                                       else c.evaluate(env_t) for c in a.coord)
                         ev, shape = b.event(a.event), b.event_shapes[a.event]
-                        if not in_bounds(coord, shape):
-                            raise GraphError(f"task {name} {kind} {a.event}{list(coord)}, outside the "
-                                             f"event's shape {list(shape)} {at}")
-                        owner = coord[0] if ev.distributed else rank
-                        if kind == "waits on" and owner != rank:
-                            raise GraphError(f"task {name} waits on {a.event}{list(coord)}, which lives on "
-                                             f"rank {owner}: a task may only wait on its own rank's events {at}")
-                        book[(owner, a.event, coord)].append((rank, gid))
+                        for coord in expand_coords(values):
+                            if not in_bounds(coord, shape):
+                                raise GraphError(f"task {name} {kind} {a.event}{list(coord)}, outside the "
+                                                 f"event's shape {list(shape)} {at}")
+                            owner = coord[0] if ev.distributed else rank
+                            if kind == "waits on" and owner != rank:
+                                raise GraphError(f"task {name} waits on {a.event}{list(coord)}, which lives on "
+                                                 f"rank {owner}: a task may only wait on its own rank's events {at}")
+                            book[(owner, a.event, coord)].append((rank, gid))
     _check_counts(b, notifiers, waiters, dynamic, at)
     _check_acyclic(b, notifiers, waiters, schedule, at)
     return tasks

@@ -13,7 +13,9 @@ epoch parity; the exit rendezvous keeps any rank from starting call e+1 until al
 The epoch lives on the device (control block), so launches replayed from a CUDA graph stay correct.
 
 Scratch layout (elements of x's dtype): [(parity * W + src) * slot_elems + i].
-Signal lanes (int32): [chunk * W + src]. Plan (int64): [send_off | send_cnt | recv_off | recv_cnt] (W each), chunk, slot_elems.
+Signal lanes (int32): [chunk * W + src].
+DIRECT (all_gather into a symmetric `out`): chunks go straight into the peer's out, no scratch and no
+copy on the receiver; writers first wait for the peer's entry lane (it has entered this call). Plan (int64): [send_off | send_cnt | recv_off | recv_cnt] (W each), chunk, slot_elems.
 """
 import triton
 import triton.language as tl
@@ -22,6 +24,7 @@ from .sync import ERR_SHAPE, finish_launch, notify, peer_base, record_error, wai
 
 EVENT_CHUNK = tl.constexpr(1 << 20)
 EVENT_EXIT = tl.constexpr(2 << 20)
+EVENT_ENTRY = tl.constexpr(4 << 20)
 SIG_MASK = tl.constexpr((1 << 28) - 1)
 
 
@@ -36,15 +39,15 @@ def _copy(dst, src, start, end, BLOCK: tl.constexpr):
 
 # Scalars are never specialised on their values, so one compiled kernel serves every rank, world
 # size and message size (the host launches it directly, skipping Triton's per-call dispatch).
-SCALAR_ARGS = ["meta_off", "exit_off", "grid_off", "epoch_off", "rank", "world", "op_sig", "nchunks", "max_spins",
+SCALAR_ARGS = ["meta_off", "exit_off", "grid_off", "epoch_off", "entry_off", "rank", "world", "op_sig", "nchunks", "max_spins",
                "skip_notify"]
 
 
 @triton.jit(do_not_specialize=SCALAR_ARGS)
 def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_ptr, sig_table,
-                    ctrl_ptr, ctrl_table, meta_off, exit_off, grid_off, epoch_off,
+                    ctrl_ptr, ctrl_table, out_table, meta_off, exit_off, grid_off, epoch_off, entry_off,
                     rank, world, op_sig, nchunks, max_spins, skip_notify,
-                    REDUCE: tl.constexpr, RENDEZVOUS: tl.constexpr, USE_ASM: tl.constexpr,
+                    REDUCE: tl.constexpr, RENDEZVOUS: tl.constexpr, DIRECT: tl.constexpr, USE_ASM: tl.constexpr,
                     BLOCK: tl.constexpr, ALIGN: tl.constexpr, PALIGN: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -64,6 +67,14 @@ def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_pt
                 meta = peer_base(ctrl_table, d, ctrl_ptr) + meta_off + rank * 4 + parity * 2
                 tl.store(meta, epoch)
                 tl.store(meta + 1, op_sig | (tl.load(plan_ptr + world + d).to(tl.int32) & SIG_MASK))
+        if DIRECT:  # we write into peers' `out` itself: only once they entered this call
+            for d in range(world):
+                if d != rank:
+                    notify(peer_base(ctrl_table, d, ctrl_ptr) + entry_off + rank, epoch, True, "sys")
+            for d in range(world):
+                if d != rank:
+                    wait(ctrl_ptr + entry_off + d, epoch, max_spins, ctrl_ptr, ctrl_table, rank, world,
+                         EVENT_ENTRY, d, epoch, "sys", USE_ASM)
         nmine = tl.cdiv(nchunks - pid, nprog)
         for k in range(0, nmine + 1):
             if k < nmine:  # push chunk c to every peer
@@ -74,6 +85,8 @@ def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_pt
                         cnt = tl.multiple_of(tl.load(plan_ptr + world + d), ALIGN)
                         if start < cnt:
                             dst = peer_base(scratch_table, d, scratch_ptr) + (parity * world + rank) * slot_elems
+                            if DIRECT:  # straight to where our block lives in the peer's out
+                                dst = peer_base(out_table, d, out_ptr) + my_out
                             src = x_ptr + tl.multiple_of(tl.load(plan_ptr + d), ALIGN)
                             _copy(tl.multiple_of(dst, PALIGN), tl.multiple_of(src, PALIGN),
                                   start, tl.multiple_of(tl.minimum(start + chunk, cnt), ALIGN), BLOCK)
@@ -114,6 +127,9 @@ def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_pt
                     else:
                         for s in range(world):
                             cnt_s = tl.multiple_of(tl.load(plan_ptr + 3 * world + s), ALIGN)
+                            if DIRECT:
+                                if s != rank:
+                                    cnt_s = 0  # already in place
                             if start < cnt_s:
                                 dst = tl.multiple_of(out_ptr + tl.multiple_of(tl.load(plan_ptr + 2 * world + s), ALIGN),
                                                      PALIGN)

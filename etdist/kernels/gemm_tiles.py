@@ -70,3 +70,47 @@ def gemm_rs_reduce(i, j, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr, B
     for r in range(0, WORLD):
         acc += tl.load(partial + r * C * N + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gemm_rs_skinny_matmul(s, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """All M rows (M <= BLOCK_M) x K-slice s x column tile j; each owner's rows go to its
+    partial[RANK * SPLITS + s] in fp32 (peer stores). The weights are read once in total."""
+    KB = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K) * BLOCK_K
+    k_end = tl.minimum(K, (s + 1) * KB)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = s * KB + tl.arange(0, BLOCK_K)
+    col_ok = offs_n[None, :] < N
+    a_ptrs = x + offs_m[:, None] * K + offs_k[None, :]
+    b_ptrs = w + offs_k[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(s * KB, k_end, BLOCK_K):
+        k_ok = offs_k < k_end - (k - s * KB)
+        a_t = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_ok[None, :], other=0.0)
+        b_t = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok, other=0.0)
+        acc = tl.dot(a_t, b_t, acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K * N
+    C = (M + WORLD - 1) // WORLD
+    for d in range(0, WORLD):
+        rows = offs_m - d * C
+        ok = (rows[:, None] >= 0) & (rows[:, None] < owned_rows(M, WORLD, d)) & col_ok
+        out = aligned_peer(partial, partial_peers, d) + (RANK * SPLITS + s) * C * N
+        tl.store(out + rows[:, None] * N + offs_n[None, :], acc, mask=ok)
+
+
+@triton.jit
+def gemm_rs_skinny_reduce(j, partial, y, M, N, RANK, WORLD, SPLITS: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y[:, tile j] = sum of the WORLD x SPLITS fp32 partials of this rank's rows."""
+    C = (M + WORLD - 1) // WORLD
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < owned_rows(M, WORLD, RANK)) & (offs_n[None, :] < N)
+    offs = offs_m[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for r in range(0, WORLD * SPLITS):
+        acc += tl.load(partial + r * C * N + offs, mask=mask, other=0.0)
+    tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)

@@ -10,6 +10,8 @@ One definition of the layout, used by the host (to read errors) and passed to ke
     [8+6W]            grid counter (local): programs of one launch that have finished
     [8+6W+1]          device epoch (local): the last collective epoch this GPU ran; kernels read it
                       and bump it themselves, so a launch replayed from a CUDA graph stays correct
+    [8+6W+2, 8+7W+2)  entry lanes: lane s holds the last epoch rank s entered (writers into our
+                      user buffers wait for it: we no longer use what they overwrite)
 
 A lane has a single writer (the rank it is named after), so the same protocol works with plain
 stores on CPU and release atomics on GPU: notify sets the lane to the epoch, wait spins until
@@ -36,6 +38,7 @@ class Event(enum.IntEnum):
     CHUNK = 1  # a data chunk of a collective, index = chunk
     EXIT = 2  # the exit rendezvous of a collective
     BARRIER = 3  # mesh.barrier
+    ENTRY = 4  # a peer entering the call (before writing into its user buffers)
 
     @staticmethod
     def encode(kind: "Event", index: int) -> int:
@@ -75,8 +78,12 @@ class ControlLayout:
         return self.grid + 1
 
     @property
-    def size(self) -> int:
+    def entry(self) -> int:
         return self.grid + 2
+
+    @property
+    def size(self) -> int:
+        return self.entry + self.world
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,7 @@ class ErrorRecord:
     def describe(self, watchdog_s: float, op_names=None) -> str:
         ev, idx = Event.decode(self.event)
         what = {Event.CHUNK: f"data chunk {idx}", Event.EXIT: "the exit rendezvous",
-                Event.BARRIER: "a barrier"}.get(ev, f"event {self.event}")
+                Event.BARRIER: "a barrier", Event.ENTRY: "the peer to enter the call"}.get(ev, f"event {self.event}")
         if self.kind is ErrorKind.SHAPE:
             ours, theirs = self.expected, self.observed
             names = op_names or {}

@@ -21,17 +21,23 @@ class TileConfig:
     num_stages: int
 
 
-# Two size classes: decode-sized row chunks stream the weights through many narrow tiles; larger
-# ones use square tiles. Each class is one compiled kernel for every M in it.
-SMALL = TileConfig(16, 64, 128, 4, 4)
+# Two size classes, one compiled kernel for every M in each. Up to SKINNY_MAX_M rows, the skinny
+# graph (all rows in one wgmma-high tile, split-K, weights read once); above, square tiles per
+# destination rank.
+SKINNY = TileConfig(64, 64, 128, 4, 4)
 LARGE = TileConfig(128, 128, 64, 8, 3)
-SMALL_MAX_ROWS = 64
+SKINNY_MAX_M = 64
 
 _KERNELS: dict = {}
 
 
-def tile_config(M: int, world: int) -> TileConfig:
-    return SMALL if -(-M // world) <= SMALL_MAX_ROWS else LARGE
+def tile_config(M: int) -> TileConfig:
+    return SKINNY if M <= SKINNY_MAX_M else LARGE
+
+
+def skinny_splits(N: int, sms: int, block_n: int = SKINNY.block_n) -> int:
+    """Contraction slices so that slices x column tiles gives every SM about two tasks."""
+    return max(1, min(8, round(2 * sms / -(-N // block_n))))
 
 
 def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: str = "static",
@@ -62,12 +68,17 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     if x.shape[1] != w.shape[0]:
         raise InputError(f"gemm_reduce_scatter: x is [M, {x.shape[1]}] but w is [{w.shape[0]}, N]: "
                          "the contraction dims differ")
-    cfg = tile_config(x.shape[0], mesh.world_size)
+    cfg = tile_config(x.shape[0])
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1  # aligned rows vectorise
-    key = (x.dtype, cfg, schedule, align)
+    splits = skinny_splits(w.shape[1], torch.cuda.get_device_properties(mesh.device).multi_processor_count) \
+        if cfg is SKINNY else 1
+    key = (x.dtype, cfg, schedule, align, splits)
     kernel = _KERNELS.get(key)
     if kernel is None:
-        graph = gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
+        if cfg is SKINNY:
+            graph = gemm_rs.gemm_reduce_scatter_skinny(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, splits, align)
+        else:
+            graph = gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
         kernel = et_compile(graph, schedule=schedule, target="cuda")
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
         _KERNELS[key] = kernel

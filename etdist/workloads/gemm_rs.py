@@ -58,3 +58,44 @@ def make_inputs(world: int, M: int, K: int, N: int, seed: int = 0, dtype=torch.f
     gen = torch.Generator().manual_seed(seed)
     return [{"x": torch.randn(M, K, generator=gen).to(dtype), "w": torch.randn(K, N, generator=gen).to(dtype)}
             for _ in range(world)]
+
+
+def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
+                               block_k: int = 128, splits: int = 4, align: int = 1) -> et.Graph:
+    """The decode-sized variant (M <= block_m): one tile holds every row, so each rank reads its
+    weights once (the graph above reads them once per destination rank). The contraction is
+    split in `splits` slices to give every SM work; fp32 partials, summed by the owner."""
+    g = et.Graph("gemm_rs_skinny")
+    M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
+    R, me = g.world, g.rank
+    g.check(M <= block_m, f"this variant holds every row in one tile: M must be <= {block_m}")
+    C = et.cdiv(M, R)
+    owned = lambda r: et.maximum(0, et.minimum(C, M - r * C))
+    KB = et.cdiv(et.cdiv(K, splits), block_k) * block_k   # contraction per slice
+    n_tiles = et.cdiv(N, block_n)
+    consts = dict(SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n)
+
+    g.input("x", (M, K), dtype)
+    g.input("w", (K, N), dtype)
+    g.scratch("partial", (R * splits, C, N), torch.float32, symmetric=True)  # on the owner: [src, slice]
+    g.output("y", (owned(me), N), dtype)
+    arrived = g.event("arrived", (R, n_tiles), count=R * splits, distributed=True)
+
+    @g.task(grid=(splits, n_tiles), notify=lambda s, j: arrived[et.every(0, R), j],
+            triton=gemm_tiles.gemm_rs_skinny_matmul, constexprs=dict(consts, BLOCK_K=block_k))
+    def matmul(t, s, j):                                 # every owner's rows of slice s, tile j
+        cols, ks = et.block(j, block_n, t.N), et.block(s, t(KB), t.K)
+        part = t.x[:, ks].float() @ t.w[ks, cols].float()
+        for d in range(t.world):
+            rows = et.block(d, t(C), t.M)
+            t.peer(d).partial[t.rank * splits + s, :rows.stop - rows.start, cols] = part[rows]
+
+    @g.task(grid=(n_tiles,), wait=lambda j: arrived[me, j],
+            triton=gemm_tiles.gemm_rs_skinny_reduce, constexprs=consts)
+    def reduce(t, j):
+        cols, rows = et.block(j, block_n, t.N), t(owned(me))
+        t.y[:, cols] = t.partial[:, :rows, cols].sum(0).to(t.y.dtype)
+
+    g.sample(M=5, K=3, N=7)
+    g.sample(M=block_m, K=block_k + 1, N=block_n + 3)
+    return g
