@@ -90,7 +90,7 @@ def time_graph(g, stream) -> float:
     return time_batch(g.replay, stream, calls=1)
 
 
-def make_ops(mesh, op: str, nbytes: int, dtype):
+def make_ops(mesh, op: str, nbytes: int, dtype, symmetric_out: bool = False):
     w, es = mesh.world_size, torch.empty((), dtype=dtype).element_size()
     total = nbytes // es
     if op == "reduce_scatter":
@@ -103,6 +103,8 @@ def make_ops(mesh, op: str, nbytes: int, dtype):
     elif op == "all_gather":
         x = torch.empty(total // w, dtype=dtype, device=mesh.device)
         out, ref = (torch.empty(total, dtype=dtype, device=mesh.device) for _ in range(2))
+        if symmetric_out:  # peers write it directly (collectives/ops.py: DIRECT)
+            out = mesh.empty((total,), dtype)
         ours = lambda: all_gather(x, out, mesh=mesh, check=False)  # noqa: E731
         nccl = lambda: dist.all_gather_into_tensor(ref, x)  # noqa: E731
         link_bytes = nbytes * (w - 1) / w
@@ -121,9 +123,9 @@ def make_ops(mesh, op: str, nbytes: int, dtype):
     return x, out, ref, ours, nccl, link_bytes, bus_bytes
 
 
-def correctness(mesh, op, nbytes) -> float:
+def correctness(mesh, op, nbytes, symmetric_out=False) -> float:
     """fp32 integer sums must match NCCL exactly; returns bf16 max relative error vs NCCL."""
-    x, out, ref, ours, nccl, _, _ = make_ops(mesh, op, nbytes, torch.float32)
+    x, out, ref, ours, nccl, _, _ = make_ops(mesh, op, nbytes, torch.float32, symmetric_out)
     x.copy_(torch.randint(-64, 65, x.shape, device=x.device, dtype=torch.float32))
     out.fill_(float("nan"))
     ours()
@@ -132,7 +134,7 @@ def correctness(mesh, op, nbytes) -> float:
     torch.cuda.synchronize()
     if not torch.equal(out, ref):
         raise RuntimeError(f"{op} {nbytes} B fp32: differs from NCCL (max abs {(out - ref).abs().max().item()})")
-    x, out, ref, ours, nccl, _, _ = make_ops(mesh, op, nbytes, torch.bfloat16)
+    x, out, ref, ours, nccl, _, _ = make_ops(mesh, op, nbytes, torch.bfloat16, symmetric_out)
     x.copy_(torch.randn(x.shape, device=x.device))
     out.fill_(float("nan"))
     ours()
@@ -190,6 +192,7 @@ def main(argv=None):
     ap.add_argument("--ops", default="reduce_scatter,all_gather,all_reduce")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--no-graph", action="store_true")
+    ap.add_argument("--no-symmetric", action="store_true", help="skip all_gather into a symmetric out (*)")
     ap.add_argument("--sweep", action="store_true", help="also time the tuning knobs (printed only)")
     args = ap.parse_args(argv)
     mesh = init_mesh()
@@ -201,11 +204,14 @@ def main(argv=None):
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
                 commit=_commit(), date=datetime.date.today().isoformat())
     rows = []
-    for op in args.ops.split(","):
+    cells = [(op, False) for op in args.ops.split(",")]
+    if "all_gather" in args.ops and not args.no_symmetric:
+        cells.append(("all_gather", True))
+    for op, symmetric in cells:
         for label in args.sizes.split(","):
             nbytes = SIZES[label]
-            err = correctness(mesh, op, nbytes)
-            x, out, ref, ours, nccl, link, bus = make_ops(mesh, op, nbytes, torch.bfloat16)
+            err = correctness(mesh, op, nbytes, symmetric)
+            x, out, ref, ours, nccl, link, bus = make_ops(mesh, op, nbytes, torch.bfloat16, symmetric)
             x.copy_(torch.randn(x.shape, device=x.device))
             for _ in range(3):
                 ours()
@@ -222,7 +228,7 @@ def main(argv=None):
                 mesh.barrier()
             mesh.check()
             floor = link / (ce * 1e3)
-            rec = dict(workload=op, model="bytes", M=nbytes, world=w, schedule="n/a", ours_us=round(t_ours, 2),
+            rec = dict(workload=op, model="bytes_symmetric_out" if symmetric else "bytes", M=nbytes, world=w, schedule="n/a", ours_us=round(t_ours, 2),
                        baselines=dict(eager=round(t_eager, 2), graph=round(t_graph, 2)),
                        floor_us=round(floor, 2), rel_err=err,
                        extra=dict(ours_graph_us=round(t_ours_graph, 2), ours_single_us=round(t_single, 2),
@@ -234,12 +240,14 @@ def main(argv=None):
                 with open(os.path.join(args.out, f"{op}.jsonl"), "a") as f:
                     f.write(json.dumps(rec) + "\n")
                 best = min(t_eager, t_graph) if t_graph == t_graph else t_eager
-                print(f"{op:15s} {label:>5s} ours {t_ours:8.1f} us (graph {t_ours_graph:8.1f}, single {t_single:7.1f}) "
+                ours_best = min(t_ours, t_ours_graph) if t_ours_graph == t_ours_graph else t_ours
+                print(f"{op + ('*' if symmetric else ''):15s} {label:>5s} ours {t_ours:8.1f} us (graph {t_ours_graph:8.1f}, single {t_single:7.1f}) "
                       f"| nccl eager {t_eager:8.1f} graph {t_graph:8.1f} single {t_nccl_single:7.1f} "
-                      f"| speedup {best / t_ours:5.2f}x | busbw {bus / t_ours / 1e3:6.1f} vs {bus / t_eager / 1e3:6.1f} GB/s | rel_err {err:.1e}",
+                      f"| best/best {best / ours_best:5.2f}x eager/eager {t_eager / t_ours:5.2f}x | busbw {bus / t_ours / 1e3:6.1f} vs {bus / t_eager / 1e3:6.1f} GB/s | rel_err {err:.1e}",
                       flush=True)
     if r == 0:
-        print(f"peer copy (copy engine) {ce:.1f} GB/s; device {meta['device']}; torch {meta['torch']}")
+        print(f"* = out allocated with mesh.empty (peers write it directly); "
+              f"peer copy (copy engine) {ce:.1f} GB/s; device {meta['device']}; torch {meta['torch']}")
     mesh.close()
 
 

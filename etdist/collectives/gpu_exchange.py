@@ -123,7 +123,7 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
 
 
 def exchange_interpreted(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, plan: Plan,
-                         rendezvous: bool = True) -> None:
+                         rendezvous: bool = True, direct: bool = False) -> None:
     """The same kernel under TRITON_INTERPRET=1 on the cpu backend (atomic polls, no inline asm)."""
     patch_interpreter()
     w, es = mesh.world_size, x.element_size()
@@ -134,6 +134,6 @@ def exchange_interpreted(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.
     lay = mesh.layout
     exchange_kernel[(max(1, min(nchunks, 4)),)](
         x, out, packed, ws.scratch.view(x.dtype), ws.scratch_table, ws.signals, ws.signals_table, mesh.ctrl,
-        ws.ctrl_table, ws.scratch_table, lay.meta, lay.exit, lay.grid, lay.epoch, lay.entry, mesh.rank, w,
+        ws.ctrl_table, mesh.peer_ptrs(out) if direct else ws.scratch_table, lay.meta, lay.exit, lay.grid, lay.epoch, lay.entry, mesh.rank, w,
         int(plan.op) << 28, nchunks, int(mesh.watchdog_s * 1000), int(mesh.fault_skip_notify_rank == mesh.rank),
-        REDUCE=plan.op.reduces, RENDEZVOUS=rendezvous, DIRECT=False, USE_ASM=False, BLOCK=BLOCK, ALIGN=1, PALIGN=es)
+        REDUCE=plan.op.reduces, RENDEZVOUS=rendezvous, DIRECT=direct, USE_ASM=False, BLOCK=BLOCK, ALIGN=1, PALIGN=es)

@@ -69,13 +69,13 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
     if mesh._failed is not None or mesh._closed:
         mesh._check_usable()
     rendezvous = check if _RENDEZVOUS is None else _RENDEZVOUS
+    direct = key[0] is Op.ALL_GATHER and _DIRECT and mesh.is_symmetric(out)
     if mesh.backend == "nvshmem":
         full_key = key + (x.data_ptr(), out.data_ptr(), x.dtype, rendezvous, mesh.fault_skip_notify_rank)
         cache = mesh.cache.setdefault("collectives.launches", {})
         launches = cache.get(full_key)
         if launches is None:
             ws = get_workspace(mesh)
-            direct = key[0] is Op.ALL_GATHER and _DIRECT and mesh.is_symmetric(out)
             launches = [prepare_gpu(mesh, ws, x, out, p, rendezvous, direct) for p in pieces(ws.slot_elems(x.dtype))]
             if len(cache) > 1024:
                 cache.clear()
@@ -90,7 +90,7 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
     interpreted = os.environ.get("ETDIST_CPU_EXCHANGE", "torch") == "triton"
     for plan in pieces(ws.slot_elems(x.dtype)):
         if interpreted:
-            exchange_interpreted(mesh, ws, x, out, plan, rendezvous)  # epoch kept in the control block
+            exchange_interpreted(mesh, ws, x, out, plan, rendezvous, direct)  # epoch kept in the control block
         else:
             exchange_cpu(mesh, ws, x, out, plan, mesh.next_epoch("coll"))
     mesh.check(OP_NAMES)

@@ -46,6 +46,10 @@ def check_all(mesh, sizes=(1, 7, 4096, 12_345), dtypes=(torch.float32, torch.bfl
                 _expect(got, total, f"all_reduce n={w * n} {dtype}")
                 got = all_gather(x[:n]).cpu()
                 _expect(got, torch.cat([t[:n] for t in xs]), f"all_gather n={n} {dtype}")
+                if rep == 0:  # into a symmetric out: peers write it directly
+                    sym = mesh.empty((w * n,), dtype)
+                    got = all_gather(x[:n], sym).cpu()
+                    _expect(got, torch.cat([t[:n] for t in xs]), f"all_gather into symmetric out n={n} {dtype}")
                 send = _counts(r, w, salt)
                 rows = torch.arange(sum(send) * 3, dtype=torch.float32).view(-1, 3) + 1000 * r
                 got = all_to_all(rows.to(dtype).to(dev), send).cpu()

@@ -29,7 +29,7 @@ from .bind import MapTable
 from .codegen_triton import ERR_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
 from .cpu_runtime import bind_inputs
 from .errors import InputError, RuntimeFault
-from .expr import RANK_NAME, WORLD_NAME, evaluate
+from .expr import RANK_NAME, evaluate
 from .ir import Role
 
 CACHE = pathlib.Path(os.environ.get("ETDIST_CACHE", pathlib.Path.home() / ".cache" / "etdist"))
@@ -61,9 +61,9 @@ class _Shape:
     """What the runtime prepared for one set of sizes."""
 
     sizes: dict
-    scratch: dict                      # name -> tensor view
-    event_offsets: dict                # name -> offset in the arena
     event_shapes: dict
+    out_shapes: dict                   # output name -> shape on this rank
+    fixed: dict                        # kernel arguments that stay the same from call to call
 
 
 @dataclass
@@ -72,9 +72,12 @@ class _MeshState:
     arena_peers: Optional[torch.Tensor] = None
     buffers: dict = field(default_factory=dict)  # name -> (flat symmetric/non-symmetric buffer)
     shape: Optional[_Shape] = None
+    bind_key: Optional[tuple] = None  # input shapes/dtypes + sizes of the last call: skip re-binding
     epoch: int = 0        # launches on this mesh: exit-lane epochs, never reset
     ev_epoch: int = 0     # launches since the counters were last zeroed (shape change)
-    pending: Optional[tuple] = None  # (cuda event, pinned error word) of the last launch
+    programs: int = 0
+    error_word: Optional[torch.Tensor] = None  # pinned copy of the arena's error word, per launch
+    launched: Optional[torch.cuda.Event] = None
 
 
 class CudaKernel:
@@ -92,6 +95,7 @@ class CudaKernel:
         if os.environ.get("ETDIST_DUMP", "0") not in ("", "0"):
             print(self.source)
         self.module = load_module(self.ir, self.source)
+        self.params = kernel_params(self.ir)
         self._states: dict = {}
 
     def __repr__(self) -> str:
@@ -100,27 +104,46 @@ class CudaKernel:
     # -- host side --------------------------------------------------------------------------
     def __call__(self, mesh, sizes: Optional[Mapping[str, int]] = None, out: Optional[dict] = None,
                  **inputs: torch.Tensor) -> dict:
-        st = self._states.setdefault(id(mesh), _MeshState())
+        st = self._states.get(id(mesh))
+        if st is None:
+            st = self._states[id(mesh)] = self._new_state(mesh)
         self._check_pending(mesh, st)
-        bound = self._bind(mesh, inputs, sizes)
-        if st.shape is None or st.shape.sizes != bound:
-            self._prepare(mesh, st, bound)
-        env = {**bound, RANK_NAME: mesh.rank}
+        key = (tuple((n, t.shape, t.dtype) if isinstance(t, torch.Tensor) else (n, None, None)
+                     for n, t in inputs.items()), tuple(sorted(sizes.items())) if sizes else ())
+        if key != st.bind_key:  # a new shape: check everything, prepare, and remember
+            bound = self._bind(mesh, inputs, sizes)
+            if st.shape is None or st.shape.sizes != bound:
+                self._prepare(mesh, st, bound)
+            st.bind_key = key
+        for name, t in inputs.items():  # cheap checks that shapes cannot cover
+            if t.device != mesh.device or not t.is_contiguous():
+                self._bind(mesh, inputs, sizes)  # raises the precise error
         outs = {}
-        for s in self.ir.tensors:
-            if s.role is Role.OUTPUT:
-                shape = tuple(evaluate(d, env) for d in s.shape)
-                given = (out or {}).get(s.name)
-                if given is not None:
-                    if tuple(given.shape) != shape or given.dtype != s.dtype or not given.is_contiguous():
-                        raise InputError(f"out[{s.name!r}]: need a contiguous {s.dtype} tensor of shape {list(shape)}")
-                    outs[s.name] = given
-                else:
-                    outs[s.name] = torch.empty(shape, dtype=s.dtype, device=mesh.device)
+        for name, shape in st.shape.out_shapes.items():
+            given = (out or {}).get(name)
+            if given is not None:
+                if tuple(given.shape) != shape or given.dtype != self.ir.tensor(name).dtype or \
+                        not given.is_contiguous() or given.device != mesh.device:
+                    raise InputError(f"out[{name!r}]: need a contiguous {self.ir.tensor(name).dtype} tensor "
+                                     f"of shape {list(shape)} on {mesh.device}")
+                outs[name] = given
+            else:
+                outs[name] = torch.empty(shape, dtype=self.ir.tensor(name).dtype, device=mesh.device)
         st.epoch += 1
         st.ev_epoch += 1
-        self._launch(mesh, st, bound, inputs, outs)
+        values = {**st.shape.fixed, **inputs, **outs, "epoch": st.epoch, "ev_epoch": st.ev_epoch}
+        self.module.megakernel[(st.programs,)](*[values[p] for p in self.params], NUM_PROGRAMS=st.programs,
+                                               USE_ASM=True, num_warps=self.num_warps,
+                                               num_stages=self.num_stages, launch_cooperative_grid=True)
+        st.error_word.copy_(st.arena[:1], non_blocking=True)  # read at the next call, without a sync
+        st.launched.record()
         return outs
+
+    def _new_state(self, mesh) -> _MeshState:
+        sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
+        return _MeshState(programs=min(self.programs or sms, sms),
+                          error_word=torch.zeros(1, dtype=torch.int32, pin_memory=True),
+                          launched=torch.cuda.Event())
 
     def check(self, mesh) -> None:
         """Wait for the last launch and raise if any of its waits timed out (on any rank)."""
@@ -167,7 +190,19 @@ class CudaKernel:
         torch.cuda.synchronize(mesh.device)
         st.arena[ArenaLayout(world).events:].zero_()  # the error record and exit lanes are kept
         st.ev_epoch = 0
-        st.shape = _Shape(dict(bound), scratch, offsets, event_shapes)
+        env = {**bound, RANK_NAME: mesh.rank}
+        fixed = {**scratch, **bound, RANK_NAME: mesh.rank, "arena": st.arena, "arena_peers": st.arena_peers,
+                 "max_spins": mesh.watchdog_spins()}
+        fixed.update({f"ev_{e.name}_off": offsets[e.name] for e in self.ir.events})
+        fixed.update({f"{name}_peers": mesh.peer_ptrs(t) for name, t in scratch.items()
+                      if self.ir.tensor(name).symmetric})
+        missing = [f"{s.name}_peers" for s in self.ir.tensors if s.symmetric and f"{s.name}_peers" not in fixed]
+        if missing:
+            raise InputError(f"graph {self.ir.name!r}: symmetric inputs and outputs are not supported yet "
+                             f"({missing}); declare them as scratch")
+        out_shapes = {s.name: tuple(evaluate(d, env) for d in s.shape) for s in self.ir.tensors
+                      if s.role is Role.OUTPUT}
+        st.shape = _Shape(dict(bound), event_shapes, out_shapes, fixed)
         mesh.barrier()  # every rank zeroed its counters before any rank notifies into them
 
     def _buffer(self, mesh, st: _MeshState, spec, shape) -> torch.Tensor:
@@ -183,37 +218,8 @@ class CudaKernel:
             st.buffers[spec.name] = have
         return have[:n].view(shape)
 
-    def _launch(self, mesh, st: _MeshState, bound: dict, inputs: dict, outs: dict) -> None:
-        shp = st.shape
-        values = {**inputs, **outs, **shp.scratch, **bound, RANK_NAME: mesh.rank, WORLD_NAME: mesh.world_size,
-                  "arena": st.arena, "arena_peers": st.arena_peers, "epoch": st.epoch, "ev_epoch": st.ev_epoch,
-                  "max_spins": mesh.watchdog_spins()}
-        for s in self.ir.tensors:
-            if s.symmetric:
-                t = values[s.name]
-                if not mesh.is_symmetric(t):
-                    raise InputError(f"graph {self.ir.name!r}: {s.name!r} must live in symmetric memory "
-                                     "(allocate it with mesh.empty)")
-                values[f"{s.name}_peers"] = mesh.peer_ptrs(t)
-        for e in self.ir.events:
-            values[f"ev_{e.name}_off"] = shp.event_offsets[e.name]
-        args = [values[p] for p in kernel_params(self.ir)]
-        sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
-        programs = min(self.programs or sms, sms)
-        self.module.megakernel[(programs,)](*args, NUM_PROGRAMS=programs, USE_ASM=True,
-                                            num_warps=self.num_warps, num_stages=self.num_stages,
-                                            launch_cooperative_grid=True)
-        word = torch.empty(1, dtype=torch.int32, pin_memory=True)
-        word.copy_(st.arena[:1], non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        st.pending = (done, word)
-
     def _check_pending(self, mesh, st: _MeshState) -> None:
-        if st.pending is None:
-            return
-        done, word = st.pending
-        if done.query() and int(word[0]) != 0:
+        if st.epoch and st.launched.query() and int(st.error_word[0]) != 0:
             torch.cuda.synchronize(mesh.device)
             self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].cpu().tolist())
 

@@ -129,7 +129,7 @@ def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_pt
                             cnt_s = tl.multiple_of(tl.load(plan_ptr + 3 * world + s), ALIGN)
                             if DIRECT:
                                 if s != rank:
-                                    cnt_s = 0  # already in place
+                                    cnt_s = start  # already in place: nothing to copy
                             if start < cnt_s:
                                 dst = tl.multiple_of(out_ptr + tl.multiple_of(tl.load(plan_ptr + 2 * world + s), ALIGN),
                                                      PALIGN)

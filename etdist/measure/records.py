@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import os
 import pathlib
 import subprocess
 from dataclasses import dataclass, field
@@ -118,6 +119,8 @@ def _git(*args: str) -> Optional[str]:
 def git_commit() -> str:
     """`git rev-parse --short HEAD`, "+dirty" appended when code differs from it (tracked changes
     or untracked files, except the records and report outputs); "uncommitted" without a commit."""
+    if os.environ.get("ETDIST_COMMIT"):  # a copy of the tree without .git (e.g. a GPU machine)
+        return os.environ["ETDIST_COMMIT"]
     head = _git("rev-parse", "--short", "HEAD")
     if not head:
         return "uncommitted"

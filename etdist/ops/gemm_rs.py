@@ -27,6 +27,8 @@ class TileConfig:
 SKINNY = TileConfig(64, 64, 128, 4, 4)
 LARGE = TileConfig(128, 128, 64, 8, 3)
 SKINNY_MAX_M = 64
+# fp32 tiles take twice the shared memory per stage: halve the contraction step
+FP32 = {SKINNY: TileConfig(64, 64, 64, 4, 3), LARGE: TileConfig(128, 128, 32, 8, 3)}
 
 _KERNELS: dict = {}
 
@@ -69,13 +71,16 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
         raise InputError(f"gemm_reduce_scatter: x is [M, {x.shape[1]}] but w is [{w.shape[0]}, N]: "
                          "the contraction dims differ")
     cfg = tile_config(x.shape[0])
+    skinny = cfg is SKINNY
+    if x.dtype == torch.float32:
+        cfg = FP32[cfg]
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1  # aligned rows vectorise
     splits = skinny_splits(w.shape[1], torch.cuda.get_device_properties(mesh.device).multi_processor_count) \
-        if cfg is SKINNY else 1
+        if skinny else 1
     key = (x.dtype, cfg, schedule, align, splits)
     kernel = _KERNELS.get(key)
     if kernel is None:
-        if cfg is SKINNY:
+        if skinny:
             graph = gemm_rs.gemm_reduce_scatter_skinny(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, splits, align)
         else:
             graph = gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
