@@ -1,6 +1,7 @@
 """Tensor-parallel GEMM + reduce-scatter as one persistent kernel per GPU."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,6 +28,14 @@ class TileConfig:
 SKINNY = TileConfig(64, 64, 128, 4, 4)
 LARGE = TileConfig(128, 128, 64, 8, 3)
 SKINNY_MAX_M = 64
+
+def _override(name: str, default: TileConfig) -> TileConfig:
+    """Tuning knob: ETDIST_GEMM_RS_<NAME>="block_m,block_n,block_k,warps,stages"."""
+    text = os.environ.get(f"ETDIST_GEMM_RS_{name}")
+    return TileConfig(*(int(v) for v in text.split(","))) if text else default
+
+
+SKINNY, LARGE = _override("SKINNY", SKINNY), _override("LARGE", LARGE)
 # fp32 tiles take twice the shared memory per stage: halve the contraction step
 FP32 = {SKINNY: TileConfig(64, 64, 64, 4, 3), LARGE: TileConfig(128, 128, 32, 8, 3)}
 
