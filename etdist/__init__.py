@@ -7,7 +7,8 @@ from .fusion import (CounterError, DeadlockError, DoubleNotifyError, EtdistError
                      Graph, GraphError, InputError, RuntimeFault, cdiv, compile, eq, every, logical_and,
                      maximum, minimum, where)
 from .fusion.tiles import block, shift
-from .mesh import init_mesh
-from . import ops
+from .mesh import Mesh, MeshError, PeerTimeoutError, ShapeMismatchError, current_mesh, init_mesh
+from . import collectives, ops
+from .collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 
 __version__ = "0.1.0"

@@ -12,6 +12,7 @@ Speedup = best baseline / ours, where the best baseline is the faster of `graph`
 """
 from __future__ import annotations
 
+import re
 import argparse
 import math
 import os
@@ -176,7 +177,7 @@ def plot_speedups(records: Sequence[Record], folder) -> dict[tuple, pathlib.Path
         ax.legend(fontsize=8, ncol=2)
         fig.tight_layout()
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{workload}_{schedule}_w{world}.png"
+        path = folder / re.sub(r"[^A-Za-z0-9_.-]", "-", f"{workload}_{schedule}_w{world}.png")  # "n/a" etc.
         fig.savefig(path)
         plt.close(fig)
         written[(workload, schedule, world)] = path

@@ -29,7 +29,7 @@ def interpreting() -> bool:
 
 
 def choose_chunk(max_count: int, programs: int, align: int, block: int) -> int:
-    """Chunk size in elements: about ETDIST_CHUNKS_PER_PROGRAM (4) chunks per program so pushes and
+    """Chunk size in elements: about ETDIST_CHUNKS_PER_PROGRAM (16) chunks per program so pushes and
     combines pipeline, never below one BLOCK (small messages: one program, one chunk), a multiple
     of `align`, and at most MAX_CHUNKS chunks."""
     per_program = _knob("ETDIST_CHUNKS_PER_PROGRAM", CHUNKS_PER_PROGRAM)

@@ -41,6 +41,7 @@ class Record:
     commit: str
     date: str                     # ISO 8601, UTC
     notes: Optional[str] = field(default=None)
+    extra: Optional[dict] = field(default=None)   # workload-specific figures (e.g. bus bandwidth)
 
     @property
     def cell(self) -> tuple:
@@ -48,13 +49,15 @@ class Record:
 
     def to_json(self) -> str:
         obj = dataclasses.asdict(self)
-        if obj["notes"] is None:
-            del obj["notes"]
+        for optional in ("notes", "extra"):
+            if obj[optional] is None:
+                del obj[optional]
         return json.dumps(obj, sort_keys=False)
 
 
-_REQUIRED = [f.name for f in dataclasses.fields(Record) if f.name != "notes"]
-_KNOWN = set(_REQUIRED) | {"notes"}
+_OPTIONAL = {"notes", "extra"}
+_REQUIRED = [f.name for f in dataclasses.fields(Record) if f.name not in _OPTIONAL]
+_KNOWN = set(_REQUIRED) | _OPTIONAL
 
 
 def _from_obj(obj: dict, where: str) -> Record:
