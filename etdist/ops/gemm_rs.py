@@ -27,7 +27,7 @@ class TileConfig:
 # destination rank.
 SKINNY = TileConfig(64, 64, 128, 4, 4)
 LARGE = TileConfig(128, 128, 64, 8, 3)
-SKINNY_MAX_M = 64
+SKINNY_MAX_M = int(os.environ.get("ETDIST_GEMM_RS_SKINNY_MAX_M", "64"))  # block_m of SKINNY must cover it
 
 def _override(name: str, default: TileConfig) -> TileConfig:
     """Tuning knob: ETDIST_GEMM_RS_<NAME>="block_m,block_n,block_k,warps,stages"."""
