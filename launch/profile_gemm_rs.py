@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node=2 launch/profile_gemm_rs.py
 """
+import itertools
 import time
 
 import torch
@@ -19,7 +20,8 @@ for model in ("qwen3_8b", "llama31_70b"):
     ws = [torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16) for _ in range(4)]
     for M in (16, 128):
         x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
-        call = lambda k=[0]: et.ops.gemm_reduce_scatter(x, ws[k.__setitem__(0, k[0] + 1) or k[0] % 4], mesh=mesh)
+        weights = itertools.cycle(ws)  # rotate copies so weights stream from HBM
+        call = lambda: et.ops.gemm_reduce_scatter(x, next(weights), mesh=mesh)
         batched = time_ranks(call, device=mesh.device)
         torch.cuda.synchronize(); dist.barrier()
         t0 = time.perf_counter()
