@@ -90,9 +90,9 @@ def test_load_names_line_of_a_bad_record(tmp_path):
     path = tmp_path / "x.jsonl"
     obj = json.loads(_rec().to_json())
     del obj["floor_us"]
-    obj["extra"] = 1
+    obj["speed"] = 1
     path.write_text(_rec().to_json() + "\n\n" + json.dumps(obj) + "\n")
-    with pytest.raises(ValueError, match=r"x.jsonl:3.*missing \['floor_us'\].*unknown \['extra'\]"):
+    with pytest.raises(ValueError, match=r"x.jsonl:3.*missing \['floor_us'\].*unknown \['speed'\]"):
         R.load(path)
 
 
