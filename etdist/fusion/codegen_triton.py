@@ -198,7 +198,7 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx) -> None:
     cond = "_et_ok != 0" if t.when is None else f"(_et_ok != 0) & ({tx(t.when)})"
     out(f"if {cond}:")
     with out.indent():
-        out(f"_et_body_{t.name}({', '.join(_bind_body_args(ir, t))})")
+        out(f"_et_body_{t.name}({', '.join(_bind_body_args(ir, t, tx))})")
         for acc in t.notifies:
             i, e = events[acc.event]
             dims = [f"_et_ev_{e.name}_d{d}" for d in range(len(e.shape))]
@@ -217,17 +217,19 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx) -> None:
             out.depth = depth
 
 
-def _bind_body_args(ir: GraphIR, t: TaskSpec) -> list[str]:
+def _bind_body_args(ir: GraphIR, t: TaskSpec, tx) -> list[str]:
     fn = t.triton_body
     names = list(getattr(fn, "arg_names", None) or inspect.signature(getattr(fn, "fn", fn)).parameters)
     available = set(kernel_params(ir)) | set(t.index_names)
-    consts = dict(t.constexprs)
+    consts, renamed = dict(t.constexprs), dict(t.bind)
     args = []
     for n in names:
         if n in consts:
             args.append(repr(consts[n]))
-        elif n in available:
-            args.append(n)
+        elif isinstance(renamed.get(n), Expr):
+            args.append(tx(renamed[n]))
+        elif renamed.get(n, n) in available:
+            args.append(renamed.get(n, n))
         else:
             raise GraphError(f"task {t.name!r}: GPU body {fn.__name__}() takes {n!r}, which is no index name, "
                              f"tensor, `<tensor>_peers` of a symmetric tensor, size, RANK/WORLD or constexpr "

@@ -141,7 +141,8 @@ class Graph:
         self._samples.append(sizes)
 
     def task(self, grid: Sequence[Size], wait: _MapFn = None, notify: _MapFn = None,
-             when: _MapFn = None, name: Optional[str] = None, triton=None, constexprs: Optional[dict] = None):
+             when: _MapFn = None, name: Optional[str] = None, triton=None, constexprs: Optional[dict] = None,
+             bind: Optional[dict] = None):
         """Decorator: `body(t, *index)` runs once per index of `grid`.
 
         wait / notify: functions of the index returning an event element or a list of them.
@@ -156,8 +157,11 @@ class Graph:
             # Traced now: the maps' free names are read at declaration, as a reader expects.
             spec = self._trace_task(body, tuple(grid), wait, notify, when, name or body.__name__)
             if triton is not None:
+                idx = tuple(var(p) for p in spec.index_names)
+                binds = tuple(sorted((k, v if isinstance(v, str) else as_expr(v(*idx) if callable(v) else v))
+                                     for k, v in (bind or {}).items()))
                 spec = dataclasses.replace(spec, triton_body=triton,
-                                           constexprs=tuple(sorted((constexprs or {}).items())))
+                                           constexprs=tuple(sorted((constexprs or {}).items())), bind=binds)
             self._tasks.append(spec)
             return body
         return register

@@ -76,6 +76,7 @@ class TaskSpec:
     # tensor names, `<tensor>_peers` tables of symmetric tensors, sizes, RANK, WORLD, constexprs).
     triton_body: Any = field(default=None, compare=False, repr=False)
     constexprs: tuple[tuple[str, Any], ...] = ()
+    bind: tuple[tuple[str, Any], ...] = ()  # GPU body parameter -> kernel name or Expr of the index
 
 
 @dataclass(frozen=True)
