@@ -101,3 +101,55 @@ def test_fragments_compile_for_the_gpu():
 
     ptx = compile_ptx(g.to_ir())
     assert re.search(r"atom\.global\.sys\.release\.add", ptx) and re.search(r"ld\.acquire\.sys", ptx)
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_all_to_all_with_per_peer_counts(schedule, world):
+    g = et.Graph("a2a")
+    S, H, CAP = g.size("S"), g.size("H"), g.size("CAP")
+    x = g.input("x", (S, H))
+    off = g.input("off", (g.world,), torch.int64)
+    cnt = g.input("cnt", (g.world,), torch.int64)
+    g.output("y", (g.world, CAP, H))
+    recv, recv_cnt, arrived = collectives.all_to_all(g, x, off, cnt, capacity=CAP)
+
+    @g.task(grid=(g.world,), wait=lambda s: arrived[g.rank, s])
+    def take(t, s):
+        n = int(t.a2a_recv_cnt[s])
+        t.y[s, :n] = t.a2a_recv[s, :n]
+        t.y[s, n:] = 0
+
+    kernel = et.compile(g, schedule=schedule)
+    gen = torch.Generator().manual_seed(world)
+    ins, want = [], [torch.zeros(world, 5, 3) for _ in range(world)]
+    for r in range(world):
+        counts = torch.randint(0, 4, (world,), generator=gen)   # rows for each peer, some zero
+        offs = torch.cumsum(counts, 0) - counts
+        x_r = torch.randn(4 * world, 3, generator=gen)          # the same S on every rank
+        ins.append({"x": x_r, "off": offs, "cnt": counts})
+        for p in range(world):
+            want[p][r, :counts[p]] = x_r[offs[p]:offs[p] + counts[p]]
+    for seed in range(5):
+        got = kernel.run(ins, sizes={"CAP": 5}, interleave="random", seed=seed)
+        for p in range(world):
+            assert torch.equal(got[p]["y"], want[p])
+
+
+def test_all_to_all_fragment_compiles_for_the_gpu():
+    g = et.Graph("a2a_gpu")
+    S, H, CAP = g.size("S"), g.size("H", multiple_of=16), g.size("CAP")
+    x = g.input("x", (S, H), torch.bfloat16)
+    off, cnt = g.input("off", (g.world,), torch.int64), g.input("cnt", (g.world,), torch.int64)
+    recv, recv_cnt, arrived = collectives.all_to_all(g, x, off, cnt, capacity=CAP)
+
+    @triton.jit
+    def nop(s):
+        pass
+
+    @g.task(grid=(g.world,), wait=lambda s: arrived[g.rank, s], triton=nop)
+    def take(t, s):
+        pass
+
+    ptx = compile_ptx(g.to_ir())
+    assert re.search(r"atom\.global\.sys\.release\.add", ptx) and re.search(r"ld\.acquire\.sys", ptx)

@@ -32,3 +32,22 @@ def sum_slots_tile(i, j, slots, n_slots, slot_rows, out, rows, N, BLOCK_M: tl.co
     for s in range(0, n_slots):
         acc += tl.load(slots + s * slot_rows * N + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def send_rows(d, src, send_off, send_cnt, dst, dst_peers, dst_counts, dst_counts_peers, RANK, WORLD, cap, H,
+              BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
+    """all_to_all, one peer: rows [send_off[to], +send_cnt[to]) of src [S, H] into the peer's
+    dst[RANK, :cnt] ([WORLD, cap, H]) and the count into its dst_counts[RANK]."""
+    to = (RANK + d) % WORLD
+    start = tl.load(send_off + to).to(tl.int32)
+    cnt = tl.minimum(tl.load(send_cnt + to).to(tl.int32), cap)
+    out = aligned_peer(dst, dst_peers, to) + RANK * cap * H
+    offs_h = tl.arange(0, BLOCK_H)
+    for r0 in range(0, cnt, BLOCK_M):
+        offs_m = r0 + tl.arange(0, BLOCK_M)
+        for h0 in range(0, H, BLOCK_H):
+            mask = (offs_m[:, None] < cnt) & (h0 + offs_h[None, :] < H)
+            v = tl.load(src + (start + offs_m[:, None]) * H + h0 + offs_h[None, :], mask=mask)
+            tl.store(out + offs_m[:, None] * H + h0 + offs_h[None, :], v, mask=mask)
+    tl.store(aligned_peer(dst_counts, dst_counts_peers, to) + RANK, cnt.to(dst_counts.dtype.element_ty))

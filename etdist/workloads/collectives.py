@@ -82,3 +82,37 @@ def all_gather(g: et.Graph, x, *, block_m: int = 16, block_n: int = 16, after: G
             getattr(t, x.name)[rows, cols]
 
     return out, arrived
+
+
+def all_to_all(g: et.Graph, x, send_off, send_cnt, *, capacity, block_m: int = 16, block_h: int = 64,
+               after: Guard = None, name: str = "a2a"):
+    """Per-peer counts: rank r sends rows [send_off[p], + send_cnt[p]) of x [S, H] to rank p.
+
+    send_off, send_cnt: int64 [R] tensors of the graph (inputs, or written by earlier tasks that
+    `after(p)` guards). capacity: rows each receiver keeps per source (a size expression); more is
+    refused at run time. Returns (recv [R, capacity, H], recv_cnt [R], arrived): after
+    arrived[me, src] completes, recv[src, :recv_cnt[src]] holds src's rows for this rank.
+    One task per peer: the receiver learns a count only with the data, so the signal follows both.
+    """
+    R, me = g.world, g.rank
+    S, H = x.shape
+    recv = g.scratch(f"{name}_recv", (R, capacity, H), x.dtype, symmetric=True)
+    recv_cnt = g.scratch(f"{name}_recv_cnt", (R,), send_cnt.dtype, symmetric=True)
+    arrived = g.event(f"{name}_arrived", (R, R), distributed=True)    # [receiver, source]
+
+    @g.task(grid=(R,), wait=None if after is None else (lambda d: after((me + d) % R)),
+            notify=lambda d: arrived[(me + d) % R, me], name=f"{name}_send",
+            triton=copy_tiles.send_rows, constexprs=dict(BLOCK_M=block_m, BLOCK_H=block_h),
+            bind=dict(src=x.name, send_off=send_off.name, send_cnt=send_cnt.name, dst=recv.name,
+                      dst_peers=f"{recv.name}_peers", dst_counts=recv_cnt.name,
+                      dst_counts_peers=f"{recv_cnt.name}_peers", cap=capacity, H=H))
+    def send(t, d):                            # to rank me + d (myself first)
+        to = (t.rank + d) % t.world
+        start, cnt = int(getattr(t, send_off.name)[to]), int(getattr(t, send_cnt.name)[to])
+        if cnt > t(capacity):
+            raise ValueError(f"all_to_all {name!r}: {cnt} rows for rank {to}, capacity {t(capacity)}")
+        peer = t.peer(to)
+        getattr(peer, recv.name)[t.rank, :cnt] = getattr(t, x.name)[start:start + cnt]
+        getattr(peer, recv_cnt.name)[t.rank] = cnt
+
+    return recv, recv_cnt, arrived
