@@ -10,7 +10,8 @@ The kernel is a fixed skeleton; only the per-task branches are generated:
 Sizes are run-time arguments (not specialised), so one compiled kernel serves every M.
 Event counters live in one int32 arena (symmetric memory: peers notify into it):
 
-    [0, 8) error record | [8, 8+W) exit lanes | [8+W] grid counter | events at run-time offsets
+    [0, 8) error record | [8, 8+W) exit lanes | [8+W] grid counter | [8+W+1] last finished
+    launch | events at run-time offsets
 
 Waits spin until `counter >= launch epoch x count` (counters re-arm by growing, never reset
 while shapes stay the same), bounded by the watchdog in etdist.kernels.sync. A wait's error
@@ -46,8 +47,12 @@ class ArenaLayout:
         return ERR_WORDS + self.world
 
     @property
-    def events(self) -> int:
+    def finished(self) -> int:
         return ERR_WORDS + self.world + 1
+
+    @property
+    def events(self) -> int:
+        return ERR_WORDS + self.world + 2
 
 
 def event_code(event_index: int, linear: int) -> int:
@@ -122,7 +127,7 @@ def generate(ir: GraphIR) -> str:
     out("import triton")
     out("import triton.language as tl")
     out("from etdist.kernels.sync import notify as _et_notify, peer_base as _et_peer, wait as _et_wait")
-    out("from etdist.kernels.megakernel_exit import exit_rendezvous as _et_exit")
+    out("from etdist.kernels.sync import finish_launch as _et_finish")
     out("")
     for t in ir.tasks:
         out(f"# _et_body_{t.name} is bound to {t.triton_body.__module__}.{t.triton_body.__name__}")
@@ -159,8 +164,9 @@ def generate(ir: GraphIR) -> str:
                 out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
                 with out.indent():
                     _emit_task(out, ir, k, t, tx)
-        out(f"_et_exit(arena, arena_peers, {ERR_WORDS}, {ERR_WORDS} + WORLD, epoch, RANK, WORLD, max_spins, "
-            f"{event_code(len(ir.events), 0)}, USE_ASM)  # the arena's exit lanes, then its grid counter")
+        # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
+        out(f"_et_finish(arena, arena_peers, {ERR_WORDS}, {ERR_WORDS} + WORLD, {ERR_WORDS + 1} + WORLD, epoch, RANK, "
+            f"WORLD, max_spins, True, {event_code(len(ir.events), 0)}, USE_ASM)")
     return "\n".join(out.lines) + "\n"
 
 
