@@ -1,22 +1,27 @@
 """The main command: `python -m etdist.bench [model=... workload=... schedule=... mesh=... bench=...]`.
 
 Runs each workload graph at the model's shapes for every (world size, schedule, M) cell and
-checks it against its float64 reference. On a machine without GPUs (and until the GPU backend
-lands) it runs on the CPU runtime: simulated ranks x simulated programs, several seeded
-interleavings per cell. Prints a table and writes `results.jsonl` in Hydra's output folder.
+checks it against its float64 reference. On a machine without GPUs (and, for now, on GPUs too:
+see README) it runs on the CPU runtime: simulated ranks x simulated programs, several seeded
+interleavings per cell, timed against the float64 torch reference run eagerly in one process.
+
+Under `torchrun --nproc_per_node=N` or `mpirun -n N` every process takes part: the cells are
+split round-robin over the processes, and rank 0 alone gathers the rows, prints the table and
+writes the records (DESIGN.md's schema) plus a markdown table and plots (etdist.report) into
+its output folder (each rank has its own: conf/config.yaml). `-m` sweeps work the same way.
 """
 from __future__ import annotations
 
-import json
 import os
 import pathlib
+import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Optional
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -24,6 +29,9 @@ from rich.table import Table
 import etdist as et
 
 from .config import Config, register
+from .measure import records
+from .mesh.hostcomm import HostComm, make_host_comm
+from .mesh.launch import detect_launch
 from .workloads import WORKLOADS, max_rel_err
 
 register()
@@ -40,12 +48,17 @@ class Row:
     skipped: int        # tasks the routing decided do not exist
     max_rel_err: float  # worst over ranks and interleavings
     wall_ms: float      # median wall time of one launch on the CPU runtime
+    reference_ms: float  # the float64 torch reference, eager, one process
     target: str
+
+
+def _value(x) -> str:
+    return x.value if hasattr(x, "value") else str(x)
 
 
 def cells(cfg: Config):
     for w in cfg.workload.names:
-        name = w.value if hasattr(w, "value") else str(w)
+        name = _value(w)
         if WORKLOADS[name].needs_experts and cfg.model.num_experts == 0:
             continue  # dense models have no MoE layer
         for s in cfg.schedule.names:
@@ -53,29 +66,31 @@ def cells(cfg: Config):
                 if WORKLOADS[name].needs_experts and cfg.model.num_experts % world:
                     continue
                 for M in cfg.bench.tokens:
-                    yield name, (s.value if hasattr(s, "value") else str(s)), int(world), int(M)
+                    yield name, _value(s), int(world), int(M)
 
 
-def run(cfg: Config, console: Console | None = None) -> list[Row]:
-    backend = str(getattr(cfg.mesh.backend, "value", cfg.mesh.backend))
+def run(cfg: Config, console: Optional[Console] = None, part: tuple[int, int] = (0, 1)) -> list[Row]:
+    """Run the cells of this process's part (index, count) of the sweep; returns their rows."""
+    backend = _value(cfg.mesh.backend)
     if backend == "nvshmem" or (backend == "auto" and torch.cuda.is_available()):
-        # The GPU megakernel backend is not built yet: say so instead of pretending.
-        (console or Console()).print("[yellow]GPU backend not available yet: running the CPU runtime[/]")
+        # The Hydra app drives the CPU runtime only so far: say so instead of pretending.
+        (console or Console()).print("[yellow]GPU workloads run through launch/bench-gemm-rs.sh for now: "
+                                     "running the CPU runtime[/]")
     todo = list(cells(cfg))
     if not todo:
         raise SystemExit("no cells to run: check workload/schedule/mesh.worlds/bench.tokens "
                          f"(model {cfg.model.name!r} has {cfg.model.num_experts} experts)")
+    mine = todo[part[0]::part[1]]
     kernels: dict = {}
     rows = []
-    with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task("cells", total=len(todo))
-        for name, sched, world, M in todo:
+    with Progress(console=console, transient=True, disable=part[0] != 0) as progress:
+        bar = progress.add_task("cells", total=len(mine))
+        for name, sched, world, M in mine:
             w = WORKLOADS[name]
-            key = (name, sched)
-            if key not in kernels:
+            if (name, sched) not in kernels:
                 graph = w.build(cfg.bench.block_m, cfg.bench.block_n, cfg.model)
-                kernels[key] = et.compile(graph, schedule=sched, target="cpu", programs=cfg.bench.programs)
-            kernel = kernels[key]
+                kernels[name, sched] = et.compile(graph, schedule=sched, target="cpu", programs=cfg.bench.programs)
+            kernel = kernels[name, sched]
             case = w.case(cfg.model, world, M, cfg.bench.seed + world)
             errs, times = [], []
             for seed in range(cfg.bench.interleavings):
@@ -83,34 +98,72 @@ def run(cfg: Config, console: Console | None = None) -> list[Row]:
                 out = kernel.run(case.inputs, sizes=case.sizes, interleave="random", seed=seed)
                 times.append(time.perf_counter() - t0)
                 errs.append(max_rel_err(out, case.reference))
+            ref_times = []
+            for _ in range(max(1, cfg.bench.interleavings)):
+                t0 = time.perf_counter()
+                case.compute_reference()
+                ref_times.append(time.perf_counter() - t0)
             stats = kernel.last_stats
             rows.append(Row(name, cfg.model.name, world, sched, M, stats.tasks_run, stats.tasks_skipped,
-                            max(errs), 1e3 * sorted(times)[len(times) // 2], "cpu"))
+                            max(errs), 1e3 * statistics.median(times), 1e3 * statistics.median(ref_times), "cpu"))
             progress.advance(bar)
     return rows
 
 
 def table(rows: list[Row]) -> Table:
     t = Table(title="etdist on the CPU runtime: each graph vs its float64 reference")
-    for col in ("workload", "model", "ranks", "schedule", "M", "tasks", "skipped", "max rel err", "wall ms"):
+    for col in ("workload", "model", "ranks", "schedule", "M", "tasks", "skipped", "max rel err", "wall ms",
+                "reference ms"):
         t.add_column(col, justify="left" if col in ("workload", "model", "schedule") else "right")
     for r in rows:
         t.add_row(r.workload, r.model, str(r.world), r.schedule, str(r.M), str(r.tasks), str(r.skipped),
-                  f"{r.max_rel_err:.1e}", f"{r.wall_ms:.1f}")
+                  f"{r.max_rel_err:.1e}", f"{r.wall_ms:.1f}", f"{r.reference_ms:.2f}")
     return t
+
+
+def write_results(rows: list[Row], folder: pathlib.Path) -> pathlib.Path:
+    """Records (DESIGN.md's schema; `eager` = the float64 torch reference in one process), then
+    the report tables and plots made from them, all under `folder`."""
+    from . import report
+
+    env = {**records.env_info(), "device": "CPU runtime (simulated ranks)"}
+    results = folder / "results"
+    for r in rows:
+        records.append(results / f"{r.workload}.jsonl", records.make_record(
+            workload=r.workload, model=r.model, M=r.M, world=r.world, schedule=r.schedule,
+            ours_us=1e3 * r.wall_ms, baselines={"eager": 1e3 * r.reference_ms}, floor_us=None,
+            rel_err=r.max_rel_err, env=env, notes=f"{r.tasks} tasks, {r.skipped} skipped by the routing"))
+    report.write_report(str(results), str(folder / "report.md"), str(folder / "plots"))
+    return results
+
+
+_COMM: dict = {}
+
+
+def _host_comm() -> tuple[int, int, HostComm]:
+    """This process's rank and count, and one host communicator for every job of a -m sweep."""
+    launch = detect_launch()
+    if "comm" not in _COMM:
+        _COMM["comm"] = make_host_comm(launch, timeout_s=600)
+    return launch.rank, launch.world_size, _COMM["comm"]
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: Config) -> None:
+    rank, nprocs, comm = _host_comm()
     console = Console(width=None if os.isatty(1) else 120)
-    rows = run(cfg, console)
+    mine = run(cfg, console, part=(rank, nprocs))
+    rows = [row for part in comm.allgather(mine) for row in part]
+    if rank != 0:
+        return
+    order = {cell: k for k, cell in enumerate(cells(cfg))}
+    rows.sort(key=lambda r: order[(r.workload, r.schedule, r.world, r.M)])
     console.print(table(rows))
-    out = pathlib.Path(HydraConfig.get().runtime.output_dir) / "results.jsonl"
-    with out.open("a") as f:
-        for r in rows:
-            f.write(json.dumps({**asdict(r), "torch": torch.__version__,
-                                "date": time.strftime("%Y-%m-%d")}) + "\n")
-    console.print(f"records: {os.path.relpath(out)}")
+    if nprocs > 1:
+        console.print(f"{len(rows)} cells over {nprocs} processes")
+    folder = pathlib.Path(HydraConfig.get().runtime.output_dir)
+    results = write_results(rows, folder)
+    console.print(f"records: {os.path.relpath(results)}  report: {os.path.relpath(folder / 'report.md')}")
     worst = max(r.max_rel_err for r in rows)
     if worst > 1e-4:
         raise SystemExit(f"max relative error {worst:.2e} exceeds 1e-4")

@@ -73,6 +73,7 @@ class Config:
     schedule: ScheduleConfig = MISSING
     mesh: MeshConfig = MISSING
     bench: BenchConfig = MISSING
+    rank: int = 0  # this process's rank under a launcher (sets its output folder)
 
 
 def register() -> None:

@@ -68,5 +68,6 @@ def test_main_command_prints_the_table(tmp_path):
     assert out.returncode == 0, out.stderr
     for word in ("gemm_rs", "ag_gemm", "moe", "static", "dynamic", "max rel err", "wall ms"):
         assert word in out.stdout
-    lines = (tmp_path / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 12
+    lines = [line for f in (tmp_path / "results").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert len(lines) == 12  # 3 workloads x 2 schedules x 2 worlds, DESIGN.md's records
+    assert "### moe" in (tmp_path / "report.md").read_text()

@@ -15,11 +15,13 @@ from . import ag_gemm, gemm_rs, moe
 
 @dataclass(frozen=True)
 class Case:
-    """One run of a workload: per-rank inputs, explicit sizes, and the reference per rank."""
+    """One run of a workload: per-rank inputs, explicit sizes, the reference per rank, and the
+    reference computation itself (eager torch, float64, one process: the CPU baseline)."""
 
     inputs: list
     sizes: dict
     reference: list
+    compute_reference: Callable[[], list]
 
 
 @dataclass(frozen=True)
@@ -33,13 +35,15 @@ class Workload:
 def _gemm_rs_case(model, world, M, seed) -> Case:
     K = max(1, model.intermediate // world)     # this rank's shard of the intermediate dim
     ins = gemm_rs.make_inputs(world, M, K, model.hidden, seed=seed)
-    return Case(ins, {}, gemm_rs.reference([i["x"] for i in ins], [i["w"] for i in ins]))
+    ref = lambda: gemm_rs.reference([i["x"] for i in ins], [i["w"] for i in ins])
+    return Case(ins, {}, ref(), ref)
 
 
 def _ag_gemm_case(model, world, M, seed) -> Case:
     N = max(1, 2 * model.intermediate // world)  # this rank's gate/up columns
     ins = ag_gemm.make_inputs(world, M, model.hidden, N, seed=seed)
-    return Case(ins, {"M": M}, ag_gemm.reference([i["x"] for i in ins], [i["w"] for i in ins]))
+    ref = lambda: ag_gemm.reference([i["x"] for i in ins], [i["w"] for i in ins])
+    return Case(ins, {"M": M}, ref(), ref)
 
 
 def _moe_case(model, world, M, seed) -> Case:
@@ -47,7 +51,8 @@ def _moe_case(model, world, M, seed) -> Case:
         raise ValueError(f"model {model.name!r}: {model.num_experts} experts do not split over {world} ranks")
     ins, (wg, w1, w2) = moe.make_inputs(world, M, model.hidden, model.expert_intermediate,
                                         model.num_experts, seed=seed, skew=model.routing_skew)
-    return Case(ins, {}, moe.reference([i["x"] for i in ins], wg, w1, w2, model.top_k))
+    ref = lambda: moe.reference([i["x"] for i in ins], wg, w1, w2, model.top_k)
+    return Case(ins, {}, ref(), ref)
 
 
 WORKLOADS = {

@@ -1,0 +1,52 @@
+"""The main command under real launchers on the CPU: 2 processes share the sweep, rank 0 alone
+writes the records, the report table and the PNGs; the ranks' output folders differ."""
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# 2 workloads x 2 schedules x 2 worlds x 1 M = 8 cells
+ARGS = ["workload.names=[gemm_rs,moe]", "mesh.worlds=[1,2]", "bench.interleavings=1", "bench.tokens=[9]"]
+
+
+def _run(cmd, cwd):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    return p.returncode, p.stdout + p.stderr
+
+
+def _check(rc: int, out: str, cwd: pathlib.Path):
+    assert rc == 0, out[-3000:]
+    assert "8 cells over 2 processes" in out, out[-3000:]
+    run = next((cwd / "outputs").glob("*/*"))
+    assert sorted(p.name for p in run.iterdir()) == ["rank0", "rank1"]   # one folder per rank
+    assert not (run / "rank1" / "results").exists()                      # rank 0 alone writes
+    results = run / "rank0" / "results"
+    records = [line for f in ("gemm_rs.jsonl", "moe.jsonl") for line in (results / f).read_text().splitlines()]
+    assert len(records) == 8
+    report = (run / "rank0" / "report.md").read_text()
+    assert "### gemm_rs" in report and "### moe" in report
+    assert len(list((run / "rank0" / "plots").glob("*.png"))) == 8       # workload x schedule x world
+
+
+def test_torchrun_sweep(tmp_path):
+    _check(*_run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "etdist.bench",
+                  *ARGS], tmp_path), tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec (pip install mpi4py mpich)")
+def test_mpiexec_sweep(tmp_path):
+    _check(*_run(["mpiexec", "-n", "2", sys.executable, "-m", "etdist.bench", *ARGS], tmp_path), tmp_path)
+
+
+def test_launch_scripts_pass_overrides(tmp_path):
+    """launch/torchrun.sh runs the main command with the overrides given to it."""
+    env = dict(os.environ, NPROC="2", PYTHONPATH=str(ROOT))
+    p = subprocess.run(["bash", str(ROOT / "launch" / "torchrun.sh"), *ARGS], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert "8 cells over 2 processes" in p.stdout
