@@ -121,3 +121,13 @@ def test_skinny_variant_notifies_every_owner_in_a_loop():
     ptx = compile_ptx(ir)
     assert "wgmma" in ptx and "cp.async" in ptx
     assert re.search(r"atom\.global\.sys\.release\.add", ptx)
+
+
+def test_mlp_graph_compiles_with_every_gpu_body():
+    from etdist.workloads import mlp
+    ir = mlp.tp_mlp(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
+    src = generate(ir)
+    for body in ("_et_body_send_rows(", "_et_body_gate_up(", "_et_body_down(", "_et_body_reduce("):
+        assert body in src
+    ptx = compile_ptx(ir)
+    assert "wgmma" in ptx and re.search(r"atom\.global\.sys\.release\.add", ptx)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import etdist as et
-from etdist.workloads import ag_gemm, gemm_rs, moe
+from etdist.workloads import ag_gemm, gemm_rs, mlp, moe
 
 from conftest import rel_err
 
@@ -55,6 +55,19 @@ def test_all_gather_gemm(schedule, world, M):
     K, N = 12, 19
     inputs = ag_gemm.make_inputs(world, M, K, N, seed=world * 100 + M)
     want = ag_gemm.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
+    for seed in SEEDS:
+        got = kernel.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
+        for r in range(world):
+            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("M", [37, 1])
+def test_tensor_parallel_mlp(schedule, world, M):
+    """All-gather -> gate/up + SwiGLU -> down -> reduce-scatter, as one graph."""
+    kernel = et.compile(mlp.tp_mlp(block_m=8, block_n=8), schedule=schedule, programs=3)
+    inputs = mlp.make_inputs(world, M, H=12, I=6 * world, seed=world * 10 + M)
+    want = mlp.reference([i["x"] for i in inputs], [i["w_gate_up"] for i in inputs], [i["w_down"] for i in inputs])
     for seed in SEEDS:
         got = kernel.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
         for r in range(world):

@@ -114,3 +114,33 @@ def gemm_rs_skinny_reduce(j, partial, y, M, N, RANK, WORLD, SPLITS: tl.constexpr
     for r in range(0, WORLD * SPLITS):
         acc += tl.load(partial + r * C * N + offs, mask=mask, other=0.0)
     tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def swiglu_tile(s, i, j, ag_out, w_gate_up, h, M, H, I, RANK, WORLD,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """h[rows of source s, tile i; cols tile j] = silu(x @ w_gate) * (x @ w_up), with
+    w_gate_up = [w_gate | w_up] ([H, 2I]) and x the gathered rows: two accumulators, one pass."""
+    C = (M + WORLD - 1) // WORLD
+    row0 = s * C
+    rows = owned_rows(M, WORLD, s)
+    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = offs_m[:, None] < rows
+    col_ok = offs_n[None, :] < I
+    a_ptrs = ag_out + (row0 + offs_m[:, None]) * H + offs_k[None, :]
+    g_ptrs = w_gate_up + offs_k[:, None] * (2 * I) + offs_n[None, :]
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(H, BLOCK_K)):
+        k_ok = offs_k < H - k * BLOCK_K
+        a_t = tl.load(a_ptrs, mask=row_ok & k_ok[None, :], other=0.0)
+        g_t = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok, other=0.0)
+        u_t = tl.load(g_ptrs + I, mask=k_ok[:, None] & col_ok, other=0.0)
+        acc_g = tl.dot(a_t, g_t, acc_g)
+        acc_u = tl.dot(a_t, u_t, acc_u)
+        a_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K * 2 * I
+    act = acc_g * tl.sigmoid(acc_g) * acc_u
+    tl.store(h + (row0 + offs_m[:, None]) * I + offs_n[None, :], act.to(h.dtype.element_ty), mask=row_ok & col_ok)

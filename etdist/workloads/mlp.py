@@ -1,0 +1,125 @@
+"""The tensor-parallel (sequence-parallel) SwiGLU MLP as one graph.
+
+Rank r holds its rows x_r [rows_r, H] of x [M, H] (chunks of C = cdiv(M, R), ragged at the end),
+its columns of the gate and up projections w_gate_up_r = [w_gate_r | w_up_r] [H, 2 I_r], and its
+rows of the down projection w_down_r [I_r, H]. Every rank returns its rows of
+
+    y = sum_r (silu(x @ w_gate_r) * (x @ w_up_r)) @ w_down_r          [rows_r, H]
+
+Tile by tile: the all-gather of x releases the gate/up tiles of the rows that arrived (own rows
+first); a finished row tile of h releases the down-projection tiles of those rows, which store
+their partial straight into the owner's buffer; the owner sums the partials.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import etdist as et
+from etdist.kernels import copy_tiles, gemm_tiles
+
+
+def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
+           align: int = 1) -> et.Graph:
+    g = et.Graph("mlp")
+    M = g.size("M")
+    H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)   # I: this rank's share
+    R, me = g.world, g.rank
+    C = et.cdiv(M, R)
+    owned = lambda r: et.maximum(0, et.minimum(C, M - r * C))
+    m_tiles, i_tiles, h_tiles = et.cdiv(C, block_m), et.cdiv(I, block_n), et.cdiv(H, block_n)
+    tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
+
+    x = g.input("x", (owned(me), H), dtype)
+    g.input("w_gate_up", (H, 2 * I), dtype)
+    g.input("w_down", (I, H), dtype)
+    g.scratch("h", (R * C, I), dtype)                       # SwiGLU activations, all rows
+    g.scratch("partial", (R, C, H), dtype, symmetric=True)  # on the owner: partial[src]
+    g.output("y", (owned(me), H), dtype)
+    h_ready = g.event("h_ready", (R, m_tiles), count=i_tiles)             # [source chunk, row tile]
+    arrived = g.event("arrived", (R, m_tiles, h_tiles), count=R, distributed=True)
+
+    gathered, rows_in = _gather_rows(g, x, C, owned, block_m, block_n)
+
+    @g.task(grid=(R, m_tiles, i_tiles), wait=lambda s, i, j: rows_in[me, (me + s) % R, i],
+            notify=lambda s, i, j: h_ready[(me + s) % R, i],
+            triton=gemm_tiles.swiglu_tile, constexprs=dict(tiles, BLOCK_K=block_k),
+            bind=dict(s=lambda s, i, j: (me + s) % R))
+    def gate_up(t, s, i, j):                                # rows of source me + s, as they arrive
+        src = (t.rank + s) % t.world
+        rows = et.shift(et.block(i, block_m, t(owned(src))), src * t(C))
+        cols, I_ = et.block(j, block_n, t.I), t.I
+        xs = t.ag_out[rows]
+        t.h[rows, cols] = F.silu(xs @ t.w_gate_up[:, cols]) * (xs @ t.w_gate_up[:, I_ + cols.start:I_ + cols.stop])
+
+    @g.task(grid=(R, m_tiles, h_tiles), wait=lambda d, i, j: h_ready[(me + d) % R, i],
+            notify=lambda d, i, j: arrived[(me + d) % R, i, j],
+            triton=gemm_tiles.gemm_rs_matmul, constexprs=dict(tiles, BLOCK_K=block_k),
+            bind=dict(dst=lambda d, i, j: (me + d) % R, x="h", w="w_down", K="I", N="H"))
+    def down(t, d, i, j):                                   # my partial of rank me + d's tile (i, j)
+        dst = (t.rank + d) % t.world
+        rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, block_n, t.H)
+        t.peer(dst).partial[t.rank, rows, cols] = t.h[et.shift(rows, dst * t(C))] @ t.w_down[:, cols]
+
+    @g.task(grid=(m_tiles, h_tiles), wait=lambda i, j: arrived[me, i, j],
+            triton=gemm_tiles.gemm_rs_reduce, constexprs=tiles, bind=dict(N="H"))
+    def reduce(t, i, j):
+        rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.H)
+        t.y[rows, cols] = t.partial[:, rows, cols].sum(0)
+
+    g.sample(M=5, H=3, I=2)
+    g.sample(M=37, H=20, I=17)
+    return g
+
+
+def _gather_rows(g, x, C, owned, block_m, block_n):
+    """All-gather of the ragged row chunks: each rank's rows land at r * C in every rank's
+    `ag_out`; rows_in[holder, source, i] completes when row tile i of `source` is all there."""
+    R, me = g.world, g.rank
+    H = x.shape[1]
+    m_tiles, h_tiles = et.cdiv(C, block_m), et.cdiv(H, block_n)
+    out = g.scratch("ag_out", (R * C, H), x.dtype, symmetric=True)
+    rows_in = g.event("rows_in", (R, R, m_tiles), count=h_tiles, distributed=True)
+
+    @g.task(grid=(R, m_tiles, h_tiles), notify=lambda d, i, j: rows_in[(me + d) % R, me, i], name="send_rows",
+            triton=copy_tiles.copy_tile, constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n),
+            bind=dict(src="x", src_row0=0, dst="ag_out", dst_peers="ag_out_peers", N="H",
+                      to_rank=lambda d, i, j: (me + d) % R, dst_row0=me * C, rows=owned(me)))
+    def send(t, d, i, j):                                   # my tile (i, j) to rank me + d, myself first
+        rows, cols = et.block(i, block_m, t(owned(t.rank))), et.block(j, block_n, t.H)
+        t.peer((t.rank + d) % t.world).ag_out[et.shift(rows, t.rank * t(C)), cols] = t.x[rows, cols]
+
+    return out, rows_in
+
+
+def reference(xs, w_gate_up, w_down):
+    """float64: xs per rank (row chunks), w_gate_up/w_down per rank (shards). Each rank's rows of y."""
+    x = torch.cat([t.double() for t in xs])
+    y = 0
+    for wg, wd in zip(w_gate_up, w_down):
+        gate, up = x @ wg.double()[:, :wg.shape[1] // 2], x @ wg.double()[:, wg.shape[1] // 2:]
+        y = y + (F.silu(gate) * up) @ wd.double()
+    C = -(-x.shape[0] // len(xs))
+    return [y[r * C:(r + 1) * C] for r in range(len(xs))]
+
+
+def shard(w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, world: int):
+    """Dense [H, I], [H, I], [I, H] -> per rank ([H, 2 I/R] gate|up, [I/R, H])."""
+    I = w_gate.shape[1]
+    if I % world:
+        raise ValueError(f"intermediate size {I} does not split over {world} ranks")
+    n = I // world
+    return ([torch.cat([w_gate[:, r * n:(r + 1) * n], w_up[:, r * n:(r + 1) * n]], 1).contiguous()
+             for r in range(world)], [w_down[r * n:(r + 1) * n].contiguous() for r in range(world)])
+
+
+def make_inputs(world: int, M: int, H: int, I: int, seed: int = 0, dtype=torch.float32):
+    """Per-rank inputs of a random MLP with intermediate size I (whole, split over the ranks)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, H, generator=gen)
+    wg, wu = torch.randn(H, I, generator=gen) / H ** 0.5, torch.randn(H, I, generator=gen) / H ** 0.5
+    wd = torch.randn(I, H, generator=gen) / I ** 0.5
+    gu, dn = shard(wg, wu, wd, world)
+    C = -(-M // world)
+    return [{"x": x[r * C:(r + 1) * C].to(dtype).contiguous(), "w_gate_up": gu[r].to(dtype),
+             "w_down": dn[r].to(dtype)} for r in range(world)]
