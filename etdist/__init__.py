@@ -8,7 +8,7 @@ from .fusion import (CounterError, DeadlockError, DoubleNotifyError, EtdistError
                      maximum, minimum, where)
 from .fusion.tiles import block, shift
 from .mesh import Mesh, MeshError, PeerTimeoutError, ShapeMismatchError, current_mesh, init_mesh
-from . import collectives, ops
+from . import collectives, nn, ops
 from .collectives import all_gather, all_reduce, all_to_all, reduce_scatter
 
 __version__ = "0.1.0"

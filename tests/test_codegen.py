@@ -131,3 +131,9 @@ def test_mlp_graph_compiles_with_every_gpu_body():
         assert body in src
     ptx = compile_ptx(ir)
     assert "wgmma" in ptx and re.search(r"atom\.global\.sys\.release\.add", ptx)
+
+
+def test_all_gather_gemm_graph_compiles():
+    from etdist.workloads import ag_gemm
+    ptx = compile_ptx(ag_gemm.all_gather_gemm(128, 128, torch.bfloat16, 64, 16).to_ir(), num_warps=8)
+    assert "wgmma" in ptx and "cp.async" in ptx and re.search(r"ld\.acquire\.sys", ptx)

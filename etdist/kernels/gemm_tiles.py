@@ -144,3 +144,12 @@ def swiglu_tile(s, i, j, ag_out, w_gate_up, h, M, H, I, RANK, WORLD,
         g_ptrs += BLOCK_K * 2 * I
     act = acc_g * tl.sigmoid(acc_g) * acc_u
     tl.store(h + (row0 + offs_m[:, None]) * I + offs_n[None, :], act.to(h.dtype.element_ty), mask=row_ok & col_ok)
+
+
+@triton.jit
+def ag_matmul(s, i, j, gathered, w, y, M, K, N, RANK, WORLD,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[rows of source s, tile i; cols tile j] = gathered[same rows] @ w (s: the source rank)."""
+    C = (M + WORLD - 1) // WORLD
+    mm_tile(gathered + s * C * K, owned_rows(M, WORLD, s), w, K, N, y + s * C * N, N, i, j,
+            BLOCK_M, BLOCK_N, BLOCK_K)

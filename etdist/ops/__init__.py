@@ -1,2 +1,3 @@
-"""Fused tensor-parallel ops on torch tensors: `et.ops.gemm_reduce_scatter(x, w)`."""
+"""Fused tensor-parallel ops on torch tensors: `et.ops.gemm_reduce_scatter(x, w)`, `et.ops.all_gather_gemm(x, w)`."""
+from .ag_gemm import all_gather_gemm
 from .gemm_rs import gemm_reduce_scatter

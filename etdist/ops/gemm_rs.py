@@ -65,14 +65,8 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     if mesh.backend != "nvshmem":
         raise InputError("et.ops.gemm_reduce_scatter runs on GPUs (mesh backend 'nvshmem'); on the CPU, "
                          "run the graph etdist.workloads.gemm_rs on the CPU runtime")
-    for name, t in (("x", x), ("w", w)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            raise InputError(f"gemm_reduce_scatter: {name} must be a 2-D tensor, got "
-                             f"{getattr(t, 'shape', type(t).__name__)}")
-        if t.device != mesh.device:
-            raise InputError(f"gemm_reduce_scatter: {name} is on {t.device}, this rank's GPU is {mesh.device}")
-        if not t.is_contiguous():
-            raise InputError(f"gemm_reduce_scatter: {name} is not contiguous (row-major): pass {name}.contiguous()")
+    _check_operand("gemm_reduce_scatter", "x", x, mesh)
+    _check_operand("gemm_reduce_scatter", "w", w, mesh)
     if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise InputError(f"gemm_reduce_scatter: x and w must share a dtype among bf16/fp16/fp32, got "
                          f"{x.dtype} and {w.dtype}")
@@ -97,6 +91,16 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
         _KERNELS[key] = kernel
     return kernel(mesh, x=x, w=w, out=None if out is None else {"y": out})["y"]
+
+
+def _check_operand(op: str, name: str, t, mesh) -> None:
+    """A 2-D, contiguous tensor on this rank's GPU, or a clear error before anything launches."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 2:
+        raise InputError(f"{op}: {name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if t.device != mesh.device:
+        raise InputError(f"{op}: {name} is on {t.device}, this rank's GPU is {mesh.device}")
+    if not t.is_contiguous():
+        raise InputError(f"{op}: {name} is not contiguous (row-major): pass {name}.contiguous()")
 
 
 def compiled_variants() -> int:

@@ -10,11 +10,15 @@ from __future__ import annotations
 import torch
 
 import etdist as et
+from etdist.kernels import copy_tiles, gemm_tiles
 
 
-def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32) -> et.Graph:
+def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
+                    block_k: int = 64, align: int = 1) -> et.Graph:
     g = et.Graph("ag_gemm")
-    M, K, N = g.size("M"), g.size("K"), g.size("N")   # N: this rank's columns
+    M = g.size("M")
+    K, N = g.size("K", multiple_of=align), g.size("N", multiple_of=align)   # N: this rank's columns
+    tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     R, me = g.world, g.rank
     C = et.cdiv(M, R)
     owned = lambda r: et.maximum(0, et.minimum(C, M - r * C))
@@ -24,14 +28,20 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
     g.input("w", (K, N), dtype)
     g.scratch("gathered", (R * C, K), dtype, symmetric=True)  # all of x, on every rank
     g.output("y", (M, N), dtype)
-    arrived = g.event("arrived", (R, R, m_tiles), distributed=True)    # [holder, source, row tile]
+    k_tiles = et.cdiv(K, block_n)
+    arrived = g.event("arrived", (R, R, m_tiles), count=k_tiles, distributed=True)  # [holder, source, row tile]
 
-    @g.task(grid=(R, m_tiles), notify=lambda d, i: arrived[(me + d) % R, me, i])
-    def send(t, d, i):                                   # my row tile i to rank me + d
-        rows = et.block(i, block_m, t(owned(t.rank)))
-        t.peer((t.rank + d) % t.world).gathered[et.shift(rows, t.rank * t(C))] = t.x[rows]
+    @g.task(grid=(R, m_tiles, k_tiles), notify=lambda d, i, c: arrived[(me + d) % R, me, i],
+            triton=copy_tiles.copy_tile, constexprs=tiles,
+            bind=dict(j="c", src="x", src_row0=0, dst="gathered", dst_peers="gathered_peers", N="K",
+                      to_rank=lambda d, i, c: (me + d) % R, dst_row0=me * C, rows=owned(me)))
+    def send(t, d, i, c):                                # my tile (i, c) to rank me + d, myself first
+        rows, cols = et.block(i, block_m, t(owned(t.rank))), et.block(c, block_n, t.K)
+        t.peer((t.rank + d) % t.world).gathered[et.shift(rows, t.rank * t(C)), cols] = t.x[rows, cols]
 
-    @g.task(grid=(R, m_tiles, n_tiles), wait=lambda s, i, j: arrived[me, (me + s) % R, i])
+    @g.task(grid=(R, m_tiles, n_tiles), wait=lambda s, i, j: arrived[me, (me + s) % R, i],
+            triton=gemm_tiles.ag_matmul, constexprs=dict(tiles, BLOCK_K=block_k),
+            bind=dict(s=lambda s, i, j: (me + s) % R))
     def matmul(t, s, i, j):                              # rows of source me + s, as they arrive
         src = (t.rank + s) % t.world
         rows = et.shift(et.block(i, block_m, t(owned(src))), src * t(C))

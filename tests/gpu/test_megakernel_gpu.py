@@ -34,3 +34,14 @@ def test_missing_peer_raises_within_watchdog():
         pytest.skip("needs 2 GPUs")
     rc, out = torchrun(2, "--case", "peer-skips", timeout=120)
     assert out.count("OK watchdog") == 2, out[-5000:]
+
+
+def test_all_gather_gemm_and_tensor_parallel_mlp():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                        str(pathlib.Path(__file__).with_name("mlp_worker.py"))],
+                       capture_output=True, text=True, timeout=600, env=ENV)
+    out = p.stdout + p.stderr
+    for check in ("OK ag_gemm", "OK mlp-seq", "OK mlp-replicated"):
+        assert out.count(check) == 2, out[-5000:]

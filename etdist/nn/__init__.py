@@ -1,0 +1,2 @@
+"""nn.Modules for users' tensor-parallel models."""
+from .mlp import TensorParallelMLP

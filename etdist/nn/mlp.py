@@ -1,0 +1,133 @@
+"""`TensorParallelMLP`: a Llama/Qwen-style SwiGLU MLP, sharded over ranks, run as one megakernel.
+
+    mlp = et.nn.TensorParallelMLP.from_dense(model.layers[i].mlp)       # under torchrun, on GPUs
+    y = mlp(x)
+
+The intermediate dimension is split over the ranks (gate/up by columns, down by rows). In
+sequence-parallel mode (the default) each rank passes its rows of the sequence (chunks of
+cdiv(M, R), ragged at the end; pass `total_rows=M` when M is not R x rows) and gets its rows of
+the output. With `sequence_parallel=False` every rank passes the whole x and gets the whole y.
+
+Without GPUs, `simulate_world=R` holds all R shards in this one module and runs them on the CPU
+runtime (simulated ranks): same graph, same sharding, for tests and for checking a model on a
+laptop. Forward only (inference): there is no backward.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .. import fusion
+from ..fusion.errors import InputError
+from ..workloads import mlp as mlp_graph
+
+_CPU_TILE = 16
+
+
+class TensorParallelMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, mesh=None, activation: str = "silu",
+                 dtype: torch.dtype = torch.bfloat16, sequence_parallel: bool = True,
+                 simulate_world: Optional[int] = None, device=None):
+        super().__init__()
+        if activation != "silu":
+            raise ValueError(f"activation {activation!r} is not supported: SwiGLU ('silu') only")
+        if simulate_world is None:
+            from ..mesh import current_mesh
+            mesh = mesh or current_mesh()
+            world, shards = mesh.world_size, 1
+            device = device or mesh.device
+        else:
+            world, shards = int(simulate_world), int(simulate_world)
+            device = device or "cpu"
+        if intermediate % world:
+            raise ValueError(f"intermediate size {intermediate} does not split over {world} ranks")
+        self.hidden, self.intermediate, self.world, self.mesh = hidden, intermediate, world, mesh
+        self.sequence_parallel, self.simulated = sequence_parallel, simulate_world is not None
+        n = intermediate // world
+        # one shard per rank held here: ours on GPUs, all of them when simulating
+        self.w_gate_up = nn.ParameterList([nn.Parameter(torch.empty(hidden, 2 * n, dtype=dtype, device=device),
+                                                        requires_grad=False) for _ in range(shards)])
+        self.w_down = nn.ParameterList([nn.Parameter(torch.empty(n, hidden, dtype=dtype, device=device),
+                                                     requires_grad=False) for _ in range(shards)])
+        self._kernel = None
+
+    @classmethod
+    def from_dense(cls, module: nn.Module, mesh=None, sequence_parallel: bool = False,
+                   simulate_world: Optional[int] = None) -> "TensorParallelMLP":
+        """Shard a dense MLP with gate_proj, up_proj, down_proj (nn.Linear, no bias). Defaults to
+        replicated input/output, which drops into a model that is not sequence-parallel."""
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            lin = getattr(module, name, None)
+            if not isinstance(lin, nn.Linear) or lin.bias is not None:
+                raise TypeError(f"from_dense needs {name} as an nn.Linear without bias (Llama/Qwen MLP)")
+        wg, wu, wd = module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight  # [I,H],[I,H],[H,I]
+        act = getattr(module, "act_fn", None)
+        probe = torch.linspace(-4, 4, 17)
+        if act is not None and not torch.allclose(act(probe), torch.nn.functional.silu(probe)):
+            # judged by what it computes: libraries have their own SiLU classes
+            raise ValueError(f"from_dense: activation {type(act).__name__} is not supported (SiLU only)")
+        mlp = cls(wg.shape[1], wg.shape[0], mesh=mesh, dtype=wg.dtype, sequence_parallel=sequence_parallel,
+                  simulate_world=simulate_world, device=None if simulate_world is None else wg.device)
+        gate_up, down = mlp_graph.shard(wg.detach().t(), wu.detach().t(), wd.detach().t(), mlp.world)
+        ranks = range(mlp.world) if mlp.simulated else [mlp.mesh.rank]
+        with torch.no_grad():
+            for k, r in enumerate(ranks):
+                mlp.w_gate_up[k].copy_(gate_up[r])
+                mlp.w_down[k].copy_(down[r])
+        return mlp
+
+    def extra_repr(self) -> str:
+        mode = f"simulated ranks={self.world}" if self.simulated else f"rank {self.mesh.rank} of {self.world}"
+        return (f"hidden={self.hidden}, intermediate={self.intermediate}, {mode}, "
+                f"sequence_parallel={self.sequence_parallel}")
+
+    def forward(self, x: torch.Tensor, total_rows: Optional[int] = None) -> torch.Tensor:
+        if x.shape[-1] != self.hidden:
+            raise InputError(f"TensorParallelMLP: x has {x.shape[-1]} features, the layer {self.hidden}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.hidden)  # [M or rows, H]
+        y = self._simulated(x2) if self.simulated else self._on_gpus(x2, total_rows)
+        return y.reshape(*lead, self.hidden) if not self.sequence_parallel or self.simulated else y
+
+    def _graph(self, target: str):
+        if self._kernel is None:
+            dtype = self.w_down[0].dtype
+            if target == "cpu":
+                graph = mlp_graph.tp_mlp(_CPU_TILE, _CPU_TILE, dtype)
+            else:
+                align = 16 if self.hidden % 16 == 0 and (self.intermediate // self.world) % 16 == 0 else 1
+                graph = mlp_graph.tp_mlp(128, 128, dtype, 64, align)
+            self._kernel = fusion.compile(graph, schedule="static", target=target)
+            if target == "cuda":
+                self._kernel.num_warps, self._kernel.num_stages = 8, 3
+        return self._kernel
+
+    def _simulated(self, x: torch.Tensor) -> torch.Tensor:
+        """Replicated in and out: split the rows like the ranks would, run all ranks, concatenate."""
+        M = x.shape[0]
+        C = -(-M // self.world)
+        inputs = [{"x": x[r * C:(r + 1) * C].contiguous(), "w_gate_up": self.w_gate_up[r].data,
+                   "w_down": self.w_down[r].data} for r in range(self.world)]
+        outs = self._graph("cpu").run(inputs, sizes={"M": M})
+        return torch.cat([o["y"] for o in outs])
+
+    def _on_gpus(self, x: torch.Tensor, total_rows: Optional[int]) -> torch.Tensor:
+        mesh, R = self.mesh, self.world
+        if self.sequence_parallel:
+            M = total_rows if total_rows is not None else x.shape[0] * R
+            mine = x
+        else:
+            M = x.shape[0]
+            C = -(-M // R)
+            mine = x[mesh.rank * C:(mesh.rank + 1) * C]
+        y = self._graph("cuda")(mesh, x=mine.contiguous(), w_gate_up=self.w_gate_up[0].data,
+                                w_down=self.w_down[0].data, sizes={"M": M})["y"]
+        if self.sequence_parallel:
+            return y
+        from ..collectives import all_gather
+        C = -(-M // R)
+        padded = torch.zeros(C, self.hidden, dtype=y.dtype, device=y.device)
+        padded[:y.shape[0]] = y
+        return all_gather(padded, mesh=mesh)[:M]
