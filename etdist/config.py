@@ -15,7 +15,9 @@ from omegaconf import MISSING
 class WorkloadName(enum.Enum):
     gemm_rs = "gemm_rs"
     ag_gemm = "ag_gemm"
+    mlp = "mlp"
     moe = "moe"
+    collectives = "collectives"  # all-reduce built from the reduce_scatter + all_gather fragments
 
 
 class ScheduleName(enum.Enum):

@@ -25,7 +25,7 @@ def test_every_model_composes(model):
     assert c.model.name == model and c.model.hidden > 0 and c.model.intermediate > 0
 
 
-@pytest.mark.parametrize("group,option", [("workload", w) for w in ("gemm_rs", "ag_gemm", "moe", "all")]
+@pytest.mark.parametrize("group,option", [("workload", w) for w in ("gemm_rs", "ag_gemm", "mlp", "moe", "collectives", "all")]
                          + [("schedule", s) for s in ("static", "dynamic", "both")]
                          + [("mesh", m) for m in ("auto", "cpu", "nvshmem")] + [("bench", "cpu")])
 def test_every_group_option_composes(group, option):
@@ -51,9 +51,9 @@ def test_bad_overrides_fail_at_compose(bad):
 
 def test_run_returns_accurate_rows():
     rows = bench.run(cfg("mesh.worlds=[1,2]", "bench.tokens=[9]", "bench.interleavings=2"))
-    assert {r.workload for r in rows} == {"gemm_rs", "ag_gemm", "moe"}
+    assert {r.workload for r in rows} == {"gemm_rs", "ag_gemm", "mlp", "moe", "collectives"}
     assert {r.schedule for r in rows} == {"static", "dynamic"}
-    assert len(rows) == 3 * 2 * 2
+    assert len(rows) == 5 * 2 * 2
     assert all(r.max_rel_err < 1e-5 and r.tasks > 0 for r in rows)
 
 
@@ -66,8 +66,8 @@ def test_main_command_prints_the_table(tmp_path):
     out = subprocess.run([sys.executable, "-m", "etdist.bench", "mesh.worlds=[1,2]", "bench.interleavings=1",
                           f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    for word in ("gemm_rs", "ag_gemm", "moe", "static", "dynamic", "max rel err", "wall ms"):
+    for word in ("gemm_rs", "ag_gemm", "mlp", "moe", "collectives", "static", "dynamic", "max rel err", "wall ms"):
         assert word in out.stdout
     lines = [line for f in (tmp_path / "results").glob("*.jsonl") for line in f.read_text().splitlines()]
-    assert len(lines) == 12  # 3 workloads x 2 schedules x 2 worlds, DESIGN.md's records
+    assert len(lines) == 20  # 5 workloads x 2 schedules x 2 worlds, DESIGN.md's records
     assert "### moe" in (tmp_path / "report.md").read_text()

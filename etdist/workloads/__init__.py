@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from . import ag_gemm, gemm_rs, moe
+from . import ag_gemm, collectives, gemm_rs, mlp, moe
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,47 @@ def _moe_case(model, world, M, seed) -> Case:
     return Case(ins, {}, ref(), ref)
 
 
+def _mlp_case(model, world, M, seed) -> Case:
+    ins = mlp.make_inputs(world, M, model.hidden, model.intermediate, seed=seed)
+    ref = lambda: mlp.reference([i["x"] for i in ins], [i["w_gate_up"] for i in ins], [i["w_down"] for i in ins])
+    return Case(ins, {"M": M}, ref(), ref)
+
+
+def all_reduce_graph(block_m: int, block_n: int):
+    """x [M, H] on every rank -> the sum over ranks on every rank, from the reduce_scatter and
+    all_gather fragments (the gathered rows are cut back to M by a last task)."""
+    import etdist as et
+    g = et.Graph("all_reduce")
+    M, N = g.size("M"), g.size("N")
+    R, me = g.world, g.rank
+    C = et.cdiv(M, R)
+    x = g.input("x", (M, N))
+    g.output("y", (M, N))
+    summed, done = collectives.reduce_scatter(g, x, block_m=block_m, block_n=block_n)
+    _, arrived = collectives.all_gather(g, summed, block_m=block_m, block_n=block_n, after=lambda i, j: done[i, j])
+
+    @g.task(grid=(R, et.cdiv(C, block_m), et.cdiv(N, block_n)), wait=lambda s, i, j: arrived[me, s, i, j])
+    def unpad(t, s, i, j):
+        rows = et.shift(et.block(i, block_m, t(et.maximum(0, et.minimum(C, M - s * C)))), s * t(C))
+        cols = et.block(j, block_n, t.N)
+        t.y[rows, cols] = t.ag_out[rows, cols]
+
+    return g
+
+
+def _all_reduce_case(model, world, M, seed) -> Case:
+    gen = torch.Generator().manual_seed(seed)
+    ins = [{"x": torch.randn(M, model.hidden, generator=gen)} for _ in range(world)]
+    ref = lambda: [sum(i["x"].double() for i in ins)] * world
+    return Case(ins, {}, ref(), ref)
+
+
 WORKLOADS = {
     "gemm_rs": Workload("gemm_rs", lambda bm, bn, model: gemm_rs.gemm_reduce_scatter(bm, bn), _gemm_rs_case),
     "ag_gemm": Workload("ag_gemm", lambda bm, bn, model: ag_gemm.all_gather_gemm(bm, bn), _ag_gemm_case),
     "moe": Workload("moe", lambda bm, bn, model: moe.moe_layer(model.top_k, bm), _moe_case, needs_experts=True),
+    "mlp": Workload("mlp", lambda bm, bn, model: mlp.tp_mlp(bm, bn), _mlp_case),
+    "collectives": Workload("collectives", lambda bm, bn, model: all_reduce_graph(bm, bn), _all_reduce_case),
 }
 
 
