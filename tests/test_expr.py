@@ -50,3 +50,9 @@ def test_block_and_shift():
     assert et.block(2, 4, 10) == slice(8, 10)
     assert et.block(3, 4, 10) == slice(10, 10)  # beyond the extent: empty
     assert et.shift(slice(1, 3), 10) == slice(11, 13)
+
+
+def test_logical_ops_mean_the_same_on_host_and_gpu():
+    e = et.logical_and(var("i"), var("j"))
+    assert e.evaluate({"i": 2, "j": 1}) is True              # 2 and 1: true, though 2 & 1 == 0
+    assert e.to_triton(lambda *_: "") == "((i != 0) & (j != 0))"

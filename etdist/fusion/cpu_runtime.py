@@ -87,7 +87,12 @@ class _Launch:
 
     # -- counters --------------------------------------------------------------------------
     def _count(self, owner: int, event: str, coord: tuple) -> int:
-        return self.b.table.count(event, coord, self.envs[owner])
+        n = self.b.table.count(event, coord, self.envs[owner])
+        if n < 0:  # poisoned memory: a count read before the task that writes its tensor ran
+            raise RuntimeFault(f"event {event}{list(coord)} on rank {owner}: its count evaluates to {n}, "
+                               "read before its data was written; wait first on an event of the task "
+                               "that writes the tensor the count reads")
+        return n
 
     def _owner(self, rank: int, event: str, coord: tuple) -> int:
         return coord[0] if self.b.event(event).distributed else rank
@@ -193,6 +198,11 @@ class _Launch:
             for name in self.counters[r]:
                 self.bases[r][name][...] = self.counters[r][name]
 
+    def discard(self) -> None:
+        for r in range(self.world):
+            for name in self.counters[r]:
+                self.counters[r][name][...] = self.bases[r][name]
+
     def deadlock(self, stalled: Mapping[tuple, Blocked]) -> DeadlockError:
         lines = []
         for (r, p), s in sorted(stalled.items()):
@@ -254,8 +264,12 @@ class CpuKernel:
         else:
             gens = {(r, p): launch.dynamic_program(r, p)
                     for r in range(launch.world) for p in range(self.programs)}
-        _interleave(launch, gens, interleave, seed)
-        launch.finish()
+        try:
+            _interleave(launch, gens, interleave, seed)
+            launch.finish()
+        except Exception:
+            launch.discard()  # the next launch starts from the counters as they were before this one
+            raise
         launch.stats.wall_s = time.perf_counter() - t0
         self.last_stats = launch.stats
         outs = [s.name for s in self.ir.tensors if s.role is Role.OUTPUT]
@@ -344,7 +358,9 @@ def bind_inputs(ir, inputs, sizes: Optional[Mapping[str, int]], *, world: Option
         if k not in ir.sizes or k in (RANK_NAME, WORLD_NAME):
             raise InputError(f"graph {ir.name!r} has no size {k!r} to set (its sizes: "
                              f"{[s for s in ir.sizes if s not in (RANK_NAME, WORLD_NAME)]})")
-        bound[k] = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InputError(f"graph {ir.name!r}: size {k} must be a non-negative int, got {v!r}")
+        bound[k] = v
     for r, given in per_rank.items():
         if not isinstance(given, Mapping):
             raise InputError(f"rank {r}: expected a dict of input tensors, got {type(given).__name__}")

@@ -29,7 +29,7 @@ from triton import knobs
 from .bind import MapTable
 from .codegen_triton import ERR_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
 from .cpu_runtime import bind_inputs
-from .errors import InputError, RuntimeFault
+from .errors import GraphError, InputError, RuntimeFault
 from .expr import RANK_NAME, evaluate
 from .ir import Role
 
@@ -38,8 +38,10 @@ CACHE = pathlib.Path(os.environ.get("ETDIST_CACHE", pathlib.Path.home() / ".cach
 
 
 def load_module(ir, source: str):
-    """Write the generated source to the cache (Triton reads source from files) and import it."""
-    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    """Write the generated source to the cache (Triton reads source from files) and import it.
+    Keyed by the source and the tile bodies' own sources, so a redefined body gets a new module."""
+    bodies = "".join(t.triton_body.cache_key for t in ir.tasks)
+    key = hashlib.sha256((source + bodies).encode()).hexdigest()[:16]
     path = CACHE / f"megakernel_{ir.name}_{key}.py"
     if not path.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
@@ -92,6 +94,11 @@ class CudaKernel:
                  num_warps: int = 4, num_stages: int = 3):
         if schedule != "static":
             raise NotImplementedError("schedule='dynamic' on target='cuda' is not built yet; use 'static'")
+        for e in table.ir.events:
+            if e.count.is_data_dependent:  # a count read in-kernel can race its producer, and epochs
+                raise GraphError(         # times a changing count do not re-arm: not on GPUs yet
+                    f"event {e.name!r}: counts that read runtime tensors are not supported on target='cuda' "
+                    "yet (run the graph on the CPU runtime)")
         self.table, self.ir, self.schedule = table, table.ir, schedule
         self.programs, self.num_warps, self.num_stages = programs, num_warps, num_stages
         self.source = generate(self.ir)
@@ -99,7 +106,7 @@ class CudaKernel:
             print(self.source)
         self.module = load_module(self.ir, self.source)
         self.params = kernel_params(self.ir)
-        self._states: dict = {}
+        self._key = ("megakernel", id(self))
 
     def __repr__(self) -> str:
         return f"CudaKernel({self.ir.name!r}, schedule={self.schedule!r})"
@@ -107,9 +114,16 @@ class CudaKernel:
     # -- host side --------------------------------------------------------------------------
     def __call__(self, mesh, sizes: Optional[Mapping[str, int]] = None, out: Optional[dict] = None,
                  **inputs: torch.Tensor) -> dict:
-        st = self._states.get(id(mesh))
+        if getattr(mesh, "backend", None) != "nvshmem":
+            raise InputError(f"graph {self.ir.name!r} was compiled for GPUs: it needs a mesh with the "
+                             f"'nvshmem' backend, got {getattr(mesh, 'backend', mesh)!r}")
+        unknown = set(out or {}) - {s.name for s in self.ir.tensors if s.role is Role.OUTPUT}
+        if unknown:
+            raise InputError(f"graph {self.ir.name!r}: out= names {sorted(unknown)}, which are no outputs")
+        # state lives in the mesh (closing it drops the state with the memory it points into)
+        st = mesh.cache.get(self._key)
         if st is None:
-            st = self._states[id(mesh)] = self._new_state(mesh)
+            st = mesh.cache[self._key] = self._new_state(mesh)
         self._check_pending(mesh, st)
         key = (tuple((n, t.shape, t.dtype) if isinstance(t, torch.Tensor) else (n, None, None)
                      for n, t in inputs.items()), tuple(sorted(sizes.items())) if sizes else ())
@@ -167,7 +181,7 @@ class CudaKernel:
 
     def check(self, mesh) -> None:
         """Wait for the last launch and raise if any of its waits timed out (on any rank)."""
-        st = self._states.get(id(mesh))
+        st = mesh.cache.get(self._key)
         if st is None or st.arena is None:
             return
         torch.cuda.synchronize(mesh.device)

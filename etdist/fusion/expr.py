@@ -131,8 +131,9 @@ class Expr:
             return f"tl.{'minimum' if op == 'min' else 'maximum'}({a[0].to_triton(load)}, {a[1].to_triton(load)})"
         if op == "where":
             return f"tl.where({a[0].to_triton(load)}, {a[1].to_triton(load)}, {a[2].to_triton(load)})"
-        sym_ = {"and": "&", "or": "|"}.get(op, _BINARY[op][0])
-        return f"({a[0].to_triton(load)} {sym_} {a[1].to_triton(load)})"
+        if op in ("and", "or"):  # logical, as on the host: compare with 0 before the bitwise op
+            return f"(({a[0].to_triton(load)} != 0) {'&' if op == 'and' else '|'} ({a[1].to_triton(load)} != 0))"
+        return f"({a[0].to_triton(load)} {_BINARY[op][0]} {a[1].to_triton(load)})"
 
     def evaluate(self, env: Mapping[str, Any]) -> int:
         """Value under `env`: sizes, index variables and (for loads) indexable tensors by name."""

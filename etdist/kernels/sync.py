@@ -75,16 +75,18 @@ def record_error(ctrl_ptr, ctrl_table, rank, world, kind, event, observed, expec
 def wait(ptr, target, max_spins, ctrl_ptr, ctrl_table, rank, world, event, peer, epoch,
          SCOPE: tl.constexpr, USE_ASM: tl.constexpr):
     """Spin until the int32 at ptr >= target (acquire). Returns 1, or 0 after recording a timeout
-    (also 0 soon after an error is recorded on this rank, e.g. propagated by a peer)."""
+    (also 0 soon after an error is recorded on this rank, e.g. propagated by a peer).
+    Compared as `v - target >= 0` in int32: counters and targets that grow past 2**31 wrap
+    together, so the comparison stays right (a plain `v < target` would pass at once)."""
     v = ld_acquire(ptr, SCOPE, USE_ASM)
     spins = 0
     failed = tl.load(ctrl_ptr, volatile=True) != 0
-    while (v < target) & (spins < max_spins) & (failed == 0):
+    while (v - target < 0) & (spins < max_spins) & (failed == 0):
         v = ld_acquire(ptr, SCOPE, USE_ASM)
         spins += 1
         if spins % 1024 == 0:
             failed = tl.load(ctrl_ptr, volatile=True) != 0
-    ok = (v >= target).to(tl.int32)
+    ok = (v - target >= 0).to(tl.int32)
     if ok == 0:
         if failed == 0:
             record_error(ctrl_ptr, ctrl_table, rank, world, ERR_TIMEOUT, event, v, target, peer, epoch)

@@ -97,11 +97,14 @@ class TensorParallelMLP(nn.Module):
             if target == "cpu":
                 graph = mlp_graph.tp_mlp(_CPU_TILE, _CPU_TILE, dtype)
             else:
+                from ..ops.gemm_rs import TileConfig, fp32_config
+                cfg = TileConfig(128, 128, 64, 8, 3)
+                cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
                 align = 16 if self.hidden % 16 == 0 and (self.intermediate // self.world) % 16 == 0 else 1
-                graph = mlp_graph.tp_mlp(128, 128, dtype, 64, align)
+                graph = mlp_graph.tp_mlp(cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
             self._kernel = fusion.compile(graph, schedule="static", target=target)
             if target == "cuda":
-                self._kernel.num_warps, self._kernel.num_stages = 8, 3
+                self._kernel.num_warps, self._kernel.num_stages = cfg.num_warps, cfg.num_stages
         return self._kernel
 
     def _simulated(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from ..fusion import compile as et_compile
 from ..fusion.errors import InputError
 from ..mesh import current_mesh
 from ..workloads import ag_gemm
-from .gemm_rs import FP32, LARGE, TileConfig, _check_operand
+from .gemm_rs import LARGE, TileConfig, _check_operand, fp32_config
 
 _KERNELS: dict = {}
 
@@ -33,7 +33,7 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
     if x.shape[1] != w.shape[0]:
         raise InputError(f"all_gather_gemm: x is [rows, {x.shape[1]}] but w is [{w.shape[0]}, N]")
     M = total_rows if total_rows is not None else x.shape[0] * mesh.world_size
-    cfg: TileConfig = FP32[LARGE] if x.dtype == torch.float32 else LARGE
+    cfg: TileConfig = fp32_config(LARGE) if x.dtype == torch.float32 else LARGE
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1
     key = (x.dtype, cfg, align)
     kernel = _KERNELS.get(key)

@@ -26,7 +26,7 @@ class TileConfig:
 # graph (all rows in one wgmma-high tile, split-K, weights read once); above, square tiles per
 # destination rank.
 SKINNY = TileConfig(64, 64, 128, 4, 4)
-LARGE = TileConfig(128, 128, 64, 8, 3)
+LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BENCHMARKS.md)
 SKINNY_MAX_M = int(os.environ.get("ETDIST_GEMM_RS_SKINNY_MAX_M", "64"))  # block_m of SKINNY must cover it
 
 def _override(name: str, default: TileConfig) -> TileConfig:
@@ -36,8 +36,14 @@ def _override(name: str, default: TileConfig) -> TileConfig:
 
 
 SKINNY, LARGE = _override("SKINNY", SKINNY), _override("LARGE", LARGE)
-# fp32 tiles take twice the shared memory per stage: halve the contraction step
-FP32 = {SKINNY: TileConfig(64, 64, 64, 4, 3), LARGE: TileConfig(128, 128, 32, 8, 3)}
+if SKINNY_MAX_M > SKINNY.block_m:
+    raise ValueError(f"ETDIST_GEMM_RS_SKINNY_MAX_M={SKINNY_MAX_M} exceeds the skinny tile's block_m "
+                     f"{SKINNY.block_m}: set ETDIST_GEMM_RS_SKINNY with a block_m >= it")
+
+
+def fp32_config(cfg: TileConfig) -> TileConfig:
+    """fp32 tiles take twice the shared memory per stage: halve the contraction step, <= 3 stages."""
+    return TileConfig(cfg.block_m, cfg.block_n, max(16, cfg.block_k // 2), cfg.num_warps, min(3, cfg.num_stages))
 
 _KERNELS: dict = {}
 
@@ -59,7 +65,7 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
        every rank, any M (not necessarily a multiple of the world size or the tile).
     w: [K_local, N] (row-major: pass `weight.t().contiguous()` for an nn.Linear weight [N, K]).
     Returns [rows owned, N] in x's dtype (bf16/fp16/fp32), accumulated in fp32 per rank and summed
-    in fp32 across ranks (partials travel in x's dtype).
+    in fp32 across ranks (partials travel in x's dtype; fp32 inputs multiply as TF32 on tensor cores).
     """
     mesh = mesh or current_mesh()
     if mesh.backend != "nvshmem":
@@ -76,7 +82,7 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     cfg = tile_config(x.shape[0])
     skinny = cfg is SKINNY
     if x.dtype == torch.float32:
-        cfg = FP32[cfg]
+        cfg = fp32_config(cfg)
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1  # aligned rows vectorise
     splits = skinny_splits(w.shape[1], torch.cuda.get_device_properties(mesh.device).multi_processor_count) \
         if skinny else 1

@@ -11,7 +11,8 @@ w_gate_up [E_local, H, 2I], w_down [E_local, I, H]). Per rank:
     combine    y[t] = sum_k weight[t, k] * expert_out[t, k]
 
 `done[e]` expects one notify per existing tile of e plus one from its plan task, so an expert
-that received no token still completes.
+that received no token still completes; its waiters wait on `planned[e]` first, because the count
+reads `counts[e]`, which only exists once plan(e) ran.
 """
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         gate, up = (t.recv.reshape(-1, t.H)[rows] @ t.w_gate_up[e]).chunk(2, dim=-1)
         t.expert_out.reshape(-1, t.H)[rows] = (F.silu(gate) * up) @ t.w_down[e]
 
-    @g.task(grid=(R, EL), wait=lambda d, e: done[e], notify=lambda d, e: returned[(me + d) % R])
+    # planned[e] first: done[e]'s count reads counts[e], which plan(e) writes
+    @g.task(grid=(R, EL), wait=lambda d, e: [planned[e], done[e]], notify=lambda d, e: returned[(me + d) % R])
     def send_back(t, d, e):                              # expert e's outputs for rank me + d's tokens
         dst = (t.rank + d) % t.world
         mine = t.recv_expert[dst] == e
