@@ -127,8 +127,8 @@ class CudaKernel:
         self._check_pending(mesh, st)
         key = (tuple((n, t.shape, t.dtype) if isinstance(t, torch.Tensor) else (n, None, None)
                      for n, t in inputs.items()), tuple(sorted(sizes.items())) if sizes else ())
-        if key != st.bind_key:  # a new shape: check everything, prepare, and remember
-            bound = self._bind(mesh, inputs, sizes)
+        if key != st.bind_key:  # a new shape: check everything, agree across ranks, prepare, remember
+            bound = self._agree(mesh, inputs, sizes)
             if st.shape is None or st.shape.sizes != bound:
                 self._prepare(mesh, st, bound)
             st.bind_key = key
@@ -197,12 +197,26 @@ class CudaKernel:
                     raise InputError(f"graph {self.ir.name!r} input {name!r} is not contiguous: pass .contiguous()")
         return bind_inputs(self.ir, {mesh.rank: inputs}, sizes, world=world, device_type=None)
 
-    def _prepare(self, mesh, st: _MeshState, bound: dict) -> None:
-        """New sizes: agree across ranks, (re)allocate, zero the counters, compile, barrier."""
-        everyone = mesh.comm.allgather(sorted(bound.items()))
+    def _agree(self, mesh, inputs, sizes) -> dict:
+        """Bind this rank's inputs and swap the outcome with every rank before anything launches: a
+        rank whose inputs are refused makes every rank raise (rather than leaving peers waiting)."""
+        try:
+            bound, mine = self._bind(mesh, inputs, sizes), None
+        except InputError as e:
+            bound, mine = None, str(e)
+        everyone = mesh.comm.allgather(mine if mine is not None else sorted(bound.items()))
+        if mine is not None:
+            raise InputError(mine)
+        refused = [(r, e) for r, e in enumerate(everyone) if isinstance(e, str)]
+        if refused:
+            raise InputError(f"graph {self.ir.name!r}: rank {refused[0][0]} refused its inputs: {refused[0][1]}")
         if any(e != everyone[0] for e in everyone):
             listing = "; ".join(f"rank {r}: {dict(e)}" for r, e in enumerate(everyone))
             raise InputError(f"graph {self.ir.name!r}: ranks disagree on sizes ({listing})")
+        return bound
+
+    def _prepare(self, mesh, st: _MeshState, bound: dict) -> None:
+        """New sizes (agreed by every rank): (re)allocate, zero the counters, barrier."""
         world = mesh.world_size
         scratch = {}
         for s in self.ir.tensors:
