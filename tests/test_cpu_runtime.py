@@ -339,3 +339,17 @@ def test_sizes_must_be_non_negative_ints():
     for bad in (-5, 6.7, True):
         with pytest.raises(et.InputError, match="size M must be a non-negative int"):
             kernel.run(ins, sizes={"M": bad})
+
+
+def test_trace_exports_chrome_json(tmp_path):
+    import json
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8), programs=2)
+    kernel.run(gemm_rs.make_inputs(2, 17, 4, 9), trace=True)
+    path = et.fusion.trace.write_chrome(kernel.last_stats.trace, tmp_path / "t.json")
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == kernel.last_stats.tasks_run
+    assert {(e["pid"], e["tid"]) for e in spans} == {(r, p) for r in range(2) for p in range(2)}
+    assert {e["name"].split("(")[0] for e in spans} == {"matmul", "reduce"}
+    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert {"rank 0", "rank 1", "program 0", "program 1"} <= names

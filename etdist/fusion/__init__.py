@@ -7,3 +7,4 @@ from .expr import Expr, cdiv, eq, every, logical_and, maximum, minimum, where
 from .graph import EventTensor, Graph
 from .tile_context import TileContext
 from .tiles import block, shift
+from . import trace
