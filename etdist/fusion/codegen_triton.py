@@ -24,8 +24,8 @@ import inspect
 from dataclasses import dataclass
 
 from .errors import GraphError
-from .expr import RANK_NAME, WORLD_NAME, Expr, as_expr, var
-from .ir import GraphIR, Role, TaskSpec
+from .expr import Expr, as_expr
+from .ir import GraphIR, TaskSpec
 
 ERR_WORDS = 8
 EVENT_CODE_BASE = 16

@@ -13,20 +13,19 @@ counter's value (on the GPU the base is the launch epoch times the count).
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 
-from .bind import Bound, BoundFunction, MapTable, bind, in_bounds
+from .bind import Bound, MapTable, bind, bind_inputs, in_bounds
 from .errors import CounterError, DeadlockError, DoubleNotifyError, InputError, RuntimeFault
 from .expr import RANK_NAME, WORLD_NAME, evaluate
-from .ir import Role, TensorSpec
+from .ir import Role
 from .schedule_dynamic import release_plan
 from .schedule_static import StaticSchedule
 from .tile_context import TileContext
@@ -334,78 +333,3 @@ def _interleave(launch: _Launch, gens: dict, how: str, seed: int) -> None:
             if len(stalled) == len(live):
                 raise launch.deadlock(stalled)
     launch.stats.steps = launch.step
-
-
-def bind_inputs(ir, inputs, sizes: Optional[Mapping[str, int]], *, world: Optional[int] = None,
-                device_type: Optional[str] = "cpu") -> dict[str, int]:
-    """Check inputs against the graph and bind its sizes; raise before any launch.
-
-    inputs: a list with one dict per rank (CPU runtime), or {rank: dict} for the ranks this
-    process holds (GPU: its own) with `world` given. device_type: required device, or None.
-    """
-    if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) and inputs and \
-            all(isinstance(d, Mapping) or d is None for d in inputs):
-        per_rank = dict(enumerate(inputs))
-    elif isinstance(inputs, Mapping) and inputs and all(isinstance(k, int) for k in inputs):
-        per_rank = dict(inputs)
-    else:
-        raise InputError(f"graph {ir.name!r}: pass a list with one dict of input tensors per rank")
-    world = len(per_rank) if world is None else world
-    specs = [s for s in ir.tensors if s.role is Role.INPUT]
-    names = {s.name for s in specs}
-    bound: dict[str, int] = {WORLD_NAME: world}
-    for k, v in (sizes or {}).items():
-        if k not in ir.sizes or k in (RANK_NAME, WORLD_NAME):
-            raise InputError(f"graph {ir.name!r} has no size {k!r} to set (its sizes: "
-                             f"{[s for s in ir.sizes if s not in (RANK_NAME, WORLD_NAME)]})")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise InputError(f"graph {ir.name!r}: size {k} must be a non-negative int, got {v!r}")
-        bound[k] = v
-    for r, given in per_rank.items():
-        if not isinstance(given, Mapping):
-            raise InputError(f"rank {r}: expected a dict of input tensors, got {type(given).__name__}")
-        missing, extra = names - set(given), set(given) - names
-        if missing or extra:
-            raise InputError(f"graph {ir.name!r} rank {r}: missing inputs {sorted(missing)}, "
-                             f"unexpected {sorted(extra)}")
-        for s in specs:
-            _check_tensor(ir, s, given[s.name], r, device_type)
-    first = per_rank[min(per_rank)]
-    for s in specs:  # bind bare-symbol dims from the first rank given
-        for d, n in zip(s.shape, first[s.name].shape):
-            if d.op == "sym" and d.args[0] not in bound:
-                bound[d.args[0]] = int(n)
-    unbound = [s for s in ir.sizes if s not in bound and s != RANK_NAME]
-    if unbound:
-        raise InputError(f"graph {ir.name!r}: sizes {unbound} are not named by any input's shape; "
-                         f"pass sizes={{{', '.join(repr(u) + ': ...' for u in unbound)}}}")
-    for c in ir.checks:
-        if not c.cond.evaluate(bound):
-            raise InputError(f"graph {ir.name!r} at sizes {bound}: {c.message}")
-    for name, m in ir.multiples:
-        if bound[name] % m:
-            raise InputError(f"graph {ir.name!r}: size {name}={bound[name]} is not a multiple of {m}, "
-                             f"as the graph declares (g.size({name!r}, multiple_of={m}))")
-    for r, given in per_rank.items():
-        env = {**bound, RANK_NAME: r}
-        for s in specs:
-            want = tuple(evaluate(d, env) for d in s.shape)
-            got = tuple(given[s.name].shape)
-            if want != got:
-                raise InputError(f"graph {ir.name!r}: input {s.name!r} on rank {r} has shape {list(got)}, "
-                                 f"expected {list(want)} = {list(s.shape)} at sizes "
-                                 f"{ {k: v for k, v in bound.items() if k != WORLD_NAME} } (world {world})")
-    return bound
-
-
-def _check_tensor(ir, s: TensorSpec, t: Any, rank: int, device_type: Optional[str]) -> None:
-    where = f"graph {ir.name!r} input {s.name!r} on rank {rank}"
-    if not isinstance(t, torch.Tensor):
-        raise InputError(f"{where}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != s.dtype:
-        raise InputError(f"{where}: dtype {t.dtype}, expected {s.dtype}")
-    if device_type is not None and t.device.type != device_type:
-        raise InputError(f"{where}: on {t.device}; the CPU runtime takes CPU tensors "
-                         "(compile with target='cuda' for GPU tensors)")
-    if t.dim() != len(s.shape):
-        raise InputError(f"{where}: {t.dim()} dims, expected {len(s.shape)} ({list(s.shape)})")

@@ -26,9 +26,8 @@ import numpy as np
 import torch
 from triton import knobs
 
-from .bind import MapTable
+from .bind import MapTable, bind_inputs
 from .codegen_triton import ERR_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
-from .cpu_runtime import bind_inputs
 from .errors import GraphError, InputError, RuntimeFault
 from .expr import RANK_NAME, evaluate
 from .ir import Role
