@@ -65,3 +65,21 @@ def test_cpu_mesh_is_refused(kernel):
     mesh.backend = "cpu"
     with pytest.raises(et.InputError, match="needs a mesh with the 'nvshmem' backend"):
         kernel(mesh, x=torch.zeros(1), w=torch.zeros(1))
+
+
+def test_op_operand_checks_before_launch():
+    from etdist.ops.gemm_rs import check_operands
+    mesh = FakeMesh([])
+    x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
+    assert check_operands("op", "g", x, w, mesh) is mesh
+    cases = [((x, torch.randn(17, 32, dtype=torch.bfloat16)), "contraction dims differ"),
+             ((x, w.float()), "must share a dtype"),
+             ((torch.randn(16, 8, dtype=torch.bfloat16).t(), w), "not contiguous"),
+             ((x.to("meta"), w), "x is on meta"),
+             ((x[0], w), "must be a 2-D tensor")]
+    for (a, b), msg in cases:
+        with pytest.raises(et.InputError, match=msg):
+            check_operands("op", "g", a, b, mesh)
+    mesh.backend = "cpu"
+    with pytest.raises(et.InputError, match="et.ops.op runs on GPUs"):
+        check_operands("op", "g", x, w, mesh)

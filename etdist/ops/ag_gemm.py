@@ -6,10 +6,8 @@ from typing import Optional
 import torch
 
 from ..fusion import compile as et_compile
-from ..fusion.errors import InputError
-from ..mesh import current_mesh
 from ..workloads import ag_gemm
-from .gemm_rs import LARGE, TileConfig, _check_operand, fp32_config
+from .gemm_rs import LARGE, TileConfig, check_operands, fp32_config
 
 _KERNELS: dict = {}
 
@@ -22,16 +20,7 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
        when M is not R x rows). w: [K, N_local] row-major. Rows are multiplied as they arrive,
        this rank's own first.
     """
-    mesh = mesh or current_mesh()
-    if mesh.backend != "nvshmem":
-        raise InputError("et.ops.all_gather_gemm runs on GPUs (mesh backend 'nvshmem'); on the CPU, "
-                         "run the graph etdist.workloads.ag_gemm on the CPU runtime")
-    _check_operand("all_gather_gemm", "x", x, mesh)
-    _check_operand("all_gather_gemm", "w", w, mesh)
-    if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise InputError(f"all_gather_gemm: x and w must share a dtype among bf16/fp16/fp32, got {x.dtype} and {w.dtype}")
-    if x.shape[1] != w.shape[0]:
-        raise InputError(f"all_gather_gemm: x is [rows, {x.shape[1]}] but w is [{w.shape[0]}, N]")
+    mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)
     M = total_rows if total_rows is not None else x.shape[0] * mesh.world_size
     cfg: TileConfig = fp32_config(LARGE) if x.dtype == torch.float32 else LARGE
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1

@@ -67,18 +67,7 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     Returns [rows owned, N] in x's dtype (bf16/fp16/fp32), accumulated in fp32 per rank and summed
     in fp32 across ranks (partials travel in x's dtype; fp32 inputs multiply as TF32 on tensor cores).
     """
-    mesh = mesh or current_mesh()
-    if mesh.backend != "nvshmem":
-        raise InputError("et.ops.gemm_reduce_scatter runs on GPUs (mesh backend 'nvshmem'); on the CPU, "
-                         "run the graph etdist.workloads.gemm_rs on the CPU runtime")
-    _check_operand("gemm_reduce_scatter", "x", x, mesh)
-    _check_operand("gemm_reduce_scatter", "w", w, mesh)
-    if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise InputError(f"gemm_reduce_scatter: x and w must share a dtype among bf16/fp16/fp32, got "
-                         f"{x.dtype} and {w.dtype}")
-    if x.shape[1] != w.shape[0]:
-        raise InputError(f"gemm_reduce_scatter: x is [M, {x.shape[1]}] but w is [{w.shape[0]}, N]: "
-                         "the contraction dims differ")
+    mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
     cfg = tile_config(x.shape[0])
     skinny = cfg is SKINNY
     if x.dtype == torch.float32:
@@ -99,14 +88,25 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     return kernel(mesh, x=x, w=w, out=None if out is None else {"y": out})["y"]
 
 
-def _check_operand(op: str, name: str, t, mesh) -> None:
-    """A 2-D, contiguous tensor on this rank's GPU, or a clear error before anything launches."""
-    if not isinstance(t, torch.Tensor) or t.dim() != 2:
-        raise InputError(f"{op}: {name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
-    if t.device != mesh.device:
-        raise InputError(f"{op}: {name} is on {t.device}, this rank's GPU is {mesh.device}")
-    if not t.is_contiguous():
-        raise InputError(f"{op}: {name} is not contiguous (row-major): pass {name}.contiguous()")
+def check_operands(op: str, graph: str, x, w, mesh):
+    """x [rows, K] and w [K, N]: 2-D, contiguous, on this rank's GPU, one dtype among bf16/fp16/fp32;
+    a clear error before anything launches. Returns the mesh (the current one if None)."""
+    mesh = mesh or current_mesh()
+    if mesh.backend != "nvshmem":
+        raise InputError(f"et.ops.{op} runs on GPUs (mesh backend 'nvshmem'); on the CPU, run the graph "
+                         f"{graph} on the CPU runtime")
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise InputError(f"{op}: {name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+        if t.device != mesh.device:
+            raise InputError(f"{op}: {name} is on {t.device}, this rank's GPU is {mesh.device}")
+        if not t.is_contiguous():
+            raise InputError(f"{op}: {name} is not contiguous (row-major): pass {name}.contiguous()")
+    if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise InputError(f"{op}: x and w must share a dtype among bf16/fp16/fp32, got {x.dtype} and {w.dtype}")
+    if x.shape[1] != w.shape[0]:
+        raise InputError(f"{op}: x is [rows, {x.shape[1]}] but w is [{w.shape[0]}, N]: the contraction dims differ")
+    return mesh
 
 
 def compiled_variants() -> int:
