@@ -65,7 +65,7 @@ class _Shape:
 
     sizes: dict
     event_shapes: dict
-    out_shapes: dict                   # output name -> shape on this rank
+    outputs: dict                      # output name -> (shape on this rank, dtype)
     fixed: dict                        # kernel arguments that stay the same from call to call
 
 
@@ -135,16 +135,16 @@ class CudaKernel:
             if t.device != mesh.device or not t.is_contiguous():
                 self._bind(mesh, inputs, sizes)  # raises the precise error
         outs = {}
-        for name, shape in st.shape.out_shapes.items():
+        for name, (shape, dtype) in st.shape.outputs.items():
             given = (out or {}).get(name)
             if given is not None:
-                if tuple(given.shape) != shape or given.dtype != self.ir.tensor(name).dtype or \
+                if tuple(given.shape) != shape or given.dtype != dtype or \
                         not given.is_contiguous() or given.device != mesh.device:
-                    raise InputError(f"out[{name!r}]: need a contiguous {self.ir.tensor(name).dtype} tensor "
+                    raise InputError(f"out[{name!r}]: need a contiguous {dtype} tensor "
                                      f"of shape {list(shape)} on {mesh.device}")
                 outs[name] = given
             else:
-                outs[name] = torch.empty(shape, dtype=self.ir.tensor(name).dtype, device=mesh.device)
+                outs[name] = torch.empty(shape, dtype=dtype, device=mesh.device)
         st.epoch += 1
         st.ev_epoch += 1
         values = {**st.shape.fixed, **inputs, **outs, "epoch": st.epoch, "ev_epoch": st.ev_epoch}
@@ -247,9 +247,9 @@ class CudaKernel:
         if missing:
             raise InputError(f"graph {self.ir.name!r}: symmetric inputs and outputs are not supported yet "
                              f"({missing}); declare them as scratch")
-        out_shapes = {s.name: tuple(evaluate(d, env) for d in s.shape) for s in self.ir.tensors
-                      if s.role is Role.OUTPUT}
-        st.shape = _Shape(dict(bound), event_shapes, out_shapes, fixed)
+        outputs = {s.name: (tuple(evaluate(d, env) for d in s.shape), s.dtype) for s in self.ir.tensors
+                   if s.role is Role.OUTPUT}
+        st.shape = _Shape(dict(bound), event_shapes, outputs, fixed)
         mesh.barrier()  # every rank zeroed its counters before any rank notifies into them
 
     def _buffer(self, mesh, st: _MeshState, spec, shape) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Tensor-parallel GEMM + reduce-scatter as one persistent kernel per GPU."""
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -52,6 +53,12 @@ def tile_config(M: int) -> TileConfig:
     return SKINNY if M <= SKINNY_MAX_M else LARGE
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    """Asked once per GPU, not on every call (the op's host time is on the decode path)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def skinny_splits(N: int, sms: int, block_n: int = SKINNY.block_n) -> int:
     """Contraction slices so that slices x column tiles gives every SM about two tasks."""
     return max(1, min(8, round(2 * sms / -(-N // block_n))))
@@ -73,8 +80,7 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     if x.dtype == torch.float32:
         cfg = fp32_config(cfg)
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1  # aligned rows vectorise
-    splits = skinny_splits(w.shape[1], torch.cuda.get_device_properties(mesh.device).multi_processor_count) \
-        if skinny else 1
+    splits = skinny_splits(w.shape[1], _sm_count(mesh.device.index)) if skinny else 1
     key = (x.dtype, cfg, schedule, align, splits)
     kernel = _KERNELS.get(key)
     if kernel is None:
