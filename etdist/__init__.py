@@ -5,7 +5,7 @@
 """
 from .fusion import (CounterError, DeadlockError, DoubleNotifyError, EtdistError, EventTensor, Expr,
                      Graph, GraphError, InputError, RuntimeFault, cdiv, compile, eq, every, logical_and,
-                     maximum, minimum, where)
+                     maximum, minimum, row_chunks, where)
 from .fusion.tiles import block, shift
 from .mesh import Mesh, MeshError, PeerTimeoutError, ShapeMismatchError, current_mesh, init_mesh
 from . import collectives, nn, ops

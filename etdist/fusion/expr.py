@@ -204,6 +204,13 @@ def cdiv(a: Size, b: Size) -> Size:
     return (as_expr(a) + as_expr(b) - 1) // as_expr(b)
 
 
+def row_chunks(rows: Size, parts: Size) -> tuple[Size, Callable[[Size], Size]]:
+    """Rows split over `parts` ranks in chunks of C = cdiv(rows, parts), ragged at the end:
+    returns (C, owned) with owned(r) = the rows rank r holds (0 for ranks past the end)."""
+    C = cdiv(rows, parts)
+    return C, lambda r: maximum(0, minimum(C, rows - r * C))
+
+
 def minimum(a: Size, b: Size) -> Size:
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)

@@ -68,7 +68,7 @@ def all_reduce_graph(block_m: int, block_n: int):
     g = et.Graph("all_reduce")
     M, N = g.size("M"), g.size("N")
     R, me = g.world, g.rank
-    C = et.cdiv(M, R)
+    C, owned = et.row_chunks(M, R)
     x = g.input("x", (M, N))
     g.output("y", (M, N))
     summed, done = collectives.reduce_scatter(g, x, block_m=block_m, block_n=block_n)
@@ -76,7 +76,7 @@ def all_reduce_graph(block_m: int, block_n: int):
 
     @g.task(grid=(R, et.cdiv(C, block_m), et.cdiv(N, block_n)), wait=lambda s, i, j: arrived[me, s, i, j])
     def unpad(t, s, i, j):
-        rows = et.shift(et.block(i, block_m, t(et.maximum(0, et.minimum(C, M - s * C)))), s * t(C))
+        rows = et.shift(et.block(i, block_m, t(owned(s))), s * t(C))
         cols = et.block(j, block_n, t.N)
         t.y[rows, cols] = t.ag_out[rows, cols]
 

@@ -20,8 +20,7 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
     K, N = g.size("K", multiple_of=align), g.size("N", multiple_of=align)   # N: this rank's columns
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     R, me = g.world, g.rank
-    C = et.cdiv(M, R)
-    owned = lambda r: et.maximum(0, et.minimum(C, M - r * C))
+    C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     m_tiles, n_tiles = et.cdiv(C, block_m), et.cdiv(N, block_n)
 
     g.input("x", (owned(me), K), dtype)

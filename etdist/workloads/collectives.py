@@ -29,8 +29,7 @@ def reduce_scatter(g: et.Graph, x, *, block_m: int = 16, block_n: int = 16, afte
     """
     R, me = g.world, g.rank
     M, N = x.shape
-    C = et.cdiv(M, R)
-    owned = lambda r: et.maximum(0, et.minimum(C, M - r * C))
+    C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     mt, nt = et.cdiv(C, block_m), et.cdiv(N, block_n)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     buf = g.scratch(f"{name}_buf", (R, C, N), x.dtype, symmetric=True)      # on the owner: [src]

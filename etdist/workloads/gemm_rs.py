@@ -20,8 +20,7 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
     R, me = g.world, g.rank
-    C = et.cdiv(M, R)                                    # rows per owner
-    owned = lambda r: et.maximum(0, et.minimum(C, M - r * C))
+    C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     m_tiles, n_tiles = et.cdiv(C, block_m), et.cdiv(N, block_n)
 
     g.input("x", (M, K), dtype)
@@ -69,8 +68,7 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
     M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
     R, me = g.world, g.rank
     g.check(M <= block_m, f"this variant holds every row in one tile: M must be <= {block_m}")
-    C = et.cdiv(M, R)
-    owned = lambda r: et.maximum(0, et.minimum(C, M - r * C))
+    C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     KB = et.cdiv(et.cdiv(K, splits), block_k) * block_k   # contraction per slice
     n_tiles = et.cdiv(N, block_n)
     consts = dict(SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n)

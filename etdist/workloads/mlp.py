@@ -25,8 +25,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     M = g.size("M")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)   # I: this rank's share
     R, me = g.world, g.rank
-    C = et.cdiv(M, R)
-    owned = lambda r: et.maximum(0, et.minimum(C, M - r * C))
+    C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     m_tiles, i_tiles, h_tiles = et.cdiv(C, block_m), et.cdiv(I, block_n), et.cdiv(H, block_n)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
 
