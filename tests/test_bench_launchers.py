@@ -22,15 +22,16 @@ def _run(cmd, cwd):
 def _check(rc: int, out: str, cwd: pathlib.Path):
     assert rc == 0, out[-3000:]
     assert "8 cells over 2 processes" in out, out[-3000:]
-    run = next((cwd / "outputs").glob("*/*"))
-    assert sorted(p.name for p in run.iterdir()) == ["rank0", "rank1"]   # one folder per rank
-    assert not (run / "rank1" / "results").exists()                      # rank 0 alone writes
-    results = run / "rank0" / "results"
+    # one folder per rank (each rank resolves the time in the path itself: the parents may differ)
+    folders = {p.name: p for p in (cwd / "outputs").glob("*/*/rank*")}
+    assert sorted(folders) == ["rank0", "rank1"]
+    assert not (folders["rank1"] / "results").exists()                   # rank 0 alone writes
+    results = folders["rank0"] / "results"
     records = [line for f in ("gemm_rs.jsonl", "moe.jsonl") for line in (results / f).read_text().splitlines()]
     assert len(records) == 8
-    report = (run / "rank0" / "report.md").read_text()
+    report = (folders["rank0"] / "report.md").read_text()
     assert "### gemm_rs" in report and "### moe" in report
-    assert len(list((run / "rank0" / "plots").glob("*.png"))) == 8       # workload x schedule x world
+    assert len(list((folders["rank0"] / "plots").glob("*.png"))) == 8    # workload x schedule x world
 
 
 def test_torchrun_sweep(tmp_path):
