@@ -1,9 +1,14 @@
 """The main command: `python -m etdist.bench [model=... workload=... schedule=... mesh=... bench=...]`.
 
-Runs each workload graph at the model's shapes for every (world size, schedule, M) cell and
-checks it against its float64 reference. On a machine without GPUs (and, for now, on GPUs too:
-see README) it runs on the CPU runtime: simulated ranks x simulated programs, several seeded
-interleavings per cell, timed against the float64 torch reference run eagerly in one process.
+On GPUs (mesh=nvshmem, or mesh=auto where CUDA is present; one process per GPU under torchrun or
+mpirun) it runs the fused megakernels against cuBLAS+NCCL baselines (etdist.bench_gpu: gemm_rs,
+ag_gemm, mlp; static schedule), every rank in every cell, and rank 0 prints a row per cell, then
+the table. Add bench=gpu for the issue's token counts and bench.results_dir=bench/results to add
+the records to the committed ones.
+
+Without GPUs it runs each workload graph on the CPU runtime for every (world size, schedule, M)
+cell: simulated ranks x simulated programs, several seeded interleavings per cell, checked against
+the float64 reference and timed against it run eagerly in one process.
 
 Under `torchrun --nproc_per_node=N` or `mpirun -n N` every process takes part: the cells are
 split round-robin over the processes, and rank 0 alone gathers the rows, prints the table and
@@ -71,11 +76,6 @@ def cells(cfg: Config):
 
 def run(cfg: Config, console: Optional[Console] = None, part: tuple[int, int] = (0, 1)) -> list[Row]:
     """Run the cells of this process's part (index, count) of the sweep; returns their rows."""
-    backend = _value(cfg.mesh.backend)
-    if backend == "nvshmem" or (backend == "auto" and torch.cuda.is_available()):
-        # The Hydra app drives the CPU runtime only so far: say so instead of pretending.
-        (console or Console()).print("[yellow]GPU workloads run through launch/bench-gemm-rs.sh for now: "
-                                     "running the CPU runtime[/]")
     todo = list(cells(cfg))
     if not todo:
         raise SystemExit("no cells to run: check workload/schedule/mesh.worlds/bench.tokens "
@@ -148,10 +148,35 @@ def _host_comm() -> tuple[int, int, HostComm]:
     return launch.rank, launch.world_size, _COMM["comm"]
 
 
+def on_gpus(cfg: Config) -> bool:
+    """mesh=nvshmem: the GPU megakernels (an error without GPUs); auto: GPUs when there are any."""
+    backend = _value(cfg.mesh.backend)
+    if backend == "nvshmem" and not torch.cuda.is_available():
+        raise SystemExit("mesh=nvshmem needs CUDA GPUs; use mesh=cpu (or auto) for the CPU runtime")
+    return backend == "nvshmem" or (backend == "auto" and torch.cuda.is_available())
+
+
+def gpu_main(cfg: Config, console: Console) -> None:
+    from . import bench_gpu, report
+    folder = pathlib.Path(HydraConfig.get().runtime.output_dir)
+    recs = bench_gpu.run_sweep(cfg, console, folder)
+    if recs:  # rank 0
+        console.print(report.render(recs))
+        report.write_report(str(folder / "results"), str(folder / "report.md"), str(folder / "plots"))
+        console.print(f"records: {os.path.relpath(folder / 'results')}"
+                      + (f" and {cfg.bench.results_dir}" if cfg.bench.results_dir else "")
+                      + f"  report: {os.path.relpath(folder / 'report.md')}")
+        worst = max(r.rel_err for r in recs)
+        if worst > 2e-2:
+            raise SystemExit(f"max relative error {worst:.2e} exceeds 2e-2 (bf16 against float32)")
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: Config) -> None:
+    console = Console(width=None if os.isatty(1) else 140)
+    if on_gpus(cfg):
+        return gpu_main(cfg, console)
     rank, nprocs, comm = _host_comm()
-    console = Console(width=None if os.isatty(1) else 120)
     mine = run(cfg, console, part=(rank, nprocs))
     rows = [row for part in comm.allgather(mine) for row in part]
     if rank != 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -66,6 +66,10 @@ class BenchConfig:
     block_m: int = 16
     block_n: int = 16
     seed: int = 0
+    # GPU runs
+    symm_mem: bool = True            # also time torch's fused symm_mem ops (PyTorch async-TP)
+    startup: bool = False            # time cold compile / unseen M / 50 graph captures first
+    results_dir: Optional[str] = None  # also append records here (e.g. bench/results), not only the run folder
 
 
 @dataclass

@@ -27,7 +27,7 @@ def test_every_model_composes(model):
 
 @pytest.mark.parametrize("group,option", [("workload", w) for w in ("gemm_rs", "ag_gemm", "mlp", "moe", "collectives", "all")]
                          + [("schedule", s) for s in ("static", "dynamic", "both")]
-                         + [("mesh", m) for m in ("auto", "cpu", "nvshmem")] + [("bench", "cpu")])
+                         + [("mesh", m) for m in ("auto", "cpu", "nvshmem")] + [("bench", b) for b in ("cpu", "gpu")])
 def test_every_group_option_composes(group, option):
     c = cfg(f"{group}={option}")
     OmegaConf.to_container(c, resolve=True, throw_on_missing=True)
@@ -71,3 +71,21 @@ def test_main_command_prints_the_table(tmp_path):
     lines = [line for f in (tmp_path / "results").glob("*.jsonl") for line in f.read_text().splitlines()]
     assert len(lines) == 20  # 5 workloads x 2 schedules x 2 worlds, DESIGN.md's records
     assert "### moe" in (tmp_path / "report.md").read_text()
+
+
+def test_gpu_plan_runs_what_gpus_have_and_names_the_rest():
+    from etdist import bench_gpu
+    cells, left_out = bench_gpu.plan(cfg("workload=all", "schedule=both", "bench=gpu"))
+    assert cells == [(w, M) for w in ("gemm_rs", "ag_gemm", "mlp") for M in (16, 128, 1024, 8192, 1000)]
+    assert any("moe" in l and "issue 7" in l for l in left_out)
+    assert any("collectives" in l for l in left_out) and any("dynamic" in l for l in left_out)
+    cells, left_out = bench_gpu.plan(cfg("workload=gemm_rs", "schedule=dynamic"))
+    assert cells == [] and any("static schedule only" in l for l in left_out)
+
+
+def test_mesh_nvshmem_without_gpus_is_a_clear_error(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs CUDA GPUs"):
+        bench.on_gpus(cfg("mesh=nvshmem"))
+    assert not bench.on_gpus(cfg("mesh=auto"))

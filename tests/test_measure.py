@@ -147,6 +147,8 @@ def test_floor_sharding_by_workload():
     kw = dict(copy_TBps=4.0, mm_TFps=700.0)
     assert B.floor_us(16, 4096, 8192, 2, **kw, workload="ag_gemm") == \
         B.mm_floor_us(16, 4096, 4096, **kw)
+    assert B.floor_us(16, 4096, 8192, 2, **kw, workload="mlp") == \
+        B.mm_floor_us(16, 4096, 8192, **kw) + B.mm_floor_us(16, 4096, 4096, **kw)
     with pytest.raises(ValueError):
         B.floor_us(16, 4096, 8192, 2, **kw, workload="moe")
 
@@ -197,6 +199,22 @@ def test_eager_baselines_world_one(gloo):
                                rtol=2e-2, atol=2e-2)
     with pytest.raises(ValueError, match="expected"):
         B.gemm_rs_eager(10, 16, 24, operands=ops, device="cpu")
+
+
+def test_mlp_baselines_world_one(gloo):
+    M, H, I = 10, 32, 24
+    ops = B.mlp_operands(M, H, I, copies=2, device="cpu", dtype=torch.float32)
+    fn = B.mlp_eager(M, H, I, operands=ops, device="cpu", dtype=torch.float32)
+    for i in range(3):
+        gu = ops.x @ ops.gate_up[i % 2]
+        want = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]) @ ops.down[i % 2]
+        torch.testing.assert_close(fn(), want)
+    assert B.mlp_mm_only(M, H, I, copies=2, device="cpu")().shape == (M, H)
+    res = B.measure_baselines("mlp", M, H, I, device="cpu", graph=False, operands=ops, calls=2,
+                              batches=2, warmup=1)
+    assert set(res.baselines) == {"mm", "eager"} and "CUDA" in res.skipped["symm_mem"]
+    with pytest.raises(ValueError, match="expected"):
+        B.mlp_eager(M, H, 2 * I, operands=ops, device="cpu")
 
 
 def test_symm_mem_skips_with_reason_on_cpu(gloo):

@@ -339,11 +339,107 @@ def ag_gemm_symm_mem(M: int, K: int, N_local: int, *, group=None, copies: int = 
     return _symm_mem_build(step, len(ops.weights), device, "fused_all_gather_matmul")
 
 
+# ------------------------------------------------------------------------------------------ MLP
+# The whole sequence-parallel SwiGLU MLP: x [M/world, H] all-gather -> [M, H] @ w_gate_up [H, 2 I_l]
+# -> silu(gate) * up [M, I_l] @ w_down [I_l, H] -> reduce-scatter -> [M/world, H]; I_l = I / world.
+
+@dataclass
+class MlpOperands:
+    x: Optional[torch.Tensor]       # this rank's rows [padded_rows(M, world) / world, H]
+    gate_up: list[torch.Tensor]     # `copies` x [H, 2 I_l], gate columns then up columns
+    down: list[torch.Tensor]        # `copies` x [I_l, H]
+
+
+def mlp_operands(M: int, H: int, I_local: int, *, group=None, copies: int = 4, device=None,
+                 dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> MlpOperands:
+    world = _world(group)
+    up = random_operands(padded_rows(M, world) // world, H, 2 * I_local, copies=copies, device=device,
+                         dtype=dtype, seed=seed + _rank(group))
+    down = random_operands(1, I_local, H, copies=copies, device=device, dtype=dtype,
+                           seed=seed + 1000 + _rank(group))
+    return MlpOperands(up.x, up.weights, down.weights)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of [rows, 2 I_l] laid out gate | up."""
+    n = gate_up.shape[1] // 2
+    return torch.nn.functional.silu(gate_up[:, :n]) * gate_up[:, n:]
+
+
+def _mlp_ops(M, H, I_local, group, copies, device, dtype, operands) -> MlpOperands:
+    if operands is None:
+        return mlp_operands(M, H, I_local, group=group, copies=copies, device=device, dtype=dtype)
+    want = ((padded_rows(M, _world(group)) // _world(group), H), (H, 2 * I_local), (I_local, H))
+    got = tuple(operands.x.shape), tuple(operands.gate_up[0].shape), tuple(operands.down[0].shape)
+    if got != want:
+        raise ValueError(f"mlp: operands have x, w_gate_up, w_down shapes {got}, expected {want}")
+    return operands
+
+
+def mlp_mm_only(M: int, H: int, I_local: int, *, copies: int = 4, device=None,
+                dtype: torch.dtype = torch.bfloat16, operands: Optional[MlpOperands] = None) -> Fn:
+    """Both local mms and the SwiGLU over M gathered rows (random), no communication."""
+    device = _default_device(device)
+    ops = operands or MlpOperands(None, *(random_operands(1, k, n, copies=copies, device=device, dtype=dtype).weights
+                                          for k, n in ((H, 2 * I_local), (I_local, H))))
+    x = torch.randn(M, H, device=device, dtype=dtype)
+    return _rotating(lambda i: swiglu(x @ ops.gate_up[i]) @ ops.down[i], len(ops.gate_up))
+
+
+def _mlp_step(M, H, I_local, group, copies, device, dtype, operands):
+    _require_dist("mlp baseline")
+    device = _default_device(device)
+    ops = _mlp_ops(M, H, I_local, group, copies, device, dtype, operands)
+    rows = ops.x.shape[0] * _world(group)
+    gathered = torch.empty(rows, H, device=ops.x.device, dtype=ops.x.dtype)
+    partial = torch.empty(rows, H, device=ops.x.device, dtype=ops.x.dtype)
+    out = torch.empty_like(ops.x)
+
+    def step(i: int) -> torch.Tensor:
+        _all_gather(gathered, ops.x, group=group)
+        torch.mm(swiglu(gathered @ ops.gate_up[i]), ops.down[i], out=partial)
+        _reduce_scatter(out, partial, group=group)
+        return out
+    return step, len(ops.gate_up), device
+
+
+def mlp_eager(M: int, H: int, I_local: int, *, group=None, copies: int = 4, device=None,
+              dtype: torch.dtype = torch.bfloat16, operands: Optional[MlpOperands] = None) -> Fn:
+    """NCCL all-gather, cuBLAS gate/up mm, SwiGLU, cuBLAS down mm, NCCL reduce-scatter, op by op."""
+    step, n, _ = _mlp_step(M, H, I_local, group, copies, device, dtype, operands)
+    return _rotating(step, n)
+
+
+def mlp_graph(M: int, H: int, I_local: int, *, group=None, copies: int = 4, device=None,
+              dtype: torch.dtype = torch.bfloat16, operands: Optional[MlpOperands] = None) -> Fn:
+    """mlp_eager captured in CUDA graphs (one per weight copy). Collective to build."""
+    step, n, device = _mlp_step(M, H, I_local, group, copies, device, dtype, operands)
+    return _graphed(step, n, device)
+
+
+def mlp_symm_mem(M: int, H: int, I_local: int, *, group=None, copies: int = 4, device=None,
+                 dtype: torch.dtype = torch.bfloat16, operands: Optional[MlpOperands] = None
+                 ) -> tuple[Optional[Fn], Optional[str]]:
+    """PyTorch async-TP's MLP: fused_all_gather_matmul, SwiGLU, fused_matmul_reduce_scatter."""
+    _require_dist("mlp symm_mem baseline")
+    device = _default_device(device)
+    if device.type != "cuda":
+        return None, "torch.ops.symm_mem needs a CUDA device"
+    ops = _mlp_ops(M, H, I_local, group, copies, device, dtype, operands)
+    name = (group or dist.group.WORLD).group_name
+
+    def step(i: int) -> torch.Tensor:
+        _, (gate_up,) = torch.ops.symm_mem.fused_all_gather_matmul(ops.x, [ops.gate_up[i]], 0, name)
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(swiglu(gate_up), ops.down[i], "sum", 0, name)
+    return _symm_mem_build(step, len(ops.gate_up), device, "fused_all_gather_matmul")
+
+
 # ------------------------------------------------------------------------- all baselines, timed
 
 BUILDERS = {
     "gemm_rs": (gemm_rs_mm_only, gemm_rs_eager, gemm_rs_graph, gemm_rs_symm_mem),
     "ag_gemm": (ag_gemm_mm_only, ag_gemm_eager, ag_gemm_graph, ag_gemm_symm_mem),
+    "mlp": (mlp_mm_only, mlp_eager, mlp_graph, mlp_symm_mem),   # (M, H, I_local)
 }
 
 
@@ -359,11 +455,12 @@ class Measured:
 
 def measure_baselines(workload: str, M: int, K: int, N: int, *, group=None, copies: int = 4,
                       device=None, symm_mem: bool = True, graph: bool = True, single: bool = False,
-                      **timer_kwargs) -> Measured:
+                      operands=None, **timer_kwargs) -> Measured:
     """Time mm, eager, graph and symm_mem for `workload` ("gemm_rs": K is K_local; "ag_gemm": N is
-    N_local) with timing.time_ranks (barrier, batches of back-to-back calls or single calls if
-    single=True, the slowest rank). Collective. symm_mem=False keeps torch's symmetric memory out
-    of the process; graph=False where there is no CUDA."""
+    N_local; "mlp": K is H, N is I_local) with timing.time_ranks (barrier, batches of back-to-back
+    calls or single calls if single=True, the slowest rank). Collective. symm_mem=False keeps
+    torch's symmetric memory out of the process; graph=False where there is no CUDA. `operands`
+    (the workload's *_operands) are shared by eager, graph and symm_mem instead of fresh ones."""
     if workload not in BUILDERS:
         raise ValueError(f"unknown workload {workload!r}; baselines exist for {sorted(BUILDERS)}")
     mm_only, eager, graphed, fused = BUILDERS[workload]
@@ -374,6 +471,7 @@ def measure_baselines(workload: str, M: int, K: int, N: int, *, group=None, copi
     res = Measured()
     kw = dict(copies=copies, device=device)
     res.baselines["mm"] = t(mm_only(M, K, N, **kw))
+    kw["operands"] = operands
     res.baselines["eager"] = t(eager(M, K, N, group=group, **kw))
     if graph:
         res.baselines["graph"] = t(graphed(M, K, N, group=group, **kw))
@@ -410,13 +508,17 @@ def mm_floor_us(M: int, K: int, N: int, *, copy_TBps: float, mm_TFps: float,
 def floor_us(M: int, K: int, N: int, world: int, copy_TBps: float, mm_TFps: float, *,
              workload: str = "gemm_rs") -> float:
     """Floor of one rank's local mm for the whole (unsharded) K and N of a TP layer: gemm_rs shards
-    K (mm [M, K/world] @ [K/world, N]), ag_gemm shards N (mm [M, K] @ [K, N/world]); bf16."""
+    K (mm [M, K/world] @ [K/world, N]), ag_gemm shards N (mm [M, K] @ [K, N/world]); bf16.
+    mlp: K = H, N = I, both mms of the rank's share ([M, H] @ [H, 2I/world], [M, I/world] @ [I/world, H])."""
+    if workload == "mlp":
+        kw = dict(copy_TBps=copy_TBps, mm_TFps=mm_TFps)
+        return mm_floor_us(M, K, 2 * N / world, **kw) + mm_floor_us(M, N / world, K, **kw)
     if workload == "gemm_rs":
         dims = (M, K / world, N)
     elif workload == "ag_gemm":
         dims = (M, K, N / world)
     else:
-        raise ValueError(f"floor_us knows gemm_rs and ag_gemm, not {workload!r}")
+        raise ValueError(f"floor_us knows gemm_rs, ag_gemm and mlp, not {workload!r}")
     return mm_floor_us(*dims, copy_TBps=copy_TBps, mm_TFps=mm_TFps)
 
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from .. import fusion
 from ..fusion.errors import InputError
+from ..ops.mlp import tensor_parallel_mlp
 from ..workloads import mlp as mlp_graph
 
 _CPU_TILE = 16
@@ -91,20 +92,10 @@ class TensorParallelMLP(nn.Module):
         y = self._simulated(x2) if self.simulated else self._on_gpus(x2, total_rows)
         return y.reshape(*lead, self.hidden) if not self.sequence_parallel or self.simulated else y
 
-    def _graph(self, target: str):
+    def _cpu_kernel(self):
         if self._kernel is None:
-            dtype = self.w_down[0].dtype
-            if target == "cpu":
-                graph = mlp_graph.tp_mlp(_CPU_TILE, _CPU_TILE, dtype)
-            else:
-                from ..ops.gemm_rs import TileConfig, fp32_config
-                cfg = TileConfig(128, 128, 64, 8, 3)
-                cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
-                align = 16 if self.hidden % 16 == 0 and (self.intermediate // self.world) % 16 == 0 else 1
-                graph = mlp_graph.tp_mlp(cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
-            self._kernel = fusion.compile(graph, schedule="static", target=target)
-            if target == "cuda":
-                self._kernel.num_warps, self._kernel.num_stages = cfg.num_warps, cfg.num_stages
+            graph = mlp_graph.tp_mlp(_CPU_TILE, _CPU_TILE, self.w_down[0].dtype)
+            self._kernel = fusion.compile(graph, schedule="static", target="cpu")
         return self._kernel
 
     def _simulated(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +104,7 @@ class TensorParallelMLP(nn.Module):
         C = -(-M // self.world)
         inputs = [{"x": x[r * C:(r + 1) * C].contiguous(), "w_gate_up": self.w_gate_up[r].data,
                    "w_down": self.w_down[r].data} for r in range(self.world)]
-        outs = self._graph("cpu").run(inputs, sizes={"M": M})
+        outs = self._cpu_kernel().run(inputs, sizes={"M": M})
         return torch.cat([o["y"] for o in outs])
 
     def _on_gpus(self, x: torch.Tensor, total_rows: Optional[int]) -> torch.Tensor:
@@ -125,8 +116,8 @@ class TensorParallelMLP(nn.Module):
             M = x.shape[0]
             C = -(-M // R)
             mine = x[mesh.rank * C:(mesh.rank + 1) * C]
-        y = self._graph("cuda")(mesh, x=mine.contiguous(), w_gate_up=self.w_gate_up[0].data,
-                                w_down=self.w_down[0].data, sizes={"M": M})["y"]
+        y = tensor_parallel_mlp(mine.contiguous(), self.w_gate_up[0].data, self.w_down[0].data, mesh=mesh,
+                                total_rows=M)
         if self.sequence_parallel:
             return y
         from ..collectives import all_gather

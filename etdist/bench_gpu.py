@@ -1,0 +1,256 @@
+"""The GPU cells of `python -m etdist.bench` (DESIGN.md's protocol), one process per GPU.
+
+A cell is (workload, model shape, M). Every rank takes part in every cell: our fused op and the
+baselines run in the same process on the same operands (weights rotated over 4 copies so they
+stream from HBM), each timed as batches of back-to-back calls, the slowest rank reported. Before
+timing, our output (written over NaN-poisoned memory) is checked against a float32 reference of
+the whole layer: the relative error goes into the record.
+
+    gemm_rs  x [M, I/R] @ w_down [I/R, H], reduce-scatter over rows     et.ops.gemm_reduce_scatter
+    ag_gemm  x [M/R, H] all-gather, @ w_gate_up [H, 2I/R]               et.ops.all_gather_gemm
+    mlp      all-gather, gate/up mm, SwiGLU, down mm, reduce-scatter    et.ops.tensor_parallel_mlp
+             (`separate` baseline: etdist's two ops chained with a torch SwiGLU between them)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+import etdist as et
+
+from .measure import baselines as B
+from .measure.timing import time_ranks
+
+GPU_WORKLOADS = ("gemm_rs", "ag_gemm", "mlp")
+
+
+@dataclass
+class CellResult:
+    ours_us: float
+    baselines: dict[str, float]
+    floor_us: float
+    rel_err: float
+    notes: Optional[str]
+
+
+def _chunk(M: int, world: int, rank: int) -> tuple[int, int]:
+    """This rank's rows [start, stop) of M split in chunks of cdiv(M, world), ragged at the end."""
+    C = -(-M // world)
+    return min(M, rank * C), min(M, (rank + 1) * C)
+
+
+def _max_over_ranks(value: float, device) -> float:
+    t = torch.tensor(value, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    if not want.numel():
+        return 0.0
+    return ((got.float() - want).abs().max() / want.abs().max()).item()
+
+
+def _gather_rows(x_mine: torch.Tensor, M: int, world: int) -> torch.Tensor:
+    """float32 [M, K] of every rank's row chunk (chunks padded to cdiv(M, world) in transit)."""
+    C = -(-M // world)
+    padded = torch.zeros(C, x_mine.shape[1], device=x_mine.device, dtype=torch.float32)
+    padded[:x_mine.shape[0]] = x_mine.float()
+    full = torch.empty(C * world, x_mine.shape[1], device=x_mine.device, dtype=torch.float32)
+    dist.all_gather_into_tensor(full, padded)
+    return full[:M]
+
+
+def _time(fn: Callable[[], object], mesh) -> float:
+    return time_ranks(fn, device=mesh.device)
+
+
+def _poisoned(rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.full((rows, cols), float("nan"), device=like.device, dtype=like.dtype)
+
+
+# ---------------------------------------------------------------------------------------- cells
+
+def gemm_rs_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool) -> CellResult:
+    R = mesh.world_size
+    K, N = I // R, H
+    ops = B.gemm_rs_operands(M, K, N, copies=4, device=mesh.device)
+    x = ops.x[:M].contiguous()  # the baselines pad M up to the world; we take it as it is
+    lo, hi = _chunk(M, R, mesh.rank)
+    y = et.ops.gemm_reduce_scatter(x, ops.weights[0], mesh=mesh, out=_poisoned(hi - lo, N, x))
+    part = x.float() @ ops.weights[0].float()
+    dist.all_reduce(part)
+    err = _max_over_ranks(_rel_err(y, part[lo:hi]), mesh.device)
+    k = [0]
+
+    def ours():
+        k[0] += 1
+        return et.ops.gemm_reduce_scatter(x, ops.weights[k[0] % 4], mesh=mesh)
+
+    ours_us = _time(ours, mesh)
+    base = B.measure_baselines("gemm_rs", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
+    floor = B.floor_us(M, I, H, R, ceil.copy_TBps, ceil.mm_TFps, workload="gemm_rs")
+    return CellResult(ours_us, base.baselines, floor, err, base.notes())
+
+
+def ag_gemm_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool) -> CellResult:
+    R = mesh.world_size
+    K, N = H, 2 * I // R
+    ops = B.ag_gemm_operands(M, K, N, copies=4, device=mesh.device)
+    lo, hi = _chunk(M, R, mesh.rank)
+    x = ops.x[:hi - lo].contiguous()  # the baselines pad every chunk; we take the ragged one
+    y = et.ops.all_gather_gemm(x, ops.weights[0], mesh=mesh, total_rows=M, out=_poisoned(M, N, x))
+    err = _max_over_ranks(_rel_err(y, _gather_rows(x, M, R) @ ops.weights[0].float()), mesh.device)
+    k = [0]
+
+    def ours():
+        k[0] += 1
+        return et.ops.all_gather_gemm(x, ops.weights[k[0] % 4], mesh=mesh, total_rows=M)
+
+    ours_us = _time(ours, mesh)
+    base = B.measure_baselines("ag_gemm", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
+    floor = B.floor_us(M, K, 2 * I, R, ceil.copy_TBps, ceil.mm_TFps, workload="ag_gemm")
+    return CellResult(ours_us, base.baselines, floor, err, base.notes())
+
+
+def mlp_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool) -> CellResult:
+    R = mesh.world_size
+    ops = B.mlp_operands(M, H, I // R, copies=4, device=mesh.device)
+    lo, hi = _chunk(M, R, mesh.rank)
+    x = ops.x[:hi - lo].contiguous()
+    y = et.ops.tensor_parallel_mlp(x, ops.gate_up[0], ops.down[0], mesh=mesh, total_rows=M,
+                                   out=_poisoned(hi - lo, H, x))
+    full = B.swiglu(_gather_rows(x, M, R) @ ops.gate_up[0].float()) @ ops.down[0].float()
+    dist.all_reduce(full)
+    err = _max_over_ranks(_rel_err(y, full[lo:hi]), mesh.device)
+    k = [0]
+
+    def ours():
+        k[0] += 1
+        return et.ops.tensor_parallel_mlp(x, ops.gate_up[k[0] % 4], ops.down[k[0] % 4], mesh=mesh, total_rows=M)
+
+    def separate():  # etdist's two fused ops, chained
+        k[0] += 1
+        h = et.ops.all_gather_gemm(x, ops.gate_up[k[0] % 4], mesh=mesh, total_rows=M)
+        return et.ops.gemm_reduce_scatter(B.swiglu(h), ops.down[k[0] % 4], mesh=mesh)
+
+    ours_us = _time(ours, mesh)
+    separate_us = _time(separate, mesh)
+    base = B.measure_baselines("mlp", M, H, I // R, copies=4, device=mesh.device, symm_mem=symm_mem,
+                               operands=ops)
+    floor = B.floor_us(M, H, I, R, ceil.copy_TBps, ceil.mm_TFps, workload="mlp")
+    return CellResult(ours_us, {**base.baselines, "separate": separate_us}, floor, err, base.notes())
+
+
+CELLS = {"gemm_rs": gemm_rs_cell, "ag_gemm": ag_gemm_cell, "mlp": mlp_cell}
+
+
+def startup_times(mesh, H: int, I: int) -> dict:
+    """GEMM+RS: cold compile + first call, first call at an unseen M, and capturing the CUDA-graph
+    baseline for 50 batch sizes (what a graph-captured server does instead). Run it first, while
+    nothing is compiled."""
+    K, N = I // mesh.world_size, H
+    w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16)
+
+    def first_call(M):
+        x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    out = {"cold_first_call_s": first_call(3000), "unseen_M_first_call_s": first_call(3001)}
+    t0 = time.perf_counter()
+    for M in range(2048, 2048 + 50 * 16, 16):
+        B.gemm_rs_graph(M, K, N, copies=1, device=mesh.device)
+    torch.cuda.synchronize()
+    out["capture_50_graphs_s"] = time.perf_counter() - t0
+    return out
+
+
+# -------------------------------------------------------------------------------- the Hydra sweep
+
+_PROCESS: dict = {}   # one process group, mesh and ceilings per process, shared by a -m sweep's jobs
+
+
+def _value(x) -> str:
+    return x.value if hasattr(x, "value") else str(x)
+
+
+def process_mesh():
+    """torch.distributed (NCCL for the baselines, gloo for host data) and the etdist mesh, set up
+    once per process from the launcher's variables (torchrun, mpirun, srun, or none: one GPU)."""
+    if "mesh" not in _PROCESS:
+        import os
+
+        from .mesh.launch import detect_launch
+        launch = detect_launch()
+        env = {"RANK": launch.rank, "WORLD_SIZE": launch.world_size, "LOCAL_RANK": launch.local_rank,
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29517}   # single node unless the launcher said
+        for k, v in env.items():
+            os.environ.setdefault(k, str(v))
+        torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
+        if not dist.is_initialized():
+            dist.init_process_group("cpu:gloo,cuda:nccl")
+        _PROCESS["mesh"] = mesh = et.init_mesh()
+        _PROCESS["ceilings"] = B.measure_ceilings(mesh.device)
+    return _PROCESS["mesh"], _PROCESS["ceilings"]
+
+
+def plan(cfg) -> tuple[list[tuple[str, int]], list[str]]:
+    """The (workload, M) cells a GPU run does for `cfg`, and a line per thing it leaves out."""
+    names = [_value(w) for w in cfg.workload.names]
+    schedules = [_value(s) for s in cfg.schedule.names]
+    left_out = [f"workload {w}: not on GPUs yet" + (" (issue 7)" if w == "moe" else
+                                                    " (python -m etdist.bench_collectives)" if w == "collectives" else "")
+                for w in names if w not in GPU_WORKLOADS]
+    if "static" not in schedules:
+        left_out.append(f"schedule {schedules}: the GPU megakernels run the static schedule only so far")
+        return [], left_out
+    if "dynamic" in schedules:
+        left_out.append("schedule dynamic: not on GPUs yet (issue 7); running static")
+    return [(w, int(M)) for w in names if w in GPU_WORKLOADS for M in cfg.bench.tokens], left_out
+
+
+def run_sweep(cfg, console, folder) -> list:
+    """Every cell of `plan(cfg)` on this process's GPU (all ranks in every cell); rank 0 prints a row
+    per cell as it finishes and appends the records under folder/results (and cfg.bench.results_dir).
+    Returns the records (rank 0) or []."""
+    import pathlib
+
+    from .measure import records
+    mesh, ceil = process_mesh()
+    lead = mesh.rank == 0
+    cells, left_out = plan(cfg)
+    H, I = cfg.model.hidden, cfg.model.intermediate
+    if lead:
+        for line in left_out:
+            console.print(f"[yellow]{line}[/]")
+        console.print(f"{cfg.model.name} H={H} I={I} on {mesh.world_size} GPUs ({torch.cuda.get_device_name()}): "
+                      f"copy {ceil.copy_TBps:.2f} TB/s, mm {ceil.mm_TFps:.0f} TF/s; {len(cells)} cells")
+    if cfg.bench.startup:
+        s = startup_times(mesh, H, I)
+        if lead:
+            console.print("startup (gemm_rs): " + "  ".join(f"{k} {v:.2f}" for k, v in s.items()))
+    env = records.env_info()
+    out = []
+    for n, (workload, M) in enumerate(cells, 1):
+        res = CELLS[workload](mesh, H, I, M, ceil, cfg.bench.symm_mem)
+        if not lead:
+            continue
+        rec = records.make_record(workload=workload, model=cfg.model.name, M=M, world=mesh.world_size,
+                                  schedule="static", ours_us=res.ours_us, baselines=res.baselines,
+                                  floor_us=res.floor_us, rel_err=res.rel_err, notes=res.notes, env=env)
+        for where in filter(None, (pathlib.Path(folder) / "results", cfg.bench.results_dir)):
+            records.append(pathlib.Path(where) / f"{workload}.jsonl", rec)
+        best = min(res.baselines["graph"], res.baselines["eager"])
+        console.print(f"[{n}/{len(cells)}] {workload:8} {cfg.model.name:>13} M={M:<5} ours {res.ours_us:8.1f} us  "
+                      f"best cuBLAS+NCCL {best:8.1f} us  speedup {best / res.ours_us:5.2f}x  "
+                      f"ours/floor {res.ours_us / res.floor_us:5.2f}  rel err {res.rel_err:.1e}")
+        out.append(rec)
+    return out

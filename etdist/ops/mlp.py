@@ -1,0 +1,44 @@
+"""The whole tensor-parallel SwiGLU MLP (all-gather, gate/up GEMM, SwiGLU, down GEMM, reduce-scatter)
+as one persistent kernel per GPU."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..fusion import compile as et_compile
+from ..fusion.errors import InputError
+from ..workloads import mlp as mlp_graph
+from .gemm_rs import TileConfig, check_operands, fp32_config
+
+TILES = TileConfig(128, 128, 64, 8, 3)
+_KERNELS: dict = {}
+
+
+def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mesh=None,
+                        total_rows: Optional[int] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """This rank's rows of sum_r (silu(x @ gate_r) * (x @ up_r)) @ w_down_r, sequence-parallel.
+
+    x: [rows_r, H] this rank's rows of x [M, H] (chunks of cdiv(M, R), ragged at the end: pass
+       `total_rows=M` when M is not R x rows). w_gate_up: [H, 2 I_r], this rank's gate columns then
+       its up columns; w_down: [I_r, H] its rows of the down projection (row-major, as
+       `etdist.workloads.mlp.shard` makes them). Returns [rows_r, H] in x's dtype.
+    """
+    mesh = check_operands("tensor_parallel_mlp", "etdist.workloads.mlp", x, w_gate_up, mesh)
+    H, I = x.shape[1], w_down.shape[0]
+    if w_gate_up.shape[1] != 2 * I or w_down.shape[1] != H:
+        raise InputError(f"tensor_parallel_mlp: w_gate_up is {list(w_gate_up.shape)} and w_down "
+                         f"{list(w_down.shape)}; with x [rows, {H}] expected [{H}, 2*I] and [I, {H}]")
+    if w_down.dtype != x.dtype or w_down.device != x.device or not w_down.is_contiguous():
+        raise InputError(f"tensor_parallel_mlp: w_down must be a contiguous {x.dtype} tensor on {x.device}")
+    M = total_rows if total_rows is not None else x.shape[0] * mesh.world_size
+    cfg = fp32_config(TILES) if x.dtype == torch.float32 else TILES
+    align = 16 if H % 16 == 0 and I % 16 == 0 else 1
+    key = (x.dtype, cfg, align)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        graph = mlp_graph.tp_mlp(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
+        kernel = _KERNELS[key] = et_compile(graph, schedule="static", target="cuda")
+        kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
+    return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes={"M": M},
+                  out=None if out is None else {"y": out})["y"]
