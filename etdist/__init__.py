@@ -4,7 +4,7 @@
     g = et.Graph("name"); ...; kernel = et.compile(g, schedule="static", target="cpu")
 """
 from .fusion import (CounterError, DeadlockError, DoubleNotifyError, EtdistError, EventTensor, Expr,
-                     Graph, GraphError, InputError, RuntimeFault, cdiv, compile, eq, every, logical_and,
+                     Graph, GraphError, InputError, RuntimeFault, cdiv, compile, eq, every, grouped, logical_and,
                      maximum, minimum, row_chunks, where)
 from .fusion.tiles import block, shift
 from .mesh import Mesh, MeshError, PeerTimeoutError, ShapeMismatchError, current_mesh, init_mesh

@@ -27,7 +27,9 @@ def test_generated_source_is_the_static_schedule(gemm_rs_ir):
     assert "for _et_gid in range(_et_pid, _et_end1, NUM_PROGRAMS):" in src  # program p runs p, p+P, ...
     assert "do_not_specialize=['K', 'M', 'N', 'RANK', 'WORLD'" in src      # align=1: nothing specialised
     assert src.count("_et_wait(") == 1 and src.count("_et_notify(") == 1
-    assert "_et_body_matmul(dst, i, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 64, 64, 64)" in src
+    call = src[src.index("_et_body_matmul(dst, "):]
+    assert call.startswith("_et_body_matmul(dst, (((q // (8 * ")    # tile (i, j) = et.grouped(q, ...)
+    assert call.split("\n")[0].endswith(", x, w, partial, partial_peers, M, K, N, RANK, WORLD, 64, 64, 64)")
 
 
 def test_ptx_orders_cross_gpu_signals(gemm_rs_ptx):
@@ -127,10 +129,19 @@ def test_mlp_graph_compiles_with_every_gpu_body():
     from etdist.workloads import mlp
     ir = mlp.tp_mlp(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
     src = generate(ir)
-    for body in ("_et_body_send_rows(", "_et_body_gate_up(", "_et_body_down(", "_et_body_reduce("):
+    for body in ("_et_body_ag_out_send(", "_et_body_gate_up(", "_et_body_down(", "_et_body_reduce("):
         assert body in src
     ptx = compile_ptx(ir)
     assert "wgmma" in ptx and re.search(r"atom\.global\.sys\.release\.add", ptx)
+
+
+@pytest.mark.parametrize("variant", ["ag_gemm_whole", "mlp_whole"])
+def test_small_m_variants_compile_for_sm90(variant):
+    from etdist.workloads import ag_gemm, mlp
+    build = {"ag_gemm_whole": ag_gemm.all_gather_gemm_whole, "mlp_whole": mlp.tp_mlp_whole}[variant]
+    ir = build(64, 64, torch.bfloat16, 128, 16).to_ir()
+    ptx = compile_ptx(ir)
+    assert "wgmma" in ptx and re.search(r"ld\.acquire\.sys", ptx) and re.search(r"atom\.global\.sys\.release\.add", ptx)
 
 
 def test_all_gather_gemm_graph_compiles():

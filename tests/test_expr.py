@@ -56,3 +56,14 @@ def test_logical_ops_mean_the_same_on_host_and_gpu():
     e = et.logical_and(var("i"), var("j"))
     assert e.evaluate({"i": 2, "j": 1}) is True              # 2 and 1: true, though 2 & 1 == 0
     assert e.to_triton(lambda *_: "") == "((i != 0) & (j != 0))"
+
+
+@pytest.mark.parametrize("rows,cols,group", [(5, 3, 2), (1, 7, 8), (9, 4, 8), (16, 16, 8), (3, 1, 4)])
+def test_grouped_order_is_a_bijection_in_groups_of_rows(rows, cols, group):
+    from etdist.fusion.expr import grouped
+    order = [grouped(q, rows, cols, group) for q in range(rows * cols)]
+    assert sorted(order) == [(i, j) for i in range(rows) for j in range(cols)]
+    assert order[:min(group, rows)] == [(i, 0) for i in range(min(group, rows))]   # a column of weights, reused
+    traced = grouped(var("q"), sym("R"), cols, group)     # the same order from the traced form
+    from etdist.fusion.expr import evaluate
+    assert [tuple(evaluate(e, {"q": q, "R": rows}) for e in traced) for q in range(rows * cols)] == order

@@ -75,6 +75,25 @@ def test_tensor_parallel_mlp(schedule, world, M):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("M", [37, 16, 1])
+def test_small_m_variants_read_the_whole_gather(schedule, world, M):
+    """ag_gemm_whole and mlp_whole: tiles over all M rows after the whole gather; row tiles span
+    several owners (the down tiles scatter their rows to each owner's partial)."""
+    ag = et.compile(ag_gemm.all_gather_gemm_whole(block_m=8, block_n=8, block_k=4), schedule=schedule, programs=3)
+    inputs = ag_gemm.make_inputs(world, M, 12, 19, seed=world * 100 + M)
+    want = ag_gemm.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
+    whole = et.compile(mlp.tp_mlp_whole(block_m=8, block_n=8, block_k=4), schedule=schedule, programs=3)
+    m_inputs = mlp.make_inputs(world, M, H=12, I=6 * world, seed=world * 10 + M)
+    m_want = mlp.reference(*([i[k] for i in m_inputs] for k in ("x", "w_gate_up", "w_down")))
+    for seed in range(0, 20, 2):
+        got = ag.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
+        m_got = whole.run(m_inputs, sizes={"M": M}, interleave="random", seed=seed)
+        for r in range(world):
+            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+            assert rel_err(m_got[r]["y"], m_want[r]) < TOL, (r, seed)
+
+
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("skew", [0.0, 4.0])
 def test_moe(schedule, world, skew):
     kernel = et.compile(moe.moe_layer(top_k=2, block_m=4), schedule=schedule, programs=3)

@@ -211,6 +211,17 @@ def row_chunks(rows: Size, parts: Size) -> tuple[Size, Callable[[Size], Size]]:
     return C, lambda r: maximum(0, minimum(C, rows - r * C))
 
 
+def grouped(q: Size, rows: Size, cols: Size, group: int) -> tuple[Size, Size]:
+    """Tile q of a rows x cols grid, walked in column-major groups of `group` rows: consecutive
+    tiles share a column of weights across `group` row tiles, so one wave of programs reads each
+    weight tile once per group instead of once per row tile (L2 reuse; Triton's matmul tutorial).
+    Returns (row tile, column tile); a bijection of [0, rows * cols); the last group may be short."""
+    per_group = group * cols
+    first = (q // per_group) * group
+    size = minimum(rows - first, group)
+    return first + (q % per_group) % size, (q % per_group) // size
+
+
 def minimum(a: Size, b: Size) -> Size:
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)

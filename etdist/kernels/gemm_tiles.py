@@ -117,19 +117,16 @@ def gemm_rs_skinny_reduce(j, partial, y, M, N, RANK, WORLD, SPLITS: tl.constexpr
 
 
 @triton.jit
-def swiglu_tile(s, i, j, ag_out, w_gate_up, h, M, H, I, RANK, WORLD,
+def swiglu_rows(a, rows, w_gate_up, h, H, I, i, j,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """h[rows of source s, tile i; cols tile j] = silu(x @ w_gate) * (x @ w_up), with
-    w_gate_up = [w_gate | w_up] ([H, 2I]) and x the gathered rows: two accumulators, one pass."""
-    C = (M + WORLD - 1) // WORLD
-    row0 = s * C
-    rows = owned_rows(M, WORLD, s)
+    """h[tile i of `rows` rows; cols tile j] = silu(a @ w_gate) * (a @ w_up), with
+    w_gate_up = [w_gate | w_up] ([H, 2I]); a, h offset to row 0: two accumulators, one pass."""
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     row_ok = offs_m[:, None] < rows
     col_ok = offs_n[None, :] < I
-    a_ptrs = ag_out + (row0 + offs_m[:, None]) * H + offs_k[None, :]
+    a_ptrs = a + offs_m[:, None] * H + offs_k[None, :]
     g_ptrs = w_gate_up + offs_k[:, None] * (2 * I) + offs_n[None, :]
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -143,7 +140,57 @@ def swiglu_tile(s, i, j, ag_out, w_gate_up, h, M, H, I, RANK, WORLD,
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K * 2 * I
     act = acc_g * tl.sigmoid(acc_g) * acc_u
-    tl.store(h + (row0 + offs_m[:, None]) * I + offs_n[None, :], act.to(h.dtype.element_ty), mask=row_ok & col_ok)
+    tl.store(h + offs_m[:, None] * I + offs_n[None, :], act.to(h.dtype.element_ty), mask=row_ok & col_ok)
+
+
+@triton.jit
+def swiglu_tile(s, i, j, ag_out, w_gate_up, h, M, H, I, RANK, WORLD,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """SwiGLU tile (i, j) of the rows that source rank s sent (gathered at s * C)."""
+    C = (M + WORLD - 1) // WORLD
+    swiglu_rows(ag_out + s * C * H, owned_rows(M, WORLD, s), w_gate_up, h + s * C * I, H, I, i, j,
+                BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def swiglu_all_rows(i, j, ag_out, w_gate_up, h, M, H, I,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """SwiGLU tile (i, j) over all M gathered rows (the chunks lie back to back: rows 0..M)."""
+    swiglu_rows(ag_out, M, w_gate_up, h, H, I, i, j, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def matmul_all_rows(i, j, a, w, y, M, K, N,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y tile (i, j) = a[M rows] @ w: a GEMM tile over every gathered row."""
+    mm_tile(a, M, w, K, N, y, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def matmul_scatter_rows(i, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Tile (i, j) of x[M rows] @ w; each owner's rows go to its partial[RANK] (peer stores), so
+    a row tile spanning several owners reads the weights once."""
+    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    col_ok = offs_n[None, :] < N
+    a_ptrs = x + offs_m[:, None] * K + offs_k[None, :]
+    b_ptrs = w + offs_k[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
+        a_t = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_ok[None, :], other=0.0)
+        b_t = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok, other=0.0)
+        acc = tl.dot(a_t, b_t, acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K * N
+    C = (M + WORLD - 1) // WORLD
+    for d in range(0, WORLD):
+        rows = offs_m - d * C
+        ok = (rows[:, None] >= 0) & (rows[:, None] < owned_rows(M, WORLD, d)) & col_ok
+        out = aligned_peer(partial, partial_peers, d) + RANK * C * N
+        tl.store(out + rows[:, None] * N + offs_n[None, :], acc.to(partial.dtype.element_ty), mask=ok)
 
 
 @triton.jit

@@ -1,14 +1,18 @@
 """All-gather + GEMM as one persistent kernel per GPU."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
 
 from ..fusion import compile as et_compile
 from ..workloads import ag_gemm
-from .gemm_rs import LARGE, TileConfig, check_operands, fp32_config
+from .gemm_rs import LARGE, SKINNY, TileConfig, check_operands, fp32_config
 
+# Up to WHOLE_MAX_M rows the gather (tiny) completes first and GEMM tiles span every row, so the
+# weights are read once; above, row tiles start per source as its rows arrive (overlap).
+WHOLE_MAX_M = int(os.environ.get("ETDIST_WHOLE_MAX_M", "128"))
 _KERNELS: dict = {}
 
 
@@ -22,12 +26,15 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
     """
     mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)
     M = total_rows if total_rows is not None else x.shape[0] * mesh.world_size
-    cfg: TileConfig = fp32_config(LARGE) if x.dtype == torch.float32 else LARGE
+    whole = M <= WHOLE_MAX_M
+    cfg: TileConfig = SKINNY if whole else LARGE
+    cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1
-    key = (x.dtype, cfg, align)
+    key = (x.dtype, cfg, align, whole)
     kernel = _KERNELS.get(key)
     if kernel is None:
-        graph = ag_gemm.all_gather_gemm(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
+        build = ag_gemm.all_gather_gemm_whole if whole else ag_gemm.all_gather_gemm
+        graph = build(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
         kernel = _KERNELS[key] = et_compile(graph, schedule="static", target="cuda")
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
     return kernel(mesh, x=x, w=w, sizes={"M": M}, out=None if out is None else {"y": out})["y"]

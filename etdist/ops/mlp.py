@@ -9,9 +9,10 @@ import torch
 from ..fusion import compile as et_compile
 from ..fusion.errors import InputError
 from ..workloads import mlp as mlp_graph
-from .gemm_rs import TileConfig, check_operands, fp32_config
+from .ag_gemm import WHOLE_MAX_M
+from .gemm_rs import SKINNY, TileConfig, check_operands, fp32_config
 
-TILES = TileConfig(128, 128, 64, 8, 3)
+TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 _KERNELS: dict = {}
 
 
@@ -32,12 +33,15 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     if w_down.dtype != x.dtype or w_down.device != x.device or not w_down.is_contiguous():
         raise InputError(f"tensor_parallel_mlp: w_down must be a contiguous {x.dtype} tensor on {x.device}")
     M = total_rows if total_rows is not None else x.shape[0] * mesh.world_size
-    cfg = fp32_config(TILES) if x.dtype == torch.float32 else TILES
+    whole = M <= WHOLE_MAX_M       # small M: every weight read once (mlp_graph.tp_mlp_whole)
+    cfg = SKINNY if whole else TILES
+    cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if H % 16 == 0 and I % 16 == 0 else 1
-    key = (x.dtype, cfg, align)
+    key = (x.dtype, cfg, align, whole)
     kernel = _KERNELS.get(key)
     if kernel is None:
-        graph = mlp_graph.tp_mlp(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
+        build = mlp_graph.tp_mlp_whole if whole else mlp_graph.tp_mlp
+        graph = build(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
         kernel = _KERNELS[key] = et_compile(graph, schedule="static", target="cuda")
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
     return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes={"M": M},

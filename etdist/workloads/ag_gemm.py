@@ -10,11 +10,13 @@ from __future__ import annotations
 import torch
 
 import etdist as et
-from etdist.kernels import copy_tiles, gemm_tiles
+from etdist.kernels import gemm_tiles
+
+from .gather import gather_rows
 
 
 def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
-                    block_k: int = 64, align: int = 1) -> et.Graph:
+                    block_k: int = 64, align: int = 1, group_m: int = 8) -> et.Graph:
     g = et.Graph("ag_gemm")
     M = g.size("M")
     K, N = g.size("K", multiple_of=align), g.size("N", multiple_of=align)   # N: this rank's columns
@@ -23,28 +25,49 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
     C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     m_tiles, n_tiles = et.cdiv(C, block_m), et.cdiv(N, block_n)
 
-    g.input("x", (owned(me), K), dtype)
+    x = g.input("x", (owned(me), K), dtype)
     g.input("w", (K, N), dtype)
-    g.scratch("gathered", (R * C, K), dtype, symmetric=True)  # all of x, on every rank
     g.output("y", (M, N), dtype)
-    k_tiles = et.cdiv(K, block_n)
-    arrived = g.event("arrived", (R, R, m_tiles), count=k_tiles, distributed=True)  # [holder, source, row tile]
+    _, arrived = gather_rows(g, x, C, owned, block_m, block_n, "gathered")
 
-    @g.task(grid=(R, m_tiles, k_tiles), notify=lambda d, i, c: arrived[(me + d) % R, me, i],
-            triton=copy_tiles.copy_tile, constexprs=tiles,
-            bind=dict(j="c", src="x", src_row0=0, dst="gathered", dst_peers="gathered_peers", N="K",
-                      to_rank=lambda d, i, c: (me + d) % R, dst_row0=me * C, rows=owned(me)))
-    def send(t, d, i, c):                                # my tile (i, c) to rank me + d, myself first
-        rows, cols = et.block(i, block_m, t(owned(t.rank))), et.block(c, block_n, t.K)
-        t.peer((t.rank + d) % t.world).gathered[et.shift(rows, t.rank * t(C)), cols] = t.x[rows, cols]
+    tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731  (L2 reuse of w)
 
-    @g.task(grid=(R, m_tiles, n_tiles), wait=lambda s, i, j: arrived[me, (me + s) % R, i],
+    @g.task(grid=(R, m_tiles * n_tiles), wait=lambda s, q: arrived[me, (me + s) % R, tile(q)[0]],
             triton=gemm_tiles.ag_matmul, constexprs=dict(tiles, BLOCK_K=block_k),
-            bind=dict(s=lambda s, i, j: (me + s) % R))
-    def matmul(t, s, i, j):                              # rows of source me + s, as they arrive
+            bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: tile(q)[0], j=lambda s, q: tile(q)[1]))
+    def matmul(t, s, q):                                 # rows of source me + s, as they arrive
+        i, j = t(tile(q)[0]), t(tile(q)[1])
         src = (t.rank + s) % t.world
         rows = et.shift(et.block(i, block_m, t(owned(src))), src * t(C))
         cols = et.block(j, block_n, t.N)
+        t.y[rows, cols] = t.gathered[rows] @ t.w[:, cols]
+
+    g.sample(M=5, K=3, N=7)
+    g.sample(M=37, K=4, N=33)
+    return g
+
+
+def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
+                          block_k: int = 128, align: int = 1, group_m: int = 8) -> et.Graph:
+    """The small-M variant: the (small) gather completes first, then GEMM tiles run over all M
+    rows at once, so the weights are read once (the graph above reads them once per source)."""
+    g = et.Graph("ag_gemm_whole")
+    M = g.size("M")
+    K, N = g.size("K", multiple_of=align), g.size("N", multiple_of=align)
+    R, me = g.world, g.rank
+    C, owned = et.row_chunks(M, R)
+    m_tiles, n_tiles = et.cdiv(M, block_m), et.cdiv(N, block_n)
+    x = g.input("x", (owned(me), K), dtype)
+    g.input("w", (K, N), dtype)
+    g.output("y", (M, N), dtype)
+    _, all_in = gather_rows(g, x, C, owned, block_m, block_n, "gathered", whole=True)
+    tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
+
+    @g.task(grid=(m_tiles * n_tiles,), wait=lambda q: all_in[me],
+            triton=gemm_tiles.matmul_all_rows, constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k),
+            bind=dict(i=lambda q: tile(q)[0], j=lambda q: tile(q)[1], a="gathered"))
+    def matmul(t, q):
+        rows, cols = et.block(t(tile(q)[0]), block_m, t.M), et.block(t(tile(q)[1]), block_n, t.N)
         t.y[rows, cols] = t.gathered[rows] @ t.w[:, cols]
 
     g.sample(M=5, K=3, N=7)

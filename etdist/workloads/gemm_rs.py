@@ -13,9 +13,10 @@ from etdist.kernels import gemm_tiles
 
 
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
-                        block_k: int = 64, align: int = 1) -> et.Graph:
+                        block_k: int = 64, align: int = 1, group_m: int = 8) -> et.Graph:
     """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16).
-    align: K and N are promised multiples of it (16 lets the GPU kernel vectorise)."""
+    align: K and N are promised multiples of it (16 lets the GPU kernel vectorise). group_m: the
+    matmul tiles run in groups of that many row tiles per weight column (et.grouped)."""
     g = et.Graph("gemm_rs")
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
@@ -29,9 +30,13 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     g.output("y", (owned(me), N), dtype)
     arrived = g.event("arrived", (R, m_tiles, n_tiles), count=R, distributed=True)  # one per source
 
-    @g.task(grid=(R, m_tiles, n_tiles), notify=lambda dst, i, j: arrived[dst, i, j],
-            triton=gemm_tiles.gemm_rs_matmul, constexprs=dict(tiles, BLOCK_K=block_k))
-    def matmul(t, dst, i, j):                            # my partial of rank dst's tile (i, j)
+    tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
+
+    @g.task(grid=(R, m_tiles * n_tiles), notify=lambda dst, q: arrived[(dst, *tile(q))],
+            triton=gemm_tiles.gemm_rs_matmul, constexprs=dict(tiles, BLOCK_K=block_k),
+            bind=dict(i=lambda dst, q: tile(q)[0], j=lambda dst, q: tile(q)[1]))
+    def matmul(t, dst, q):                               # my partial of rank dst's tile (i, j)
+        i, j = t(tile(q)[0]), t(tile(q)[1])
         rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, block_n, t.N)
         t.peer(dst).partial[t.rank, rows, cols] = t.x[et.shift(rows, dst * t(C))] @ t.w[:, cols]
 

@@ -16,11 +16,13 @@ import torch
 import torch.nn.functional as F
 
 import etdist as et
-from etdist.kernels import copy_tiles, gemm_tiles
+from etdist.kernels import gemm_tiles
+
+from .gather import gather_rows
 
 
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
-           align: int = 1) -> et.Graph:
+           align: int = 1, group_m: int = 8) -> et.Graph:
     g = et.Graph("mlp")
     M = g.size("M")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)   # I: this rank's share
@@ -38,24 +40,30 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     h_ready = g.event("h_ready", (R, m_tiles), count=i_tiles)             # [source chunk, row tile]
     arrived = g.event("arrived", (R, m_tiles, h_tiles), count=R, distributed=True)
 
-    gathered, rows_in = _gather_rows(g, x, C, owned, block_m, block_n)
+    _, rows_in = gather_rows(g, x, C, owned, block_m, block_n, "ag_out")
 
-    @g.task(grid=(R, m_tiles, i_tiles), wait=lambda s, i, j: rows_in[me, (me + s) % R, i],
-            notify=lambda s, i, j: h_ready[(me + s) % R, i],
+    up_tile = lambda q: et.grouped(q, m_tiles, i_tiles, group_m)    # noqa: E731  (L2 reuse of weights)
+    down_tile = lambda q: et.grouped(q, m_tiles, h_tiles, group_m)  # noqa: E731
+
+    @g.task(grid=(R, m_tiles * i_tiles), wait=lambda s, q: rows_in[me, (me + s) % R, up_tile(q)[0]],
+            notify=lambda s, q: h_ready[(me + s) % R, up_tile(q)[0]],
             triton=gemm_tiles.swiglu_tile, constexprs=dict(tiles, BLOCK_K=block_k),
-            bind=dict(s=lambda s, i, j: (me + s) % R))
-    def gate_up(t, s, i, j):                                # rows of source me + s, as they arrive
+            bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: up_tile(q)[0], j=lambda s, q: up_tile(q)[1]))
+    def gate_up(t, s, q):                                   # rows of source me + s, as they arrive
+        i, j = t(up_tile(q)[0]), t(up_tile(q)[1])
         src = (t.rank + s) % t.world
         rows = et.shift(et.block(i, block_m, t(owned(src))), src * t(C))
         cols, I_ = et.block(j, block_n, t.I), t.I
         xs = t.ag_out[rows]
         t.h[rows, cols] = F.silu(xs @ t.w_gate_up[:, cols]) * (xs @ t.w_gate_up[:, I_ + cols.start:I_ + cols.stop])
 
-    @g.task(grid=(R, m_tiles, h_tiles), wait=lambda d, i, j: h_ready[(me + d) % R, i],
-            notify=lambda d, i, j: arrived[(me + d) % R, i, j],
+    @g.task(grid=(R, m_tiles * h_tiles), wait=lambda d, q: h_ready[(me + d) % R, down_tile(q)[0]],
+            notify=lambda d, q: arrived[((me + d) % R, *down_tile(q))],
             triton=gemm_tiles.gemm_rs_matmul, constexprs=dict(tiles, BLOCK_K=block_k),
-            bind=dict(dst=lambda d, i, j: (me + d) % R, x="h", w="w_down", K="I", N="H"))
-    def down(t, d, i, j):                                   # my partial of rank me + d's tile (i, j)
+            bind=dict(dst=lambda d, q: (me + d) % R, i=lambda d, q: down_tile(q)[0],
+                      j=lambda d, q: down_tile(q)[1], x="h", w="w_down", K="I", N="H"))
+    def down(t, d, q):                                      # my partial of rank me + d's tile (i, j)
+        i, j = t(down_tile(q)[0]), t(down_tile(q)[1])
         dst = (t.rank + d) % t.world
         rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, block_n, t.H)
         t.peer(dst).partial[t.rank, rows, cols] = t.h[et.shift(rows, dst * t(C))] @ t.w_down[:, cols]
@@ -71,24 +79,61 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     return g
 
 
-def _gather_rows(g, x, C, owned, block_m, block_n):
-    """All-gather of the ragged row chunks: each rank's rows land at r * C in every rank's
-    `ag_out`; rows_in[holder, source, i] completes when row tile i of `source` is all there."""
+def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
+                 align: int = 1, group_m: int = 8) -> et.Graph:
+    """The small-M variant: the (small) gather completes first; gate/up and down tiles then run
+    over all M rows at once, so each weight is read once (the graph above reads them once per
+    source and per destination rank). Down tiles store each owner's rows into its partial."""
+    g = et.Graph("mlp_whole")
+    M = g.size("M")
+    H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)
     R, me = g.world, g.rank
-    H = x.shape[1]
-    m_tiles, h_tiles = et.cdiv(C, block_m), et.cdiv(H, block_n)
-    out = g.scratch("ag_out", (R * C, H), x.dtype, symmetric=True)
-    rows_in = g.event("rows_in", (R, R, m_tiles), count=h_tiles, distributed=True)
+    C, owned = et.row_chunks(M, R)
+    m_all, own_tiles = et.cdiv(M, block_m), et.cdiv(C, block_m)
+    i_tiles, h_tiles = et.cdiv(I, block_n), et.cdiv(H, block_n)
+    tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
 
-    @g.task(grid=(R, m_tiles, h_tiles), notify=lambda d, i, j: rows_in[(me + d) % R, me, i], name="send_rows",
-            triton=copy_tiles.copy_tile, constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n),
-            bind=dict(src="x", src_row0=0, dst="ag_out", dst_peers="ag_out_peers", N="H",
-                      to_rank=lambda d, i, j: (me + d) % R, dst_row0=me * C, rows=owned(me)))
-    def send(t, d, i, j):                                   # my tile (i, j) to rank me + d, myself first
-        rows, cols = et.block(i, block_m, t(owned(t.rank))), et.block(j, block_n, t.H)
-        t.peer((t.rank + d) % t.world).ag_out[et.shift(rows, t.rank * t(C)), cols] = t.x[rows, cols]
+    x = g.input("x", (owned(me), H), dtype)
+    g.input("w_gate_up", (H, 2 * I), dtype)
+    g.input("w_down", (I, H), dtype)
+    g.scratch("h", (M, I), dtype)
+    g.scratch("partial", (R, C, H), dtype, symmetric=True)     # on the owner: partial[src]
+    g.output("y", (owned(me), H), dtype)
+    _, all_in = gather_rows(g, x, C, owned, block_m, block_n, "ag_out", whole=True)
+    h_ready = g.event("h_ready", (m_all,), count=i_tiles)
+    arrived = g.event("arrived", (R, h_tiles), count=R * m_all, distributed=True)   # [owner, column tile]
+    up_tile = lambda q: et.grouped(q, m_all, i_tiles, group_m)     # noqa: E731
+    down_tile = lambda q: et.grouped(q, m_all, h_tiles, group_m)   # noqa: E731
 
-    return out, rows_in
+    @g.task(grid=(m_all * i_tiles,), wait=lambda q: all_in[me], notify=lambda q: h_ready[up_tile(q)[0]],
+            triton=gemm_tiles.swiglu_all_rows, constexprs=dict(tiles, BLOCK_K=block_k),
+            bind=dict(i=lambda q: up_tile(q)[0], j=lambda q: up_tile(q)[1]))
+    def gate_up(t, q):
+        rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), block_n, t.I)
+        xs, I_ = t.ag_out[rows], t.I
+        t.h[rows, cols] = F.silu(xs @ t.w_gate_up[:, cols]) * (xs @ t.w_gate_up[:, I_ + cols.start:I_ + cols.stop])
+
+    @g.task(grid=(m_all * h_tiles,), wait=lambda q: h_ready[down_tile(q)[0]],
+            notify=lambda q: arrived[et.every(0, R), down_tile(q)[1]],
+            triton=gemm_tiles.matmul_scatter_rows, constexprs=dict(tiles, BLOCK_K=block_k),
+            bind=dict(i=lambda q: down_tile(q)[0], j=lambda q: down_tile(q)[1], x="h", w="w_down", K="I", N="H"))
+    def down(t, q):                                        # every owner's rows of row tile i
+        i, cols = t(down_tile(q)[0]), et.block(t(down_tile(q)[1]), block_n, t.H)
+        part = t.h[et.block(i, block_m, t.M)] @ t.w_down[:, cols]
+        for d in range(t.world):                           # rows [i*bm, ...) that owner d holds
+            lo, hi = max(i * block_m, d * t(C)), min((i + 1) * block_m, d * t(C) + t(owned(d)))
+            if lo < hi:
+                t.peer(d).partial[t.rank, lo - d * t(C):hi - d * t(C), cols] = part[lo - i * block_m:hi - i * block_m]
+
+    @g.task(grid=(own_tiles, h_tiles), wait=lambda i, j: arrived[me, j],
+            triton=gemm_tiles.gemm_rs_reduce, constexprs=tiles, bind=dict(N="H"))
+    def reduce(t, i, j):
+        rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.H)
+        t.y[rows, cols] = t.partial[:, rows, cols].sum(0)
+
+    g.sample(M=5, H=3, I=2)
+    g.sample(M=37, H=20, I=17)
+    return g
 
 
 def reference(xs, w_gate_up, w_down):
