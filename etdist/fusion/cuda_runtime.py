@@ -80,6 +80,8 @@ class _MeshState:
     ev_epoch: int = 0     # launches since the counters were last zeroed (shape change)
     programs: int = 0
     error_word: Optional[torch.Tensor] = None  # pinned copy of the arena's error word, per launch
+    error_np: object = None   # the same memory as numpy: read per call for ~0.1 us (not a tensor op)
+    arena_head: Optional[torch.Tensor] = None   # arena[:1], sliced once
     launched: Optional[torch.cuda.Event] = None
     compiled: object = None  # Triton's compiled kernel, once launched: later calls skip its dispatch
 
@@ -153,7 +155,7 @@ class CudaKernel:
             st.compiled = self.module.megakernel[(st.programs,)](
                 *args, NUM_PROGRAMS=st.programs, USE_ASM=True, num_warps=self.num_warps,
                 num_stages=self.num_stages, launch_cooperative_grid=True)
-        st.error_word.copy_(st.arena[:1], non_blocking=True)  # read at the next call, without a sync
+        st.error_word.copy_(st.arena_head, non_blocking=True)  # read at the next call, without a sync
         st.launched.record()
         return outs
 
@@ -174,8 +176,8 @@ class CudaKernel:
 
     def _new_state(self, mesh) -> _MeshState:
         sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
-        return _MeshState(programs=min(self.programs or sms, sms),
-                          error_word=torch.zeros(1, dtype=torch.int32, pin_memory=True),
+        word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        return _MeshState(programs=min(self.programs or sms, sms), error_word=word, error_np=word.numpy(),
                           launched=torch.cuda.Event())
 
     def check(self, mesh) -> None:
@@ -233,6 +235,7 @@ class CudaKernel:
             if st.arena is not None:
                 mesh.free(st.arena)
             st.arena = mesh.empty((max(at, 4096),), torch.int32)
+            st.arena_head = st.arena[:1]
             st.arena_peers = mesh.peer_ptrs(st.arena)
         torch.cuda.synchronize(mesh.device)
         st.arena[ArenaLayout(world).events:].zero_()  # the error record and exit lanes are kept
@@ -266,7 +269,7 @@ class CudaKernel:
         return have[:n].view(shape)
 
     def _check_pending(self, mesh, st: _MeshState) -> None:
-        if st.epoch and st.launched.query() and int(st.error_word[0]) != 0:
+        if st.epoch and st.error_np[0] != 0 and st.launched.query():
             torch.cuda.synchronize(mesh.device)
             self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].cpu().tolist())
 
