@@ -13,6 +13,8 @@ from .gemm_rs import LARGE, SKINNY, TileConfig, check_operands, fp32_config
 # Up to WHOLE_MAX_M rows the gather (tiny) completes first and GEMM tiles span every row, so the
 # weights are read once; above, row tiles start per source as its rows arrive (overlap).
 WHOLE_MAX_M = int(os.environ.get("ETDIST_WHOLE_MAX_M", "128"))
+_text = os.environ.get("ETDIST_WHOLE_TILES")   # tuning knob: "block_m,block_n,block_k,warps,stages"
+WHOLE = TileConfig(*(int(v) for v in _text.split(","))) if _text else SKINNY   # read per call (tuners set it)
 _KERNELS: dict = {}
 
 
@@ -27,7 +29,7 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
     mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)
     M = total_rows if total_rows is not None else x.shape[0] * mesh.world_size
     whole = M <= WHOLE_MAX_M
-    cfg: TileConfig = SKINNY if whole else LARGE
+    cfg: TileConfig = WHOLE if whole else LARGE
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1
     key = (x.dtype, cfg, align, whole)

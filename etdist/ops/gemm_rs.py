@@ -80,7 +80,7 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     if x.dtype == torch.float32:
         cfg = fp32_config(cfg)
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1  # aligned rows vectorise
-    splits = skinny_splits(w.shape[1], _sm_count(mesh.device.index)) if skinny else 1
+    splits = skinny_splits(w.shape[1], _sm_count(mesh.device.index), cfg.block_n) if skinny else 1
     key = (x.dtype, cfg, schedule, align, splits)
     kernel = _KERNELS.get(key)
     if kernel is None:

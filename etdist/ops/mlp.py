@@ -9,8 +9,8 @@ import torch
 from ..fusion import compile as et_compile
 from ..fusion.errors import InputError
 from ..workloads import mlp as mlp_graph
-from .ag_gemm import WHOLE_MAX_M
-from .gemm_rs import SKINNY, TileConfig, check_operands, fp32_config
+from . import ag_gemm as _ag_gemm
+from .gemm_rs import TileConfig, check_operands, fp32_config
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 _KERNELS: dict = {}
@@ -33,8 +33,8 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     if w_down.dtype != x.dtype or w_down.device != x.device or not w_down.is_contiguous():
         raise InputError(f"tensor_parallel_mlp: w_down must be a contiguous {x.dtype} tensor on {x.device}")
     M = total_rows if total_rows is not None else x.shape[0] * mesh.world_size
-    whole = M <= WHOLE_MAX_M       # small M: every weight read once (mlp_graph.tp_mlp_whole)
-    cfg = SKINNY if whole else TILES
+    whole = M <= _ag_gemm.WHOLE_MAX_M       # small M: every weight read once (mlp_graph.tp_mlp_whole)
+    cfg = _ag_gemm.WHOLE if whole else TILES
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if H % 16 == 0 and I % 16 == 0 else 1
     key = (x.dtype, cfg, align, whole)

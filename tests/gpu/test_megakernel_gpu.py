@@ -45,3 +45,14 @@ def test_all_gather_gemm_and_tensor_parallel_mlp():
     out = p.stdout + p.stderr
     for check in ("OK ag_gemm", "OK mlp-seq", "OK mlp-replicated"):
         assert out.count(check) == 2, out[-5000:]
+
+
+def test_llama_with_tensor_parallel_mlps_matches_dense():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    pytest.importorskip("transformers")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                        str(pathlib.Path(__file__).with_name("llama_worker.py"))],
+                       capture_output=True, text=True, timeout=600, env=ENV)
+    out = p.stdout + p.stderr
+    assert out.count("OK llama") == 2, out[-5000:]

@@ -1,0 +1,66 @@
+"""A/B the decode-sized tile configs (the ops' small-M paths) on this node's GPUs:
+
+    torchrun --nproc_per_node=2 launch/tune_decode.py
+
+For each config: ag_gemm and mlp (the whole-gather variants: etdist.ops.ag_gemm.WHOLE) and
+gemm_rs (the skinny split-K variant: etdist.ops.gemm_rs.SKINNY, M <= its block_m) at M in
+{16, 128} on two shapes; us per call (batched, slowest rank). Pick by the geometric mean.
+"""
+import itertools
+import math
+
+import torch
+import torch.distributed as dist
+
+import etdist as et
+from etdist.measure.shapes import MLP_SHAPES
+from etdist.measure.timing import time_ranks
+from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op
+from etdist.ops.gemm_rs import TileConfig
+
+CONFIGS = [TileConfig(64, 64, 128, 4, 4), TileConfig(16, 64, 256, 4, 4), TileConfig(32, 64, 128, 4, 6),
+           TileConfig(64, 128, 64, 4, 4), TileConfig(16, 128, 128, 4, 5), TileConfig(128, 64, 64, 4, 4)]
+
+dist.init_process_group("cpu:gloo,cuda:nccl")
+mesh = et.init_mesh()
+R, dev, bf16 = mesh.world_size, mesh.device, torch.bfloat16
+
+
+def cell(op, model, M):
+    H, I = MLP_SHAPES[model].hidden, MLP_SHAPES[model].intermediate
+    C = -(-M // R)
+    rows = max(0, min(C, M - mesh.rank * C))
+    x_rs = torch.randn(M, I // R, device=dev, dtype=bf16)
+    x = torch.randn(rows, H, device=dev, dtype=bf16)
+    if op == "gemm_rs":
+        ws = itertools.cycle([torch.randn(I // R, H, device=dev, dtype=bf16) for _ in range(4)])
+        return lambda: et.ops.gemm_reduce_scatter(x_rs, next(ws), mesh=mesh)
+    if op == "ag_gemm":
+        ws = itertools.cycle([torch.randn(H, 2 * I // R, device=dev, dtype=bf16) for _ in range(4)])
+        return lambda: et.ops.all_gather_gemm(x, next(ws), mesh=mesh, total_rows=M)
+    ws = itertools.cycle([(torch.randn(H, 2 * I // R, device=dev, dtype=bf16),
+                           torch.randn(I // R, H, device=dev, dtype=bf16)) for _ in range(4)])
+    return lambda: et.ops.tensor_parallel_mlp(x, *next(ws), mesh=mesh, total_rows=M)
+
+
+rows = []
+for cfg in CONFIGS:
+    ag_op.WHOLE = cfg
+    rs_op.SKINNY, rs_op.SKINNY_MAX_M = cfg, cfg.block_m
+    times = {}
+    for op, model, M in itertools.product(("gemm_rs", "ag_gemm", "mlp"), ("qwen3_8b", "llama31_70b"), (16, 128)):
+        if op == "gemm_rs" and M > cfg.block_m:
+            continue
+        times[op, model, M] = time_ranks(cell(op, model, M), device=dev)
+    rows.append((cfg, times))
+    if mesh.rank == 0:
+        print(f"{cfg}: " + "  ".join(f"{o}/{m[:6]}/{M} {t:.0f}" for (o, m, M), t in times.items()), flush=True)
+if mesh.rank == 0:
+    for op in ("gemm_rs", "ag_gemm", "mlp"):
+        for M in (16, 128):
+            ranked = sorted((math.exp(sum(math.log(t) for (o, _, m), t in times.items() if o == op and m == M) /
+                                      max(1, sum(1 for (o, _, m) in times if o == op and m == M))), cfg)
+                            for cfg, times in rows if any(o == op and m == M for (o, _, m) in times))
+            print(f"best {op} M={M}: " + "; ".join(f"{c.block_m},{c.block_n},{c.block_k},{c.num_warps},"
+                                                     f"{c.num_stages} {g:.0f} us" for g, c in ranked[:3]), flush=True)
+mesh.close()
