@@ -8,13 +8,14 @@ import torch
 
 from ..fusion import compile as et_compile
 from ..workloads import ag_gemm
-from .gemm_rs import LARGE, SKINNY, TileConfig, check_operands, fp32_config
+from .gemm_rs import LARGE, TileConfig, check_operands, fp32_config
 
 # Up to WHOLE_MAX_M rows the gather (tiny) completes first and GEMM tiles span every row, so the
 # weights are read once; above, row tiles start per source as its rows arrive (overlap).
 WHOLE_MAX_M = int(os.environ.get("ETDIST_WHOLE_MAX_M", "128"))
 _text = os.environ.get("ETDIST_WHOLE_TILES")   # tuning knob: "block_m,block_n,block_k,warps,stages"
-WHOLE = TileConfig(*(int(v) for v in _text.split(","))) if _text else SKINNY   # read per call (tuners set it)
+# 64x128x64, 4 warps, 4 stages won launch/tune_decode.py on 2x H200 (BENCHMARKS.md)
+WHOLE = TileConfig(*(int(v) for v in _text.split(","))) if _text else TileConfig(64, 128, 64, 4, 4)  # read per call
 _KERNELS: dict = {}
 
 
