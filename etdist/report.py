@@ -107,17 +107,17 @@ def workload_table(workload: str, records: Sequence[Record]) -> str:
                *[_us(r.baselines.get(k)) for k in names], _us(best_baseline(r)), s_cell, floor, err]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    for schedule in sorted({r.schedule for r in records}):
-        cells = [r for r in records if r.schedule == schedule and speedup(r) is not None]
+    for schedule, world in sorted({(r.schedule, r.world) for r in records}):
+        cells = [r for r in records if (r.schedule, r.world) == (schedule, world) and speedup(r) is not None]
         if not cells:
             continue
         slow = [r for r in cells if speedup(r) < 1]
-        line = (f"- geometric-mean speedup, {workload} {schedule}: "
+        line = (f"- geometric-mean speedup, {workload} {schedule} world {world}: "
                 f"**{geomean(speedup(r) for r in cells):.2f}x** over {len(cells)} cells "
                 f"(vs the better of graph and eager)")
         if slow:
             line += f"; slower than the best baseline in {len(slow)}: " + ", ".join(
-                f"{r.model} M={r.M} world={r.world}" for r in slow)
+                f"{r.model} M={r.M}" for r in slow)
         lines.append(line)
     lines.append("")
     return "\n".join(lines)

@@ -11,4 +11,4 @@ NPROC=${NPROC:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
 export NPROC
 bash launch/torchrun.sh -m model=${MODELS_OVERRIDE:-$MODELS} workload=${WORKLOADS:-gemm_rs,ag_gemm,mlp} schedule=static bench=gpu \
   bench.results_dir=${RESULTS:-bench/results} "$@" 2>&1 | grep -vE '^(W1|\[W|Setting OMP|\*{5})'
-if [ -z "${RESULTS:-}" ]; then python3 -m etdist.report > /dev/null && echo "BENCHMARKS.md regenerated"; fi
+if [ "${RESULTS:-bench/results}" = bench/results ]; then python3 -m etdist.report > /dev/null && echo "BENCHMARKS.md regenerated"; fi

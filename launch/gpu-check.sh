@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Re-check every GPU claim with one command, on a GPU machine (2+ GPUs for the cross-GPU parts):
 #   bash launch/gpu-check.sh [results dir, default bench/results]
-# 1. every GPU test (pytest -m gpu); 2. the collectives benchmark; 3. the GEMM+RS sweep.
+# 1. every GPU test (pytest -m gpu; the Llama client test needs `pip install transformers`);
+# 2. the collectives benchmark; 3. the GEMM+RS, AG+GEMM and MLP sweep (Hydra: launch/bench-gpu.sh).
 # Records are appended under the results dir; a short table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,10 +16,10 @@ timeout 900 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tail -n 30
 tests=${PIPESTATUS[0]}
 timeout 900 python3 -m torch.distributed.run --nproc_per_node="$NGPU" -m etdist.bench_collectives --out "$RESULTS" \
   2>&1 | grep -v '^W[0-9]' > "$log/collectives.log"
-timeout 900 bash launch/bench-gemm-rs.sh "$RESULTS/gemm_rs.jsonl" > "$log/gemm_rs.log" 2>&1
+RESULTS="$RESULTS" timeout 900 bash launch/bench-gpu.sh > "$log/sweep.log" 2>&1
 
 echo "== gpu tests exit $tests"
 echo "== collectives (us per call; see BENCHMARKS.md for the columns)"
 grep -E '^(reduce_scatter|all_gather|all_reduce|\* = out)' "$log/collectives.log"
-echo "== GEMM+reduce-scatter (us per call; best/ours > 1 means faster than cuBLAS+NCCL)"
-grep -E '^ +(model|[a-z0-9_]+ +[0-9]+ )' "$log/gemm_rs.log" | tail -n 41
+echo "== fused layers (us per call; speedup > 1 means faster than the better of cuBLAS+NCCL eager/graph)"
+grep -E '^\[[0-9]+/[0-9]+\]' "$log/sweep.log" | sed 's/ best cuBLAS+NCCL / best /' | sort -k2,2 -s
