@@ -64,14 +64,17 @@ def decode_event_code(code: int) -> tuple[int, int] | None:
     return (e, code & ((1 << ELEMENT_BITS) - 1)) if e >= 0 else None
 
 
-def kernel_params(ir: GraphIR) -> list[str]:
+TRACE_WORDS = 4   # per task in trace mode: start ns, waits done ns, end ns, SM << 32 | program
+
+
+def kernel_params(ir: GraphIR, trace: bool = False) -> list[str]:
     """The megakernel's run-time parameters, in order (the host passes them in this order)."""
     ps = [t.name for t in ir.tensors]
     ps += [f"{t.name}_peers" for t in ir.tensors if t.symmetric]
     ps += list(ir.sizes)
     ps += ["arena", "arena_peers"] + [f"ev_{e.name}_off" for e in ir.events]
     ps += ["epoch", "ev_epoch", "max_spins"]
-    return ps
+    return ps + (["trace_buf"] if trace else [])
 
 
 class _Lines:
@@ -105,9 +108,11 @@ def _linear(dims: list[str], coord: list[str]) -> str:
     return text
 
 
-def generate(ir: GraphIR) -> str:
-    """Source text of a module defining `megakernel` for this graph."""
-    reserved = set(kernel_params(ir))
+def generate(ir: GraphIR, trace: bool = False) -> str:
+    """Source text of a module defining `megakernel` for this graph. trace=True adds a `trace_buf`
+    argument (int64, TRACE_WORDS per task, indexed by the task's global id) and the timer reads that
+    fill it; without it the kernel has neither (a compile-time switch: costs nothing when off)."""
+    reserved = set(kernel_params(ir, trace=True))
     for t in ir.tasks:
         if t.triton_body is None:
             raise GraphError(f"task {t.name!r} has no GPU tile body: pass triton=<@triton.jit fn> to g.task")
@@ -128,11 +133,13 @@ def generate(ir: GraphIR) -> str:
     out("import triton.language as tl")
     out("from etdist.kernels.sync import notify as _et_notify, peer_base as _et_peer, wait as _et_wait")
     out("from etdist.kernels.sync import finish_launch as _et_finish")
+    if trace:
+        out("from etdist.kernels.sync import trace_clock as _et_clock")
     out("")
     for t in ir.tasks:
         out(f"# _et_body_{t.name} is bound to {t.triton_body.__module__}.{t.triton_body.__name__}")
     out("")
-    params = kernel_params(ir)
+    params = kernel_params(ir, trace)
     # Run-time sizes are not specialised (one binary for every M), except those the graph promises
     # to be multiples of 16: Triton's divisibility specialisation is what vectorises their loads,
     # and the host checks the promise at every call, so they always hit the same binary.
@@ -163,7 +170,7 @@ def generate(ir: GraphIR) -> str:
                 kw = "if" if k == 0 else "elif" if k < len(ir.tasks) - 1 else "else"
                 out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
                 with out.indent():
-                    _emit_task(out, ir, k, t, tx)
+                    _emit_task(out, ir, k, t, tx, trace)
         # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
         out(f"_et_finish(arena, arena_peers, {ERR_WORDS}, {ERR_WORDS} + WORLD, {ERR_WORDS + 1} + WORLD, epoch, RANK, "
             f"WORLD, max_spins, True, {event_code(len(ir.events), 0)}, USE_ASM)")
@@ -179,7 +186,9 @@ def _all_exprs(ir: GraphIR):
             yield t.when
 
 
-def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx) -> None:
+def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = False) -> None:
+    if trace:
+        out("_et_t0, _et_sm = _et_clock(_et_gid)")
     out(f"_et_t = _et_gid - _et_end{k - 1}" if k else "_et_t = _et_gid")
     for a in reversed(range(len(t.grid))):  # unravel row-major
         name = t.index_names[a]
@@ -202,6 +211,8 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx) -> None:
             f"arena, arena_peers, RANK, WORLD, ({EVENT_CODE_BASE + i} << {ELEMENT_BITS}) | (_et_lin & "
             f"{(1 << ELEMENT_BITS) - 1}), -1, epoch, {scope!r}, USE_ASM)")
     cond = "_et_ok != 0" if t.when is None else f"(_et_ok != 0) & ({tx(t.when)})"
+    if trace:
+        out("_et_t1, _et_sm = _et_clock(_et_gid)")
     out(f"if {cond}:")
     with out.indent():
         out(f"_et_body_{t.name}({', '.join(_bind_body_args(ir, t, tx))})")
@@ -221,6 +232,13 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx) -> None:
             scope = "sys" if e.distributed else "gpu"
             out(f"_et_notify({base} + ev_{e.name}_off + {lin}, 1, False, {scope!r})")
             out.depth = depth
+        if trace:  # tasks that did not run (when false, or a wait timed out) keep zeros
+            out("_et_t2, _et_sm = _et_clock(_et_gid)")
+            out(f"_et_tr = trace_buf + _et_gid.to(tl.int64) * {TRACE_WORDS}")
+            out("tl.store(_et_tr, _et_t0)")
+            out("tl.store(_et_tr + 1, _et_t1)")
+            out("tl.store(_et_tr + 2, _et_t2)")
+            out("tl.store(_et_tr + 3, (_et_sm.to(tl.int64) << 32) | _et_pid)")
 
 
 def _bind_body_args(ir: GraphIR, t: TaskSpec, tx) -> list[str]:
@@ -247,30 +265,33 @@ _TRITON_TYPES = {"torch.float32": "*fp32", "torch.bfloat16": "*bf16", "torch.flo
                  "torch.int64": "*i64", "torch.int32": "*i32", "torch.bool": "*i1"}
 
 
-def signature(ir: GraphIR) -> dict[str, str]:
+def signature(ir: GraphIR, trace: bool = False) -> dict[str, str]:
     """Triton types of the kernel parameters (for ahead-of-time compilation)."""
     sig = {}
-    for p in kernel_params(ir):
+    for p in kernel_params(ir, trace):
         if p in {t.name for t in ir.tensors}:
             sig[p] = _TRITON_TYPES[str(ir.tensor(p).dtype)]
         elif p.endswith("_peers"):
             sig[p] = "*i64"
         elif p == "arena":
             sig[p] = "*i32"
+        elif p == "trace_buf":
+            sig[p] = "*i64"
         else:
             sig[p] = "i32"
     return sig
 
 
-def compile_ptx(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps: int = 4) -> str:
+def compile_ptx(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps: int = 4,
+                trace: bool = False) -> str:
     """PTX of the graph's megakernel for sm_`arch`, compiled on the host: no GPU needed."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     from .cuda_runtime import load_module
 
-    fn = load_module(ir, generate(ir)).megakernel
-    sig = {**signature(ir), "NUM_PROGRAMS": "constexpr", "USE_ASM": "constexpr"}
+    fn = load_module(ir, generate(ir, trace)).megakernel
+    sig = {**signature(ir, trace), "NUM_PROGRAMS": "constexpr", "USE_ASM": "constexpr"}
     # Pointers are 16-byte aligned at run time (Triton specialises on that); say so here too.
     aligned = {n for n, m in ir.multiples if m % 16 == 0}
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, t) in enumerate(sig.items())

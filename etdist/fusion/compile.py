@@ -24,7 +24,7 @@ DEFAULT_CPU_PROGRAMS = 4
 
 def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str = "cpu",
             programs: Optional[int] = None,
-            samples: Optional[Sequence[Mapping[str, int]]] = None):
+            samples: Optional[Sequence[Mapping[str, int]]] = None, trace: bool = False):
     """Compile a graph into a megakernel for `target`.
 
     schedule: "static" (tasks pre-assigned to programs by formula; the default for dense work) or
@@ -32,6 +32,8 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
     programs: persistent programs per rank (simulated SMs on the CPU).
     samples: sizes at which to enumerate the graph for validation (defaults: graph.sample(...)
         declarations, else small ragged sizes).
+    trace: record every task's start/end (target "cuda": a compile-time switch, read with
+        kernel.trace(mesh); target "cpu": the default of kernel.run(..., trace=)).
     """
     if schedule not in SCHEDULES:
         raise GraphError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -51,9 +53,10 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
               f"runtime-checked events: {list(report.dynamic_events)}")
     if target == "cuda":
         from .cuda_runtime import CudaKernel  # imports triton; CPU-only users never need it
-        kernel = CudaKernel(table, schedule, programs)
+        kernel = CudaKernel(table, schedule, programs, trace=trace)
     else:
         kernel = CpuKernel(table, schedule, programs or DEFAULT_CPU_PROGRAMS)
+        kernel.trace_default = trace
     if debug:
         print(f"[etdist] build {ir.name}: {kernel}")
     return kernel

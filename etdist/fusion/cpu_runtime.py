@@ -237,12 +237,13 @@ class CpuKernel:
         self.table, self.ir, self.schedule, self.programs = table, table.ir, schedule, programs
         self._counters: dict = {}
         self.last_stats: Optional[LaunchStats] = None
+        self.trace_default = False   # compile(..., trace=True) sets it
 
     def __repr__(self) -> str:
         return f"CpuKernel({self.ir.name!r}, schedule={self.schedule!r}, programs={self.programs})"
 
     def run(self, inputs: Sequence[Mapping[str, torch.Tensor]], *, sizes: Optional[Mapping[str, int]] = None,
-            interleave: str = "round_robin", seed: int = 0, trace: bool = False) -> list[dict[str, torch.Tensor]]:
+            interleave: str = "round_robin", seed: int = 0, trace: Optional[bool] = None) -> list[dict[str, torch.Tensor]]:
         """Run one launch on `len(inputs)` simulated ranks; returns each rank's outputs.
 
         interleave: "round_robin" or "random" (seeded by `seed`) order of program steps.
@@ -255,7 +256,7 @@ class CpuKernel:
         bound_sizes = bind_inputs(self.ir, inputs, sizes)
         b = bind(self.table, bound_sizes)
         tensors = [self._allocate(inputs[r], bound_sizes, r) for r in range(len(inputs))]
-        launch = _Launch(self, b, tensors, trace)
+        launch = _Launch(self, b, tensors, self.trace_default if trace is None else trace)
         if self.schedule == "static":
             sched = StaticSchedule(self.programs)
             gens = {(r, p): launch.static_program(sched, r, p)

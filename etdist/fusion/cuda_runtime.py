@@ -27,7 +27,7 @@ import torch
 from triton import knobs
 
 from .bind import MapTable, bind_inputs
-from .codegen_triton import ERR_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
+from .codegen_triton import ERR_WORDS, TRACE_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
 from .errors import GraphError, InputError, RuntimeFault
 from .expr import RANK_NAME, evaluate
 from .ir import Role
@@ -92,7 +92,7 @@ class CudaKernel:
     target = "cuda"
 
     def __init__(self, table: MapTable, schedule: str, programs: Optional[int] = None,
-                 num_warps: int = 4, num_stages: int = 3):
+                 num_warps: int = 4, num_stages: int = 3, trace: bool = False):
         if schedule != "static":
             raise NotImplementedError("schedule='dynamic' on target='cuda' is not built yet; use 'static'")
         for e in table.ir.events:
@@ -102,15 +102,16 @@ class CudaKernel:
                     "yet (run the graph on the CPU runtime)")
         self.table, self.ir, self.schedule = table, table.ir, schedule
         self.programs, self.num_warps, self.num_stages = programs, num_warps, num_stages
-        self.source = generate(self.ir)
+        self.trace_on = trace
+        self.source = generate(self.ir, trace)
         if os.environ.get("ETDIST_DUMP", "0") not in ("", "0"):
             print(self.source)
         self.module = load_module(self.ir, self.source)
-        self.params = kernel_params(self.ir)
+        self.params = kernel_params(self.ir, trace)
         self._key = ("megakernel", id(self))
 
     def __repr__(self) -> str:
-        return f"CudaKernel({self.ir.name!r}, schedule={self.schedule!r})"
+        return f"CudaKernel({self.ir.name!r}, schedule={self.schedule!r}{', trace=True' if self.trace_on else ''})"
 
     # -- host side --------------------------------------------------------------------------
     def __call__(self, mesh, sizes: Optional[Mapping[str, int]] = None, out: Optional[dict] = None,
@@ -147,6 +148,8 @@ class CudaKernel:
                 outs[name] = given
             else:
                 outs[name] = torch.empty(shape, dtype=dtype, device=mesh.device)
+        if self.trace_on:
+            st.shape.fixed["trace_buf"].zero_()   # tasks that do not run this launch show no times
         st.epoch += 1
         st.ev_epoch += 1
         values = {**st.shape.fixed, **inputs, **outs, "epoch": st.epoch, "ev_epoch": st.ev_epoch}
@@ -187,6 +190,24 @@ class CudaKernel:
             return
         torch.cuda.synchronize(mesh.device)
         self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].cpu().tolist())
+
+    def trace(self, mesh, gather: bool = True) -> list[tuple]:
+        """The last launch's tasks as (rank, SM, label, start us, end us) rows, every rank's when
+        gather=True (collective: call it on every rank), shifted so the earliest start is 0. Needs
+        compile(..., trace=True). Write them with et.fusion.trace.write_chrome(rows, path, track="SM")."""
+        if not self.trace_on:
+            raise GraphError(f"graph {self.ir.name!r} was compiled without trace=True: nothing was recorded")
+        st = mesh.cache.get(self._key)
+        if st is None or st.shape is None:
+            raise GraphError(f"graph {self.ir.name!r} has not been launched on this mesh yet")
+        self.check(mesh)  # waits for the launch and raises if it failed
+        from .trace import gpu_rows
+        env = {**st.shape.sizes, RANK_NAME: mesh.rank}
+        rows = gpu_rows(self.ir, env, st.shape.fixed["trace_buf"].cpu().tolist(), mesh.rank)
+        if gather:
+            rows = [row for part in mesh.comm.allgather(rows) for row in part]
+        t0 = min((r[3] for r in rows), default=0.0)
+        return [(rank, sm, label, start - t0, end - t0) for rank, sm, label, start, end in rows]
 
     def _bind(self, mesh, inputs, sizes) -> dict:
         world = mesh.world_size
@@ -252,6 +273,9 @@ class CudaKernel:
                              f"({missing}); declare them as scratch")
         outputs = {s.name: (tuple(evaluate(d, env) for d in s.shape), s.dtype) for s in self.ir.tensors
                    if s.role is Role.OUTPUT}
+        if self.trace_on:
+            tasks = sum(math.prod(evaluate(g, env) for g in t.grid) for t in self.ir.tasks)
+            fixed["trace_buf"] = torch.zeros(max(1, tasks) * TRACE_WORDS, dtype=torch.int64, device=mesh.device)
         st.shape = _Shape(dict(bound), event_shapes, outputs, fixed)
         mesh.barrier()  # every rank zeroed its counters before any rank notifies into them
 

@@ -1,9 +1,15 @@
-"""Traces of a launch as Chrome / Perfetto JSON: one process per rank, one track per program.
+"""Traces of a launch as Chrome / Perfetto JSON: one process per rank, one track per program (CPU
+runtime) or per SM (GPU).
 
-    out = kernel.run(inputs, trace=True)
+    out = kernel.run(inputs, trace=True)                                   # CPU runtime
     et.fusion.trace.write_chrome(kernel.last_stats.trace, "launch.json")   # open in ui.perfetto.dev
 
-The CPU runtime's clock is its scheduler step (deterministic for a seed), written as microseconds.
+    kernel = et.compile(graph, target="cuda", trace=True)                  # GPU: a compile-time switch
+    kernel(mesh, **inputs); rows = kernel.trace(mesh)                      # every rank's tasks, on every rank
+    et.fusion.trace.write_chrome(rows, "launch.json", track="SM")
+
+The CPU runtime's clock is its scheduler step (deterministic for a seed), written as microseconds;
+the GPU's is each SM's %globaltimer (ns), shifted so the earliest task starts at 0.
 """
 from __future__ import annotations
 
@@ -12,8 +18,36 @@ import pathlib
 from typing import Iterable
 
 
-def chrome_events(trace: Iterable[tuple]) -> list[dict]:
-    """(rank, program, task label, start, end) rows -> Chrome trace events."""
+def gpu_rows(ir, sizes: dict, buf, rank: int) -> list[tuple]:
+    """A GPU trace buffer (TRACE_WORDS int64 per task, by global task id, as the generated kernel
+    writes it) -> (rank, SM, "task@(i, j) program p, waited w us", start us, end us) for every task
+    that ran. `sizes`: the bound sizes with RANK and WORLD."""
+    from .codegen_triton import TRACE_WORDS
+    from .expr import evaluate
+
+    words = [int(v) for v in buf]
+    rows, gid = [], 0
+    for t in ir.tasks:
+        grid = [evaluate(g, sizes) for g in t.grid]
+        n = 1
+        for g in grid:
+            n *= g
+        for local in range(n):
+            start, waited, end, where = words[(gid + local) * TRACE_WORDS:(gid + local + 1) * TRACE_WORDS]
+            if end:
+                idx, rest = [], local
+                for g in reversed(grid):
+                    idx.append(rest % g)
+                    rest //= g
+                label = (f"{t.name}@{tuple(reversed(idx))} program {where & 0xFFFFFFFF}, "
+                         f"waited {(waited - start) / 1e3:.1f} us")
+                rows.append((rank, where >> 32, label, start / 1e3, end / 1e3))
+        gid += n
+    return rows
+
+
+def chrome_events(trace: Iterable[tuple], track: str = "program") -> list[dict]:
+    """(rank, program or SM, task label, start, end) rows -> Chrome trace events."""
     events = []
     ranks, programs = set(), set()
     for rank, program, label, start, end in trace:
@@ -22,12 +56,12 @@ def chrome_events(trace: Iterable[tuple]) -> list[dict]:
         ranks.add(rank)
         programs.add((rank, program))
     meta = [{"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"rank {r}"}} for r in sorted(ranks)]
-    meta += [{"name": "thread_name", "ph": "M", "pid": r, "tid": p, "args": {"name": f"program {p}"}}
+    meta += [{"name": "thread_name", "ph": "M", "pid": r, "tid": p, "args": {"name": f"{track} {p}"}}
              for r, p in sorted(programs)]
     return meta + events
 
 
-def write_chrome(trace: Iterable[tuple], path) -> pathlib.Path:
+def write_chrome(trace: Iterable[tuple], path, track: str = "program") -> pathlib.Path:
     path = pathlib.Path(path)
-    path.write_text(json.dumps({"traceEvents": chrome_events(trace), "displayTimeUnit": "ms"}))
+    path.write_text(json.dumps({"traceEvents": chrome_events(trace, track), "displayTimeUnit": "ms"}))
     return path

@@ -115,3 +115,14 @@ def finish_launch(ctrl_ptr, ctrl_table, exit_off, grid_off, epoch_off, epoch, ra
                 if s != rank:
                     wait(ctrl_ptr + exit_off + s, epoch, max_spins, ctrl_ptr, ctrl_table, rank, world,
                          EVENT_EXIT, s, epoch, "sys", USE_ASM)
+
+
+@triton.jit
+def trace_clock(anchor):
+    """(global nanosecond timer, SM id) for trace mode; `anchor` (any scalar) only gives the asm an
+    operand. Only generated when a graph is compiled with trace=True."""
+    t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=tl.int64,
+                                  is_pure=False, pack=1)
+    sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [anchor], dtype=tl.int32,
+                                   is_pure=False, pack=1)
+    return t, sm

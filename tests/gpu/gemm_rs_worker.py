@@ -1,6 +1,6 @@
 """GPU checks of the fused GEMM+RS megakernel, one process per GPU:
 
-    torchrun --nproc_per_node=N tests/gpu/gemm_rs_worker.py [--case ok|peer-skips]
+    torchrun --nproc_per_node=N tests/gpu/gemm_rs_worker.py [--case ok|trace|peer-skips]
 
 Prints 'OK <check>' lines that tests/gpu/test_megakernel_gpu.py counts.
 """
@@ -102,14 +102,42 @@ def check_peer_skips(mesh):
             raise AssertionError("rank 1 never learned that rank 0 failed")
 
 
+def check_trace(mesh):
+    """trace=True: every task of the launch on some SM, ends after starts, waits inside the task,
+    the same result as without tracing; a Chrome trace file that loads as JSON."""
+    import json
+    import tempfile
+
+    from etdist.workloads import gemm_rs
+    torch.manual_seed(7 + mesh.rank)
+    M, K, N = 1000, 1536, 1024
+    x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
+    w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16) / K ** 0.5
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter(128, 128, torch.bfloat16, 64, 16), target="cuda", trace=True)
+    y = kernel(mesh, x=x, w=w)["y"]
+    rows = kernel.trace(mesh)
+    R, C = mesh.world_size, -(-M // mesh.world_size)
+    tasks = R * (R * -(-C // 128) * -(-N // 128) + -(-C // 128) * -(-N // 128))   # matmul + reduce, all ranks
+    assert len(rows) == tasks, (len(rows), tasks)
+    sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
+    assert all(0 <= sm < sms and 0 <= start <= end for _, sm, _, start, end in rows)
+    assert {r for r, *_ in rows} == set(range(R)) and min(r[3] for r in rows) == 0.0
+    assert torch.allclose(y.float(), reference(x, w, mesh), atol=5e-2, rtol=2e-2)
+    path = et.fusion.trace.write_chrome(rows, tempfile.mktemp(suffix=".json"), track="SM")
+    events = json.loads(path.read_text())["traceEvents"]
+    span = max(r[4] for r in rows)
+    print(f"OK trace rank {mesh.rank}: {len(rows)} tasks on {len({(r, sm) for r, sm, *_ in rows})} SM tracks, "
+          f"{span:.0f} us, {len(events)} Chrome events", flush=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", default="ok")
     args = ap.parse_args()
     dist.init_process_group("cpu:gloo,cuda:nccl")  # NCCL for the reference; the mesh reuses the group
     mesh = et.init_mesh(watchdog_s=3 if args.case == "peer-skips" else None)
-    if args.case == "ok":
-        check_ok(mesh)
+    if args.case in ("ok", "trace"):
+        (check_ok if args.case == "ok" else check_trace)(mesh)
         mesh.close()
     else:  # the mesh is broken on purpose: leave without the collective teardown
         check_peer_skips(mesh)

@@ -29,6 +29,14 @@ def test_gemm_reduce_scatter_matches_reference(world):
         assert out.count(f"OK {check}") == world, out[-5000:]
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_trace_mode_records_every_task(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    rc, out = torchrun(world, "--case", "trace")
+    assert rc == 0 and out.count("OK trace") == world, out[-5000:]
+
+
 def test_missing_peer_raises_within_watchdog():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")

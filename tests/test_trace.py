@@ -1,0 +1,53 @@
+"""Trace mode: off costs nothing in the generated kernel; on, every task's times and SM are stored
+and decode back to task coordinates; the CPU runtime writes the same Chrome format."""
+import json
+
+import torch
+
+import etdist as et
+from etdist.fusion.codegen_triton import TRACE_WORDS, compile_ptx, generate, kernel_params
+from etdist.fusion.trace import chrome_events, gpu_rows, write_chrome
+from etdist.workloads import gemm_rs
+
+
+def ir():
+    return gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16).to_ir()
+
+
+def test_trace_is_a_compile_time_switch():
+    g = ir()
+    off, on = generate(g), generate(g, trace=True)
+    assert "trace_buf" not in off and "_et_clock" not in off and "trace_buf" not in kernel_params(g)
+    assert kernel_params(g, trace=True)[-1] == "trace_buf"
+    assert on.count("_et_clock(") == 3 * len(g.tasks)              # start, waits done, end per task
+    ptx_on = compile_ptx(g, trace=True)
+    assert "%globaltimer" in ptx_on and "%smid" in ptx_on
+    assert "%globaltimer" not in compile_ptx(g)
+
+
+def test_gpu_rows_decode_task_coordinates():
+    g = ir()
+    sizes = {"M": 200, "K": 64, "N": 100, "RANK": 1, "WORLD": 2}   # C=100: 2 row tiles, 2 column tiles
+    n_matmul, n_reduce = 2 * 2 * 2, 2 * 2
+    buf = [0] * ((n_matmul + n_reduce) * TRACE_WORDS)
+    def put(gid, start, waited, end, sm, program):
+        buf[gid * TRACE_WORDS:(gid + 1) * TRACE_WORDS] = [start, waited, end, sm << 32 | program]
+    put(5, 1000, 1500, 4000, 17, 3)            # matmul task (dst=1, q=1)
+    put(n_matmul + 3, 9000, 12000, 13000, 2, 0)  # reduce task (i=1, j=1)
+    rows = gpu_rows(g, sizes, buf, rank=1)
+    assert rows == [(1, 17, "matmul@(1, 1) program 3, waited 0.5 us", 1.0, 4.0),
+                    (1, 2, "reduce@(1, 1) program 0, waited 3.0 us", 9.0, 13.0)]
+    events = chrome_events(rows, track="SM")
+    assert {e["args"]["name"] for e in events if e["name"] == "thread_name"} == {"SM 17", "SM 2"}
+    assert [e["dur"] for e in events if e["ph"] == "X"] == [3.0, 4.0]
+
+
+def test_cpu_trace_by_default_when_compiled_with_trace(tmp_path):
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8), trace=True)
+    kernel.run(gemm_rs.make_inputs(2, 12, 5, 9))
+    trace = kernel.last_stats.trace
+    assert len(trace) == kernel.last_stats.tasks_run > 0
+    path = write_chrome(trace, tmp_path / "t.json")
+    assert json.loads(path.read_text())["traceEvents"]
+    kernel.run(gemm_rs.make_inputs(2, 12, 5, 9), trace=False)
+    assert kernel.last_stats.trace == []
