@@ -193,7 +193,7 @@ class CudaKernel:
 
     def trace(self, mesh, gather: bool = True) -> list[tuple]:
         """The last launch's tasks as (rank, SM, label, start us, end us) rows, every rank's when
-        gather=True (collective: call it on every rank), shifted so the earliest start is 0. Needs
+        gather=True (collective: call it on every rank), each rank's shifted so its earliest start is 0. Needs
         compile(..., trace=True). Write them with et.fusion.trace.write_chrome(rows, path, track="SM")."""
         if not self.trace_on:
             raise GraphError(f"graph {self.ir.name!r} was compiled without trace=True: nothing was recorded")
@@ -204,10 +204,11 @@ class CudaKernel:
         from .trace import gpu_rows
         env = {**st.shape.sizes, RANK_NAME: mesh.rank}
         rows = gpu_rows(self.ir, env, st.shape.fixed["trace_buf"].cpu().tolist(), mesh.rank)
-        if gather:
-            rows = [row for part in mesh.comm.allgather(rows) for row in part]
+        # each GPU's %globaltimer has its own origin (2x H200: ~0.24 s apart), so every rank's
+        # timeline starts at its own first task (the launch starts within microseconds on all ranks)
         t0 = min((r[3] for r in rows), default=0.0)
-        return [(rank, sm, label, start - t0, end - t0) for rank, sm, label, start, end in rows]
+        rows = [(rank, sm, label, start - t0, end - t0) for rank, sm, label, start, end in rows]
+        return [row for part in mesh.comm.allgather(rows) for row in part] if gather else rows
 
     def _bind(self, mesh, inputs, sizes) -> dict:
         world = mesh.world_size

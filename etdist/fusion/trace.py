@@ -9,7 +9,8 @@ runtime) or per SM (GPU).
     et.fusion.trace.write_chrome(rows, "launch.json", track="SM")
 
 The CPU runtime's clock is its scheduler step (deterministic for a seed), written as microseconds;
-the GPU's is each SM's %globaltimer (ns), shifted so the earliest task starts at 0.
+the GPU's is %globaltimer (ns), shifted per rank so that rank's earliest task starts at 0 (the
+timers of different GPUs have different origins).
 """
 from __future__ import annotations
 
