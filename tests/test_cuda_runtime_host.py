@@ -83,3 +83,21 @@ def test_op_operand_checks_before_launch():
     mesh.backend = "cpu"
     with pytest.raises(et.InputError, match="et.ops.op runs on GPUs"):
         check_operands("op", "g", x, w, mesh)
+
+
+def test_direct_launch_is_not_blocked_by_triton_default_hooks():
+    """Triton 3.6 keeps an empty HookChain as its launch hooks: that must not count as a profiler
+    (it did, and every call went through Triton's dispatch); a hook someone adds must."""
+    from triton import knobs
+
+    from etdist.fusion.cuda_runtime import hooks_active
+    assert not hooks_active()
+    hook = lambda *a: None  # noqa: E731
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):
+        chain.add(hook)
+        try:
+            assert hooks_active()
+        finally:
+            chain.remove(hook)
+    assert not hooks_active()

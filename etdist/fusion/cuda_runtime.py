@@ -33,6 +33,15 @@ from .expr import RANK_NAME, evaluate
 from .ir import Role
 
 DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
+
+
+def hooks_active() -> bool:
+    """Whether a launch hook (a profiler's) is installed. Triton 3.6 keeps an empty HookChain there
+    rather than None: testing `is not None` sent every call down Triton's dispatch."""
+    return any(h is not None and getattr(h, "calls", True) for h in
+               (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+
+
 CACHE = pathlib.Path(os.environ.get("ETDIST_CACHE", pathlib.Path.home() / ".cache" / "etdist"))
 
 
@@ -167,8 +176,7 @@ class CudaKernel:
         of microseconds for a kernel with this many arguments). Only where the binary is known to
         fit: every pointer 16-byte aligned as when it was compiled, and no profiler hook set."""
         k = st.compiled
-        if k is None or not DIRECT_LAUNCH or knobs.runtime.launch_enter_hook is not None \
-                or knobs.runtime.launch_exit_hook is not None:
+        if k is None or not DIRECT_LAUNCH or hooks_active():
             return False
         flat = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
         if any(isinstance(a, torch.Tensor) and f % 16 for a, f in zip(args, flat)):
