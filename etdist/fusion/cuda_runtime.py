@@ -14,6 +14,7 @@ error naming the graph, event, coordinate and counter value.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import importlib.util
 import math
 import os
@@ -35,6 +36,11 @@ from .ir import Role
 DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
 
 
+def _sync(mesh) -> None:
+    if mesh.device.type == "cuda":
+        torch.cuda.synchronize(mesh.device)
+
+
 def hooks_active() -> bool:
     """Whether a launch hook (a profiler's) is installed. Triton 3.6 keeps an empty HookChain there
     rather than None: testing `is not None` sent every call down Triton's dispatch."""
@@ -45,10 +51,16 @@ def hooks_active() -> bool:
 CACHE = pathlib.Path(os.environ.get("ETDIST_CACHE", pathlib.Path.home() / ".cache" / "etdist"))
 
 
+def _body_key(fn) -> str:
+    """A tile body's source key (interpreted functions have no cache_key: hash their source)."""
+    key = getattr(fn, "cache_key", None)
+    return key if key is not None else hashlib.sha256(inspect.getsource(fn.fn).encode()).hexdigest()
+
+
 def load_module(ir, source: str):
     """Write the generated source to the cache (Triton reads source from files) and import it.
     Keyed by the source and the tile bodies' own sources, so a redefined body gets a new module."""
-    bodies = "".join(t.triton_body.cache_key for t in ir.tasks)
+    bodies = "".join(_body_key(t.triton_body) for t in ir.tasks)
     key = hashlib.sha256((source + bodies).encode()).hexdigest()[:16]
     path = CACHE / f"megakernel_{ir.name}_{key}.py"
     if not path.exists():
@@ -112,6 +124,14 @@ class CudaKernel:
         self.table, self.ir, self.schedule = table, table.ir, schedule
         self.programs, self.num_warps, self.num_stages = programs, num_warps, num_stages
         self.trace_on = trace
+        # TRITON_INTERPRET=1: the same generated kernel runs on CPU tensors over a cpu-backend
+        # mesh (one program per rank, atomic polls instead of inline asm): CI checks codegen
+        self.interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        if self.interpreted:
+            if trace:
+                raise GraphError("trace=True reads GPU timers (inline asm): not under TRITON_INTERPRET=1")
+            from ..kernels.interpret import patch_interpreter
+            patch_interpreter()
         self.source = generate(self.ir, trace)
         if os.environ.get("ETDIST_DUMP", "0") not in ("", "0"):
             print(self.source)
@@ -125,9 +145,11 @@ class CudaKernel:
     # -- host side --------------------------------------------------------------------------
     def __call__(self, mesh, sizes: Optional[Mapping[str, int]] = None, out: Optional[dict] = None,
                  **inputs: torch.Tensor) -> dict:
-        if getattr(mesh, "backend", None) != "nvshmem":
+        want = "cpu" if self.interpreted else "nvshmem"
+        if getattr(mesh, "backend", None) != want:
             raise InputError(f"graph {self.ir.name!r} was compiled for GPUs: it needs a mesh with the "
-                             f"'nvshmem' backend, got {getattr(mesh, 'backend', mesh)!r}")
+                             f"{want!r} backend{' (TRITON_INTERPRET=1)' if self.interpreted else ''}, "
+                             f"got {getattr(mesh, 'backend', mesh)!r}")
         unknown = set(out or {}) - {s.name for s in self.ir.tensors if s.role is Role.OUTPUT}
         if unknown:
             raise InputError(f"graph {self.ir.name!r}: out= names {sorted(unknown)}, which are no outputs")
@@ -163,6 +185,10 @@ class CudaKernel:
         st.ev_epoch += 1
         values = {**st.shape.fixed, **inputs, **outs, "epoch": st.epoch, "ev_epoch": st.ev_epoch}
         args = [values[p] for p in self.params]
+        if self.interpreted:  # synchronous, on CPU tensors: errors are known at once
+            self.module.megakernel[(st.programs,)](*args, NUM_PROGRAMS=st.programs, USE_ASM=False)
+            self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
+            return outs
         if not self._launch_direct(mesh, st, args):
             st.compiled = self.module.megakernel[(st.programs,)](
                 *args, NUM_PROGRAMS=st.programs, USE_ASM=True, num_warps=self.num_warps,
@@ -186,6 +212,8 @@ class CudaKernel:
         return True
 
     def _new_state(self, mesh) -> _MeshState:
+        if self.interpreted:  # the interpreter runs programs one after another: one per rank
+            return _MeshState(programs=1)
         sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
         word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         return _MeshState(programs=min(self.programs or sms, sms), error_word=word, error_np=word.numpy(),
@@ -196,7 +224,7 @@ class CudaKernel:
         st = mesh.cache.get(self._key)
         if st is None or st.arena is None:
             return
-        torch.cuda.synchronize(mesh.device)
+        _sync(mesh)
         self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].cpu().tolist())
 
     def trace(self, mesh, gather: bool = True) -> list[tuple]:
@@ -261,13 +289,13 @@ class CudaKernel:
             offsets[e.name] = at
             at += math.prod(event_shapes[e.name])
         if st.arena is None or st.arena.numel() < at:
-            torch.cuda.synchronize(mesh.device)
+            _sync(mesh)
             if st.arena is not None:
                 mesh.free(st.arena)
             st.arena = mesh.empty((max(at, 4096),), torch.int32)
             st.arena_head = st.arena[:1]
             st.arena_peers = mesh.peer_ptrs(st.arena)
-        torch.cuda.synchronize(mesh.device)
+        _sync(mesh)
         st.arena[ArenaLayout(world).events:].zero_()  # the error record and exit lanes are kept
         st.ev_epoch = 0
         env = {**bound, RANK_NAME: mesh.rank}
@@ -293,7 +321,7 @@ class CudaKernel:
         have = st.buffers.get(spec.name)
         if have is None or have.numel() < n:
             cap = max(n, 1) if have is None else max(n, 2 * have.numel())
-            torch.cuda.synchronize(mesh.device)
+            _sync(mesh)
             if have is not None and spec.symmetric:
                 mesh.free(have)
             have = (mesh.empty((cap,), spec.dtype) if spec.symmetric
@@ -302,8 +330,8 @@ class CudaKernel:
         return have[:n].view(shape)
 
     def _check_pending(self, mesh, st: _MeshState) -> None:
-        if st.epoch and st.error_np[0] != 0 and st.launched.query():
-            torch.cuda.synchronize(mesh.device)
+        if st.epoch and st.error_np is not None and st.error_np[0] != 0 and st.launched.query():
+            _sync(mesh)
             self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].cpu().tolist())
 
     def _raise_if_failed(self, mesh, st: _MeshState, words) -> None:
