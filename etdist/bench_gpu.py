@@ -75,13 +75,13 @@ def _poisoned(rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------- cells
 
-def gemm_rs_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool) -> CellResult:
+def gemm_rs_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
     R = mesh.world_size
     K, N = I // R, H
     ops = B.gemm_rs_operands(M, K, N, copies=4, device=mesh.device)
     x = ops.x[:M].contiguous()  # the baselines pad M up to the world; we take it as it is
     lo, hi = _chunk(M, R, mesh.rank)
-    y = et.ops.gemm_reduce_scatter(x, ops.weights[0], mesh=mesh, out=_poisoned(hi - lo, N, x))
+    y = et.ops.gemm_reduce_scatter(x, ops.weights[0], mesh=mesh, out=_poisoned(hi - lo, N, x), schedule=schedule)
     part = x.float() @ ops.weights[0].float()
     dist.all_reduce(part)
     err = _max_over_ranks(_rel_err(y, part[lo:hi]), mesh.device)
@@ -89,7 +89,7 @@ def gemm_rs_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool)
 
     def ours():
         k[0] += 1
-        return et.ops.gemm_reduce_scatter(x, ops.weights[k[0] % 4], mesh=mesh)
+        return et.ops.gemm_reduce_scatter(x, ops.weights[k[0] % 4], mesh=mesh, schedule=schedule)
 
     ours_us = _time(ours, mesh)
     base = B.measure_baselines("gemm_rs", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
@@ -97,19 +97,19 @@ def gemm_rs_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool)
     return CellResult(ours_us, base.baselines, floor, err, base.notes())
 
 
-def ag_gemm_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool) -> CellResult:
+def ag_gemm_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
     R = mesh.world_size
     K, N = H, 2 * I // R
     ops = B.ag_gemm_operands(M, K, N, copies=4, device=mesh.device)
     lo, hi = _chunk(M, R, mesh.rank)
     x = ops.x[:hi - lo].contiguous()  # the baselines pad every chunk; we take the ragged one
-    y = et.ops.all_gather_gemm(x, ops.weights[0], mesh=mesh, total_rows=M, out=_poisoned(M, N, x))
+    y = et.ops.all_gather_gemm(x, ops.weights[0], mesh=mesh, total_rows=M, out=_poisoned(M, N, x), schedule=schedule)
     err = _max_over_ranks(_rel_err(y, _gather_rows(x, M, R) @ ops.weights[0].float()), mesh.device)
     k = [0]
 
     def ours():
         k[0] += 1
-        return et.ops.all_gather_gemm(x, ops.weights[k[0] % 4], mesh=mesh, total_rows=M)
+        return et.ops.all_gather_gemm(x, ops.weights[k[0] % 4], mesh=mesh, total_rows=M, schedule=schedule)
 
     ours_us = _time(ours, mesh)
     base = B.measure_baselines("ag_gemm", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
@@ -117,13 +117,13 @@ def ag_gemm_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool)
     return CellResult(ours_us, base.baselines, floor, err, base.notes())
 
 
-def mlp_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool) -> CellResult:
+def mlp_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
     R = mesh.world_size
     ops = B.mlp_operands(M, H, I // R, copies=4, device=mesh.device)
     lo, hi = _chunk(M, R, mesh.rank)
     x = ops.x[:hi - lo].contiguous()
     y = et.ops.tensor_parallel_mlp(x, ops.gate_up[0], ops.down[0], mesh=mesh, total_rows=M,
-                                   out=_poisoned(hi - lo, H, x))
+                                   out=_poisoned(hi - lo, H, x), schedule=schedule)
     full = B.swiglu(_gather_rows(x, M, R) @ ops.gate_up[0].float()) @ ops.down[0].float()
     dist.all_reduce(full)
     err = _max_over_ranks(_rel_err(y, full[lo:hi]), mesh.device)
@@ -131,12 +131,13 @@ def mlp_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool) -> 
 
     def ours():
         k[0] += 1
-        return et.ops.tensor_parallel_mlp(x, ops.gate_up[k[0] % 4], ops.down[k[0] % 4], mesh=mesh, total_rows=M)
+        return et.ops.tensor_parallel_mlp(x, ops.gate_up[k[0] % 4], ops.down[k[0] % 4], mesh=mesh, total_rows=M,
+                                          schedule=schedule)
 
     def separate():  # etdist's two fused ops, chained
         k[0] += 1
-        h = et.ops.all_gather_gemm(x, ops.gate_up[k[0] % 4], mesh=mesh, total_rows=M)
-        return et.ops.gemm_reduce_scatter(B.swiglu(h), ops.down[k[0] % 4], mesh=mesh)
+        h = et.ops.all_gather_gemm(x, ops.gate_up[k[0] % 4], mesh=mesh, total_rows=M, schedule=schedule)
+        return et.ops.gemm_reduce_scatter(B.swiglu(h), ops.down[k[0] % 4], mesh=mesh, schedule=schedule)
 
     ours_us = _time(ours, mesh)
     separate_us = _time(separate, mesh)
@@ -202,19 +203,14 @@ def process_mesh():
     return _PROCESS["mesh"], _PROCESS["ceilings"]
 
 
-def plan(cfg) -> tuple[list[tuple[str, int]], list[str]]:
-    """The (workload, M) cells a GPU run does for `cfg`, and a line per thing it leaves out."""
+def plan(cfg) -> tuple[list[tuple[str, str, int]], list[str]]:
+    """The (workload, schedule, M) cells a GPU run does for `cfg`, and a line per thing it leaves out."""
     names = [_value(w) for w in cfg.workload.names]
     schedules = [_value(s) for s in cfg.schedule.names]
     left_out = [f"workload {w}: not on GPUs yet" + (" (issue 7)" if w == "moe" else
                                                     " (python -m etdist.bench_collectives)" if w == "collectives" else "")
                 for w in names if w not in GPU_WORKLOADS]
-    if "static" not in schedules:
-        left_out.append(f"schedule {schedules}: the GPU megakernels run the static schedule only so far")
-        return [], left_out
-    if "dynamic" in schedules:
-        left_out.append("schedule dynamic: not on GPUs yet (issue 7); running static")
-    return [(w, int(M)) for w in names if w in GPU_WORKLOADS for M in cfg.bench.tokens], left_out
+    return [(w, s, int(M)) for w in names if w in GPU_WORKLOADS for s in schedules for M in cfg.bench.tokens], left_out
 
 
 def run_sweep(cfg, console, folder) -> list:
@@ -239,17 +235,17 @@ def run_sweep(cfg, console, folder) -> list:
             console.print("startup (gemm_rs): " + "  ".join(f"{k} {v:.2f}" for k, v in s.items()))
     env = records.env_info()
     out = []
-    for n, (workload, M) in enumerate(cells, 1):
-        res = CELLS[workload](mesh, H, I, M, ceil, cfg.bench.symm_mem)
+    for n, (workload, schedule, M) in enumerate(cells, 1):
+        res = CELLS[workload](mesh, H, I, M, ceil, cfg.bench.symm_mem, schedule)
         if not lead:
             continue
         rec = records.make_record(workload=workload, model=cfg.model.name, M=M, world=mesh.world_size,
-                                  schedule="static", ours_us=res.ours_us, baselines=res.baselines,
+                                  schedule=schedule, ours_us=res.ours_us, baselines=res.baselines,
                                   floor_us=res.floor_us, rel_err=res.rel_err, notes=res.notes, env=env)
         for where in filter(None, (pathlib.Path(folder) / "results", cfg.bench.results_dir)):
             records.append(pathlib.Path(where) / f"{workload}.jsonl", rec)
         best = min(res.baselines["graph"], res.baselines["eager"])
-        console.print(f"[{n}/{len(cells)}] {workload:8} {cfg.model.name:>13} M={M:<5} ours {res.ours_us:8.1f} us  "
+        console.print(f"[{n}/{len(cells)}] {workload:8} {schedule[:3]} {cfg.model.name:>13} M={M:<5} ours {res.ours_us:8.1f} us  "
                       f"best cuBLAS+NCCL {best:8.1f} us  speedup {best / res.ours_us:5.2f}x  "
                       f"ours/floor {res.ours_us / res.floor_us:5.2f}  rel err {res.rel_err:.1e}")
         out.append(rec)

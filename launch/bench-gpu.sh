@@ -3,12 +3,12 @@
 # process per GPU, records added to bench/results, then BENCHMARKS.md regenerated.
 #   bash launch/bench-gpu.sh                       # gemm_rs, ag_gemm and mlp
 #   WORKLOADS=mlp bash launch/bench-gpu.sh         # one workload; Hydra overrides pass through
-#   RESULTS=/tmp/r MODELS_OVERRIDE=qwen3_8b bash launch/bench-gpu.sh bench.symm_mem=false
+#   RESULTS=/tmp/r MODELS_OVERRIDE=qwen3_8b SCHEDULE=both bash launch/bench-gpu.sh bench.symm_mem=false
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODELS=qwen3_8b,llama31_8b,gemma2_9b,gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b
 NPROC=${NPROC:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
 export NPROC
-bash launch/torchrun.sh -m model=${MODELS_OVERRIDE:-$MODELS} workload=${WORKLOADS:-gemm_rs,ag_gemm,mlp} schedule=static bench=gpu \
+bash launch/torchrun.sh -m model=${MODELS_OVERRIDE:-$MODELS} workload=${WORKLOADS:-gemm_rs,ag_gemm,mlp} schedule=${SCHEDULE:-static} bench=gpu \
   bench.results_dir=${RESULTS:-bench/results} "$@" 2>&1 | grep -vE '^(W1|\[W|Setting OMP|\*{5})'
 if [ "${RESULTS:-bench/results}" = bench/results ]; then python3 -m etdist.report > /dev/null && echo "BENCHMARKS.md regenerated"; fi

@@ -76,11 +76,12 @@ def test_main_command_prints_the_table(tmp_path):
 def test_gpu_plan_runs_what_gpus_have_and_names_the_rest():
     from etdist import bench_gpu
     cells, left_out = bench_gpu.plan(cfg("workload=all", "schedule=both", "bench=gpu"))
-    assert cells == [(w, M) for w in ("gemm_rs", "ag_gemm", "mlp") for M in (16, 128, 1024, 8192, 1000)]
+    assert cells == [(w, s, M) for w in ("gemm_rs", "ag_gemm", "mlp") for s in ("static", "dynamic")
+                     for M in (16, 128, 1024, 8192, 1000)]
     assert any("moe" in l and "issue 7" in l for l in left_out)
-    assert any("collectives" in l for l in left_out) and any("dynamic" in l for l in left_out)
+    assert any("collectives" in l for l in left_out)
     cells, left_out = bench_gpu.plan(cfg("workload=gemm_rs", "schedule=dynamic"))
-    assert cells == [] and any("static schedule only" in l for l in left_out)
+    assert cells == [("gemm_rs", "dynamic", 37)] and not left_out
 
 
 def test_mesh_nvshmem_without_gpus_is_a_clear_error(monkeypatch):

@@ -148,3 +148,35 @@ def test_all_gather_gemm_graph_compiles():
     from etdist.workloads import ag_gemm
     ptx = compile_ptx(ag_gemm.all_gather_gemm(128, 128, torch.bfloat16, 64, 16).to_ir(), num_warps=8)
     assert "wgmma" in ptx and "cp.async" in ptx and re.search(r"ld\.acquire\.sys", ptx)
+
+
+def test_dynamic_schedule_pops_a_ready_queue_and_releases_consumers():
+    ir = gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
+    src = generate(ir, dynamic=True)
+    assert "while _et_more != 0:" in src and "_et_next(rq, rq_q, _et_limit" in src
+    assert "for _et_gid in range(" not in src                        # no static formula
+    assert src.count("_et_release(") == 1 and "_et_notify(" not in src
+    assert "ev_epoch * (WORLD)" in src                                # arrived's count, for the release
+    ptx = compile_ptx(ir, dynamic=True)
+    assert "wgmma" in ptx and "atom.global.relaxed.gpu.cas.b64" in ptx         # claims: CAS on the head
+    assert "atom.global.sys.acq_rel.add.u32" in ptx                           # notify that sees completion
+    assert "atom.global.sys.release.exch.b64" in ptx                          # a slot published (push)
+    assert "ld.global.sys.acquire.b64" in ptx                                 # a claimed slot polled
+
+
+def test_dynamic_on_gpus_refuses_counts_that_depend_on_rank():
+    from etdist.fusion.bind import MapTable
+    from etdist.fusion.cuda_runtime import CudaKernel
+    g = et.Graph("rank_count")
+    g.input("x", (4,), torch.float32)
+    e = g.event("e", (1,), count=g.rank + 1)
+
+    @g.task(grid=(1,), notify=lambda i: e[0])
+    def a(t, i):
+        pass
+
+    @g.task(grid=(1,), wait=lambda i: e[0])
+    def b(t, i):
+        pass
+    with pytest.raises(et.GraphError, match="do not depend on RANK"):
+        CudaKernel(MapTable.build(g.to_ir()), "dynamic")

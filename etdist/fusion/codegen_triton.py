@@ -24,7 +24,7 @@ import inspect
 from dataclasses import dataclass
 
 from .errors import GraphError
-from .expr import Expr, as_expr
+from .expr import Expr, as_expr, var
 from .ir import GraphIR, TaskSpec
 
 ERR_WORDS = 8
@@ -67,14 +67,19 @@ def decode_event_code(code: int) -> tuple[int, int] | None:
 TRACE_WORDS = 4   # per task in trace mode: start ns, waits done ns, end ns, SM << 32 | program
 
 
-def kernel_params(ir: GraphIR, trace: bool = False) -> list[str]:
+# the dynamic schedule's ready queue (etdist.kernels.ready_queue): buffer, peers, then offsets
+QUEUE_PARAMS = ["rq", "rq_peers", "rq_q", "rq_pending", "rq_waits", "rq_rowptr", "rq_cols", "rq_init",
+                "rq_ninit", "rq_total"]
+
+
+def kernel_params(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> list[str]:
     """The megakernel's run-time parameters, in order (the host passes them in this order)."""
     ps = [t.name for t in ir.tensors]
     ps += [f"{t.name}_peers" for t in ir.tensors if t.symmetric]
     ps += list(ir.sizes)
     ps += ["arena", "arena_peers"] + [f"ev_{e.name}_off" for e in ir.events]
     ps += ["epoch", "ev_epoch", "max_spins"]
-    return ps + (["trace_buf"] if trace else [])
+    return ps + (["trace_buf"] if trace else []) + (QUEUE_PARAMS if dynamic else [])
 
 
 class _Lines:
@@ -108,11 +113,13 @@ def _linear(dims: list[str], coord: list[str]) -> str:
     return text
 
 
-def generate(ir: GraphIR, trace: bool = False) -> str:
+def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
     """Source text of a module defining `megakernel` for this graph. trace=True adds a `trace_buf`
     argument (int64, TRACE_WORDS per task, indexed by the task's global id) and the timer reads that
-    fill it; without it the kernel has neither (a compile-time switch: costs nothing when off)."""
-    reserved = set(kernel_params(ir, trace=True))
+    fill it; without it the kernel has neither (a compile-time switch: costs nothing when off).
+    dynamic=True: programs pop ready tasks from the rank's queue instead of walking the static
+    formula, and notifies that complete an event element push its consumers (ready_queue.py)."""
+    reserved = set(kernel_params(ir, trace=True, dynamic=True))
     for t in ir.tasks:
         if t.triton_body is None:
             raise GraphError(f"task {t.name!r} has no GPU tile body: pass triton=<@triton.jit fn> to g.task")
@@ -135,17 +142,20 @@ def generate(ir: GraphIR, trace: bool = False) -> str:
     out("from etdist.kernels.sync import finish_launch as _et_finish")
     if trace:
         out("from etdist.kernels.sync import trace_clock as _et_clock")
+    if dynamic:
+        out("from etdist.kernels.ready_queue import next_task as _et_next, notify_release as _et_release, "
+            "push as _et_push")
     out("")
     for t in ir.tasks:
         out(f"# _et_body_{t.name} is bound to {t.triton_body.__module__}.{t.triton_body.__name__}")
     out("")
-    params = kernel_params(ir, trace)
+    params = kernel_params(ir, trace, dynamic)
     # Run-time sizes are not specialised (one binary for every M), except those the graph promises
     # to be multiples of 16: Triton's divisibility specialisation is what vectorises their loads,
     # and the host checks the promise at every call, so they always hit the same binary.
     aligned = {n for n, m in ir.multiples if m % 16 == 0}
     scalars = [p for p in params if (p in ir.sizes and p not in aligned) or p.startswith("ev_")
-               or p in ("epoch", "ev_epoch", "max_spins")]
+               or p in ("epoch", "ev_epoch", "max_spins") or (p.startswith("rq_") and p != "rq_peers")]
     out(f"@triton.jit(do_not_specialize={scalars!r})")
     out(f"def megakernel({', '.join(params)}, NUM_PROGRAMS: tl.constexpr, USE_ASM: tl.constexpr):")
     with out.indent():
@@ -164,13 +174,27 @@ def generate(ir: GraphIR, trace: bool = False) -> str:
             size = " * ".join(f"_et_g{k}_{a}" for a in range(len(t.grid))) or "1"
             out(f"_et_end{k} = {'_et_end' + str(k - 1) + ' + ' if k else ''}{size}")
             ends.append(f"_et_end{k}")
-        out(f"for _et_gid in range(_et_pid, {ends[-1] if ends else 0}, NUM_PROGRAMS):")
-        with out.indent():
-            for k, t in enumerate(ir.tasks):
-                kw = "if" if k == 0 else "elif" if k < len(ir.tasks) - 1 else "else"
-                out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
+        if dynamic:
+            # seed the queue with the tasks that wait on nothing, then pop until every task ran
+            out("for _et_k in range(_et_pid, rq_ninit, NUM_PROGRAMS):")
+            with out.indent():
+                out('_et_push(rq, tl.load(rq + rq_init + _et_k), rq_q, "gpu")')
+            out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
+            out("_et_more = 1")
+            out("while _et_more != 0:")
+            with out.indent():
+                out(f"_et_gid = _et_next(rq, rq_q, _et_limit, max_spins, arena, arena_peers, RANK, WORLD, "
+                    f"{event_code(len(ir.events), 1)}, epoch)")
+                out("if _et_gid < 0:")
                 with out.indent():
-                    _emit_task(out, ir, k, t, tx, trace)
+                    out("_et_more = 0")
+                out("else:")
+                with out.indent():
+                    _emit_dispatch(out, ir, tx, trace, dynamic)
+        else:
+            out(f"for _et_gid in range(_et_pid, {ends[-1] if ends else 0}, NUM_PROGRAMS):")
+            with out.indent():
+                _emit_dispatch(out, ir, tx, trace, dynamic)
         # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
         out(f"_et_finish(arena, arena_peers, {ERR_WORDS}, {ERR_WORDS} + WORLD, {ERR_WORDS + 1} + WORLD, epoch, RANK, "
             f"WORLD, max_spins, True, {event_code(len(ir.events), 0)}, USE_ASM)")
@@ -186,7 +210,17 @@ def _all_exprs(ir: GraphIR):
             yield t.when
 
 
-def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = False) -> None:
+def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, dynamic: bool) -> None:
+    """The branch on the global task id `_et_gid`: one arm per device function."""
+    for k, t in enumerate(ir.tasks):
+        kw = "if" if k == 0 else "elif" if k < len(ir.tasks) - 1 else "else"
+        out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
+        with out.indent():
+            _emit_task(out, ir, k, t, tx, trace, dynamic)
+
+
+def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = False,
+               dynamic: bool = False) -> None:
     if trace:
         out("_et_t0, _et_sm = _et_clock(_et_gid)")
     out(f"_et_t = _et_gid - _et_end{k - 1}" if k else "_et_t = _et_gid")
@@ -230,7 +264,14 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
             lin = _linear(dims, coord)
             base = f"_et_peer(arena_peers, {coord[0]}, arena)" if e.distributed else "arena"
             scope = "sys" if e.distributed else "gpu"
-            out(f"_et_notify({base} + ev_{e.name}_off + {lin}, 1, False, {scope!r})")
+            if dynamic:  # the element's count at this coordinate (loop variables for spans)
+                at = {f"c{d}": (var(coord[d]) if c.op == "span" else c) for d, c in enumerate(acc.coord)}
+                owner = coord[0] if e.distributed else "RANK"
+                out(f"_et_release({base} + ev_{e.name}_off + {lin}, ev_epoch * ({tx(e.count.substitute(at))}), "
+                    f"ev_{e.name}_off + {lin}, {owner}, rq, rq_peers, rq_q, rq_pending, rq_waits, rq_rowptr, "
+                    f"rq_cols, ev_epoch, RANK, {scope!r})")
+            else:
+                out(f"_et_notify({base} + ev_{e.name}_off + {lin}, 1, False, {scope!r})")
             out.depth = depth
         if trace:  # tasks that did not run (when false, or a wait timed out) keep zeros
             out("_et_t2, _et_sm = _et_clock(_et_gid)")
@@ -265,17 +306,17 @@ _TRITON_TYPES = {"torch.float32": "*fp32", "torch.bfloat16": "*bf16", "torch.flo
                  "torch.int64": "*i64", "torch.int32": "*i32", "torch.bool": "*i1"}
 
 
-def signature(ir: GraphIR, trace: bool = False) -> dict[str, str]:
+def signature(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> dict[str, str]:
     """Triton types of the kernel parameters (for ahead-of-time compilation)."""
     sig = {}
-    for p in kernel_params(ir, trace):
+    for p in kernel_params(ir, trace, dynamic):
         if p in {t.name for t in ir.tensors}:
             sig[p] = _TRITON_TYPES[str(ir.tensor(p).dtype)]
         elif p.endswith("_peers"):
             sig[p] = "*i64"
         elif p == "arena":
             sig[p] = "*i32"
-        elif p == "trace_buf":
+        elif p in ("trace_buf", "rq"):
             sig[p] = "*i64"
         else:
             sig[p] = "i32"
@@ -283,15 +324,15 @@ def signature(ir: GraphIR, trace: bool = False) -> dict[str, str]:
 
 
 def compile_ptx(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps: int = 4,
-                trace: bool = False) -> str:
+                trace: bool = False, dynamic: bool = False) -> str:
     """PTX of the graph's megakernel for sm_`arch`, compiled on the host: no GPU needed."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     from .cuda_runtime import load_module
 
-    fn = load_module(ir, generate(ir, trace)).megakernel
-    sig = {**signature(ir, trace), "NUM_PROGRAMS": "constexpr", "USE_ASM": "constexpr"}
+    fn = load_module(ir, generate(ir, trace, dynamic)).megakernel
+    sig = {**signature(ir, trace, dynamic), "NUM_PROGRAMS": "constexpr", "USE_ASM": "constexpr"}
     # Pointers are 16-byte aligned at run time (Triton specialises on that); say so here too.
     aligned = {n for n, m in ir.multiples if m % 16 == 0}
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, t) in enumerate(sig.items())

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from triton import knobs
 
-from .bind import MapTable, bind_inputs
+from .bind import MapTable, bind, bind_inputs
+from .schedule_dynamic import release_plan
 from .codegen_triton import ERR_WORDS, TRACE_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
 from .errors import GraphError, InputError, RuntimeFault
 from .expr import RANK_NAME, evaluate
@@ -105,6 +106,8 @@ class _MeshState:
     arena_head: Optional[torch.Tensor] = None   # arena[:1], sliced once
     launched: Optional[torch.cuda.Event] = None
     compiled: object = None  # Triton's compiled kernel, once launched: later calls skip its dispatch
+    rq: Optional[torch.Tensor] = None        # the dynamic schedule's ready queue + tables (symmetric)
+    rq_peers: Optional[torch.Tensor] = None
 
 
 class CudaKernel:
@@ -114,8 +117,11 @@ class CudaKernel:
 
     def __init__(self, table: MapTable, schedule: str, programs: Optional[int] = None,
                  num_warps: int = 4, num_stages: int = 3, trace: bool = False):
-        if schedule != "static":
-            raise NotImplementedError("schedule='dynamic' on target='cuda' is not built yet; use 'static'")
+        self.dynamic = schedule == "dynamic"
+        for e in table.ir.events:
+            if self.dynamic and RANK_NAME in e.count.symbols():   # a remote notifier evaluates it
+                raise GraphError(f"event {e.name!r}: schedule='dynamic' on GPUs needs counts that do not "
+                                 "depend on RANK")
         for e in table.ir.events:
             if e.count.is_data_dependent:  # a count read in-kernel can race its producer, and epochs
                 raise GraphError(         # times a changing count do not re-arm: not on GPUs yet
@@ -132,11 +138,11 @@ class CudaKernel:
                 raise GraphError("trace=True reads GPU timers (inline asm): not under TRITON_INTERPRET=1")
             from ..kernels.interpret import patch_interpreter
             patch_interpreter()
-        self.source = generate(self.ir, trace)
+        self.source = generate(self.ir, trace, self.dynamic)
         if os.environ.get("ETDIST_DUMP", "0") not in ("", "0"):
             print(self.source)
         self.module = load_module(self.ir, self.source)
-        self.params = kernel_params(self.ir, trace)
+        self.params = kernel_params(self.ir, trace, self.dynamic)
         self._key = ("megakernel", id(self))
 
     def __repr__(self) -> str:
@@ -310,11 +316,48 @@ class CudaKernel:
                              f"({missing}); declare them as scratch")
         outputs = {s.name: (tuple(evaluate(d, env) for d in s.shape), s.dtype) for s in self.ir.tensors
                    if s.role is Role.OUTPUT}
+        if self.dynamic:
+            self._prepare_queue(mesh, st, bound, offsets, event_shapes, at, fixed)
         if self.trace_on:
             tasks = sum(math.prod(evaluate(g, env) for g in t.grid) for t in self.ir.tasks)
             fixed["trace_buf"] = torch.zeros(max(1, tasks) * TRACE_WORDS, dtype=torch.int64, device=mesh.device)
         st.shape = _Shape(dict(bound), event_shapes, outputs, fixed)
         mesh.barrier()  # every rank zeroed its counters before any rank notifies into them
+
+    def _prepare_queue(self, mesh, st: _MeshState, bound: dict, offsets: dict, event_shapes: dict, at: int,
+                       fixed: dict) -> None:
+        """The dynamic schedule's tables at these sizes (ready_queue.py's layout): this rank's inverse
+        map as CSR over its arena words, each task's number of waits, the tasks that wait on
+        nothing; plus a zeroed queue. One symmetric int64 buffer, sized by the largest rank."""
+        plan = release_plan(bind(self.table, bound), mesh.rank)
+        by_word: dict = {}
+        for (ev, coord), gids in plan.consumers.items():
+            word = offsets[ev] + int(np.ravel_multi_index(coord, event_shapes[ev]))
+            by_word.setdefault(word, []).extend(gids)
+        rowptr, cols = [0] * (at + 1), []
+        for w in range(at):
+            cols.extend(by_word.get(w, ()))
+            rowptr[w + 1] = len(cols)
+        T = len(plan.waits)
+        T_max, C_max, I_max = (max(v) for v in zip(*mesh.comm.allgather((T, len(cols), len(plan.initial)))))
+        Q = 1 << max(0, (T_max - 1).bit_length())
+        lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_waits": 2 + Q + T_max, "rq_rowptr": 2 + Q + 2 * T_max}
+        lay["rq_cols"] = lay["rq_rowptr"] + at + 1
+        lay["rq_init"] = lay["rq_cols"] + max(C_max, 1)
+        n = lay["rq_init"] + max(I_max, 1)
+        host = torch.zeros(n, dtype=torch.int64)
+        host[lay["rq_waits"]:lay["rq_waits"] + T] = torch.tensor(plan.waits, dtype=torch.int64)
+        host[lay["rq_rowptr"]:lay["rq_rowptr"] + at + 1] = torch.tensor(rowptr, dtype=torch.int64)
+        host[lay["rq_cols"]:lay["rq_cols"] + len(cols)] = torch.tensor(cols, dtype=torch.int64)
+        host[lay["rq_init"]:lay["rq_init"] + len(plan.initial)] = torch.tensor(plan.initial, dtype=torch.int64)
+        if st.rq is None or st.rq.numel() < n:
+            _sync(mesh)
+            if st.rq is not None:
+                mesh.free(st.rq)
+            st.rq = mesh.empty((n,), torch.int64)
+            st.rq_peers = mesh.peer_ptrs(st.rq)
+        st.rq[:n].copy_(host)
+        fixed.update(lay, rq=st.rq, rq_peers=st.rq_peers, rq_ninit=len(plan.initial), rq_total=T)
 
     def _buffer(self, mesh, st: _MeshState, spec, shape) -> torch.Tensor:
         n = math.prod(shape)
@@ -347,7 +390,7 @@ class CudaKernel:
                 coord = np.unravel_index(linear, st.shape.event_shapes[ev.name])
                 what = f"{ev.name}{[int(c) for c in coord]}"
             else:
-                what = "the exit rendezvous"
+                what = "the exit rendezvous" if linear == 0 else "its ready queue (a claimed entry never arrived)"
         raise RuntimeFault(f"graph {self.ir.name!r}: rank {rank} waited on {what} (launch {epoch}): counter "
                            f"{observed}, needed {expected}; the watchdog expired after ~{mesh.watchdog_s:g} s. "
                            f"A task that should notify it did not run (a peer failed, or the graph is wrong)")

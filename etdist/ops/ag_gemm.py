@@ -20,7 +20,7 @@ _KERNELS: dict = {}
 
 
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Optional[int] = None,
-                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    out: Optional[torch.Tensor] = None, schedule: str = "static") -> torch.Tensor:
     """x gathered over ranks by rows, times this rank's columns of w: [M, K] @ [K, N_local] -> [M, N_local].
 
     x: [rows_r, K] this rank's rows (chunks of cdiv(M, R), ragged at the end: pass `total_rows=M`
@@ -33,11 +33,11 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
     cfg: TileConfig = WHOLE if whole else LARGE
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1
-    key = (x.dtype, cfg, align, whole)
+    key = (x.dtype, cfg, align, whole, schedule)
     kernel = _KERNELS.get(key)
     if kernel is None:
         build = ag_gemm.all_gather_gemm_whole if whole else ag_gemm.all_gather_gemm
         graph = build(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
-        kernel = _KERNELS[key] = et_compile(graph, schedule="static", target="cuda")
+        kernel = _KERNELS[key] = et_compile(graph, schedule=schedule, target="cuda")
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
     return kernel(mesh, x=x, w=w, sizes={"M": M}, out=None if out is None else {"y": out})["y"]

@@ -17,7 +17,8 @@ _KERNELS: dict = {}
 
 
 def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mesh=None,
-                        total_rows: Optional[int] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                        total_rows: Optional[int] = None, out: Optional[torch.Tensor] = None,
+                        schedule: str = "static") -> torch.Tensor:
     """This rank's rows of sum_r (silu(x @ gate_r) * (x @ up_r)) @ w_down_r, sequence-parallel.
 
     x: [rows_r, H] this rank's rows of x [M, H] (chunks of cdiv(M, R), ragged at the end: pass
@@ -37,12 +38,12 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     cfg = _ag_gemm.WHOLE if whole else TILES
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if H % 16 == 0 and I % 16 == 0 else 1
-    key = (x.dtype, cfg, align, whole)
+    key = (x.dtype, cfg, align, whole, schedule)
     kernel = _KERNELS.get(key)
     if kernel is None:
         build = mlp_graph.tp_mlp_whole if whole else mlp_graph.tp_mlp
         graph = build(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
-        kernel = _KERNELS[key] = et_compile(graph, schedule="static", target="cuda")
+        kernel = _KERNELS[key] = et_compile(graph, schedule=schedule, target="cuda")
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
     return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes={"M": M},
                   out=None if out is None else {"y": out})["y"]

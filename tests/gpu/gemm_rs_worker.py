@@ -1,6 +1,6 @@
 """GPU checks of the fused GEMM+RS megakernel, one process per GPU:
 
-    torchrun --nproc_per_node=N tests/gpu/gemm_rs_worker.py [--case ok|trace|peer-skips]
+    torchrun --nproc_per_node=N tests/gpu/gemm_rs_worker.py [--case ok|trace|dynamic|peer-skips]
 
 Prints 'OK <check>' lines that tests/gpu/test_megakernel_gpu.py counts.
 """
@@ -102,6 +102,36 @@ def check_peer_skips(mesh):
             raise AssertionError("rank 1 never learned that rank 0 failed")
 
 
+def check_dynamic(mesh):
+    """schedule='dynamic' (the on-GPU ready queue) for all three fused ops, ragged sizes, against
+    float32 references; every size twice (queue and counters re-armed)."""
+    R, r = mesh.world_size, mesh.rank
+    torch.manual_seed(99)   # the same full tensors on every rank
+    H, I = 1024, 2048 * R
+    for M in (5, 16, 100, 1000, 2048):
+        C = -(-M // R)
+        lo, hi = min(M, r * C), min(M, (r + 1) * C)
+        x_full = torch.randn(M, H, device=mesh.device, dtype=torch.bfloat16)
+        w_gu = torch.randn(H, 2 * I // R, device=mesh.device, dtype=torch.bfloat16) / H ** 0.5
+        w_dn = torch.randn(I // R, H, device=mesh.device, dtype=torch.bfloat16) / (I // R) ** 0.5
+        h = torch.randn(M, I // R, device=mesh.device, dtype=torch.bfloat16)
+        for _ in range(2):
+            y = et.ops.gemm_reduce_scatter(h, w_dn, mesh=mesh, schedule="dynamic")
+            ref = reference(h, w_dn, mesh)
+            assert (y.float() - ref).abs().max() <= 1e-2 * ref.abs().max(), ("gemm_rs", M)
+            y = et.ops.all_gather_gemm(x_full[lo:hi].contiguous(), w_gu, mesh=mesh, total_rows=M, schedule="dynamic")
+            ref = x_full.float() @ w_gu.float()
+            assert (y.float() - ref).abs().max() <= 1e-2 * ref.abs().max(), ("ag_gemm", M)
+            y = et.ops.tensor_parallel_mlp(x_full[lo:hi].contiguous(), w_gu, w_dn, mesh=mesh, total_rows=M,
+                                           schedule="dynamic")
+            gu = x_full.float() @ w_gu.float()
+            part = (torch.nn.functional.silu(gu[:, :I // R]) * gu[:, I // R:]) @ w_dn.float()
+            dist.all_reduce(part)
+            ref = part[lo:hi]
+            assert (y.float() - ref).abs().max() <= 2e-2 * ref.abs().max(), ("mlp", M)
+    print(f"OK dynamic rank {r}", flush=True)
+
+
 def check_trace(mesh):
     """trace=True: every task of the launch on some SM, ends after starts, waits inside the task,
     the same result as without tracing; a Chrome trace file that loads as JSON."""
@@ -138,8 +168,8 @@ if __name__ == "__main__":
     args = ap.parse_args()
     dist.init_process_group("cpu:gloo,cuda:nccl")  # NCCL for the reference; the mesh reuses the group
     mesh = et.init_mesh(watchdog_s=3 if args.case == "peer-skips" else None)
-    if args.case in ("ok", "trace"):
-        (check_ok if args.case == "ok" else check_trace)(mesh)
+    if args.case in ("ok", "trace", "dynamic"):
+        {"ok": check_ok, "trace": check_trace, "dynamic": check_dynamic}[args.case](mesh)
         mesh.close()
     else:  # the mesh is broken on purpose: leave without the collective teardown
         check_peer_skips(mesh)

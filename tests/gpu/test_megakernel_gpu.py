@@ -37,6 +37,14 @@ def test_trace_mode_records_every_task(world):
     assert rc == 0 and out.count("OK trace") == world, out[-5000:]
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_dynamic_schedule_matches_reference(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    rc, out = torchrun(world, "--case", "dynamic")
+    assert rc == 0 and out.count("OK dynamic") == world, out[-5000:]
+
+
 def test_missing_peer_raises_within_watchdog():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")

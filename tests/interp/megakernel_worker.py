@@ -1,7 +1,7 @@
 """The generated GPU megakernels, run by Triton's CPU interpreter over a cpu-backend mesh (one
 process per rank, one program per rank), against the float64 references:
 
-    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/megakernel_worker.py [graph ...]
+    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/megakernel_worker.py [--dynamic] [graph ...]
 
 Prints 'OK <graph> M=<M>' per graph and size (tests/test_megakernel_interpreted.py counts them).
 """
@@ -30,13 +30,15 @@ def cases():
         lambda R, M: mlp.make_inputs(R, M, 24, 20 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
 
 
-def main(only):
+def main(args):
+    schedule = "dynamic" if "--dynamic" in args else "static"
+    only = [a for a in args if not a.startswith("--")]
     mesh = et.init_mesh(backend="cpu")
     R, r = mesh.world_size, mesh.rank
     for name, graph, make, reference, names in cases():
         if only and name not in only:
             continue
-        kernel = et.compile(graph, target="cuda")
+        kernel = et.compile(graph, schedule=schedule, target="cuda")
         for M in (37, 5):               # ragged: the last ranks own fewer rows (or none)
             inputs = make(R, M)          # every rank builds every rank's inputs (same seed), keeps its own
             want = reference(*([i[n] for i in inputs] for n in names))[r]
@@ -45,7 +47,7 @@ def main(only):
                 y = kernel(mesh, sizes={"M": M_run}, **inputs[r])["y"]
                 err = ((y.double() - want).abs().max() / want.abs().max().clamp_min(1e-12)).item() if want.numel() else 0.0
                 assert y.shape == want.shape and err < 1e-4, (name, M, launch, tuple(y.shape), err)
-            print(f"OK {name} M={M} rank {r}", flush=True)
+            print(f"OK {name} M={M} {schedule} rank {r}", flush=True)
     mesh.close()
 
 

@@ -1,0 +1,76 @@
+"""The on-GPU ready queue of the dynamic schedule (one per rank, in symmetric memory).
+
+Layout of the int64 buffer `rq` (offsets are kernel arguments, the same on every rank):
+
+    [0] head (claims) | [1] tail (pushes) | [2, 2+Q) slots | pending[task] | waits[task] |
+    rowptr[arena word] | cols | initial tasks
+
+A finished task that brings an event element to its count walks that element's consumers
+(rowptr/cols: the inverse map, built on the host per shape) on the rank that owns the element,
+bumps each one's pending count, and pushes the ones whose every wait is now complete: a sys-scope
+atomic on that rank's tail, then the slot stored with release. Slot i holds (i + 1) << 32 | task,
+so a program that claimed index i knows when its entry has landed. Head and tail only grow (each
+launch pushes and claims every task once), so counters re-arm by launch epoch as the events do.
+Only tasks whose waits are all complete are ever queued: no program spins inside a task, which is
+what makes the schedule deadlock-free for any valid graph.
+"""
+import triton
+import triton.language as tl
+
+from .sync import ERR_TIMEOUT, peer_base, record_error
+
+
+@triton.jit
+def push(q, task, QSIZE, SCOPE: tl.constexpr):
+    t = tl.atomic_add(q + 1, 1, sem="relaxed", scope=SCOPE)
+    tl.atomic_xchg(q + 2 + t % QSIZE, ((t + 1) << 32) | task.to(tl.int64), sem="release", scope=SCOPE)
+
+
+@triton.jit
+def next_task(q, QSIZE, limit, max_spins, ctrl_ptr, ctrl_table, rank, world, event, epoch):
+    """Claim the next queue index below `limit` and wait for its entry: the task id, or -1 when
+    every task of the launch is claimed (or the watchdog fired: recorded, as in sync.wait)."""
+    cur = tl.atomic_add(q, 0, sem="relaxed", scope="gpu")
+    got = cur * 0 - 1
+    while (got < 0) & (cur < limit):
+        prev = tl.atomic_cas(q, cur, cur + 1, sem="relaxed", scope="gpu")
+        got = tl.where(prev == cur, cur, got)
+        cur = tl.where(prev == cur, cur, prev)
+    task = (got * 0 - 1).to(tl.int32)
+    if got >= 0:
+        slot = q + 2 + got % QSIZE
+        v = tl.atomic_add(slot, 0, sem="acquire", scope="sys")
+        spins = 0
+        failed = tl.load(ctrl_ptr, volatile=True) != 0
+        while ((v >> 32) != got + 1) & (spins < max_spins) & (failed == 0):
+            v = tl.atomic_add(slot, 0, sem="acquire", scope="sys")
+            spins += 1
+            if spins % 1024 == 0:
+                failed = tl.load(ctrl_ptr, volatile=True) != 0
+        if (v >> 32) == got + 1:
+            task = (v & 0xFFFFFFFF).to(tl.int32)
+        elif failed == 0:
+            record_error(ctrl_ptr, ctrl_table, rank, world, ERR_TIMEOUT, event, (v >> 32).to(tl.int32),
+                         (got + 1).to(tl.int32), -1, epoch)
+    tl.debug_barrier()
+    return task
+
+
+@triton.jit
+def notify_release(counter, target, index, owner, rq, rq_peers, QSIZE, PENDING, WAITS, ROWPTR, COLS,
+                   ev_epoch, RANK, SCOPE: tl.constexpr):
+    """Notify an event element (release, as sync.notify) and, if this brought it to `target`,
+    release its consumers on rank `owner`: `index` is the element's word in the owner's arena."""
+    tl.debug_barrier()
+    old = tl.atomic_add(counter, 1, sem="acq_rel", scope=SCOPE)
+    if old + 1 == target:
+        q = rq
+        if owner != RANK:
+            q = peer_base(rq_peers, owner, rq)
+        start = tl.load(q + ROWPTR + index)
+        stop = tl.load(q + ROWPTR + index + 1)
+        for c in range(start, stop):
+            g = tl.load(q + COLS + c)
+            p = tl.atomic_add(q + PENDING + g, 1, sem="acq_rel", scope=SCOPE)
+            if p + 1 == ev_epoch * tl.load(q + WAITS + g):
+                push(q, g, QSIZE, SCOPE)
