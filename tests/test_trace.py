@@ -35,8 +35,12 @@ def test_gpu_rows_decode_task_coordinates():
     put(5, 1000, 1500, 4000, 17, 3)            # matmul task (dst=1, q=1)
     put(n_matmul + 3, 9000, 12000, 13000, 2, 0)  # reduce task (i=1, j=1)
     rows = gpu_rows(g, sizes, buf, rank=1)
-    assert rows == [(1, 17, "matmul@(1, 1) program 3, waited 0.5 us", 1.0, 4.0),
-                    (1, 2, "reduce@(1, 1) program 0, waited 3.0 us", 9.0, 13.0)]
+    assert rows == [(1, 17, "matmul@(1, 1) program 3, waited 0.5 us", 0.0, 3.0),
+                    (1, 2, "reduce@(1, 1) program 0, waited 3.0 us", 8.0, 12.0)]
+    big = 1_763_000_000_000_000_000          # a wall-clock %globaltimer: exact to the nanosecond
+    buf2 = [w + big if k % TRACE_WORDS < 3 and w else w for k, w in enumerate(buf)]
+    buf2[5 * TRACE_WORDS + 2] += 1           # one more ns: visible after the shift
+    assert [r[4] for r in gpu_rows(g, sizes, buf2, rank=1)] == [3.001, 12.0]
     events = chrome_events(rows, track="SM")
     assert {e["args"]["name"] for e in events if e["name"] == "thread_name"} == {"SM 17", "SM 2"}
     assert [e["dur"] for e in events if e["ph"] == "X"] == [3.0, 4.0]

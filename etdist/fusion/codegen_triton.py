@@ -178,7 +178,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
             # seed the queue with the tasks that wait on nothing, then pop until every task ran
             out("for _et_k in range(_et_pid, rq_ninit, NUM_PROGRAMS):")
             with out.indent():
-                out('_et_push(rq, tl.load(rq + rq_init + _et_k), rq_q, "gpu")')
+                out("_et_push(rq, tl.load(rq + rq_init + _et_k), rq_q)")
             out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
             out("_et_more = 1")
             out("while _et_more != 0:")

@@ -22,11 +22,13 @@ from typing import Iterable
 def gpu_rows(ir, sizes: dict, buf, rank: int) -> list[tuple]:
     """A GPU trace buffer (TRACE_WORDS int64 per task, by global task id, as the generated kernel
     writes it) -> (rank, SM, "task@(i, j) program p, waited w us", start us, end us) for every task
-    that ran. `sizes`: the bound sizes with RANK and WORLD."""
+    that ran, times from this rank's earliest start. `sizes`: the bound sizes with RANK and WORLD."""
     from .codegen_triton import TRACE_WORDS
     from .expr import evaluate
 
     words = [int(v) for v in buf]
+    # this rank's origin in integer ns first: %globaltimer values (~1e18) lose 256 ns as doubles
+    t0 = min((words[k] for k in range(0, len(words), TRACE_WORDS) if words[k + 2]), default=0)
     rows, gid = [], 0
     for t in ir.tasks:
         grid = [evaluate(g, sizes) for g in t.grid]
@@ -42,7 +44,7 @@ def gpu_rows(ir, sizes: dict, buf, rank: int) -> list[tuple]:
                     rest //= g
                 label = (f"{t.name}@{tuple(reversed(idx))} program {where & 0xFFFFFFFF}, "
                          f"waited {(waited - start) / 1e3:.1f} us")
-                rows.append((rank, where >> 32, label, start / 1e3, end / 1e3))
+                rows.append((rank, where >> 32, label, (start - t0) / 1e3, (end - t0) / 1e3))
         gid += n
     return rows
 

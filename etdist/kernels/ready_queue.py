@@ -21,9 +21,11 @@ from .sync import ERR_TIMEOUT, peer_base, record_error
 
 
 @triton.jit
-def push(q, task, QSIZE, SCOPE: tl.constexpr):
-    t = tl.atomic_add(q + 1, 1, sem="relaxed", scope=SCOPE)
-    tl.atomic_xchg(q + 2 + t % QSIZE, ((t + 1) << 32) | task.to(tl.int64), sem="release", scope=SCOPE)
+def push(q, task, QSIZE):
+    """Sys scope always: peers push into the same tail, and atomics of different scopes on one
+    word are not atomic with each other in the PTX memory model."""
+    t = tl.atomic_add(q + 1, 1, sem="relaxed", scope="sys")
+    tl.atomic_xchg(q + 2 + t % QSIZE, ((t + 1) << 32) | task.to(tl.int64), sem="release", scope="sys")
 
 
 @triton.jit
@@ -71,6 +73,6 @@ def notify_release(counter, target, index, owner, rq, rq_peers, QSIZE, PENDING, 
         stop = tl.load(q + ROWPTR + index + 1)
         for c in range(start, stop):
             g = tl.load(q + COLS + c)
-            p = tl.atomic_add(q + PENDING + g, 1, sem="acq_rel", scope=SCOPE)
+            p = tl.atomic_add(q + PENDING + g, 1, sem="acq_rel", scope="sys")   # peers bump it too
             if p + 1 == ev_epoch * tl.load(q + WAITS + g):
-                push(q, g, QSIZE, SCOPE)
+                push(q, g, QSIZE)
