@@ -180,3 +180,22 @@ def test_dynamic_on_gpus_refuses_counts_that_depend_on_rank():
         pass
     with pytest.raises(et.GraphError, match="do not depend on RANK"):
         CudaKernel(MapTable.build(g.to_ir()), "dynamic")
+
+
+def test_distributed_counts_read_from_tensors_are_refused_on_gpus():
+    from etdist.fusion.bind import MapTable
+    from etdist.fusion.cuda_runtime import CudaKernel
+    g = et.Graph("dd_remote")
+    n = g.input("n", (1,), torch.int64)
+    e = g.event("e", (g.world,), count=lambda r: n[0], distributed=True)
+    ready = g.event("ready", (1,))
+
+    @g.task(grid=(1,), notify=lambda i: ready[0])
+    def a(t, i):
+        pass
+
+    @g.task(grid=(1,), wait=lambda i: [ready[0], e[g.rank]])
+    def b(t, i):
+        pass
+    with pytest.raises(et.GraphError, match="local events only"):
+        CudaKernel(MapTable.build(g.to_ir()), "static")

@@ -25,3 +25,16 @@ def test_generated_megakernels_match_references(world, schedule):
     for g in GRAPHS:
         for M in (37, 5):
             assert out.count(f"OK {g} M={M} {schedule} ") == world, (g, M, out[-3000:])
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_counts_read_from_tensors_rearm_every_launch(schedule):
+    """A data-dependent count (how many tiles exist, decided in-kernel) that changes from launch to
+    launch, 0 included: the GPU kernel zeroes such counters at its end instead of re-arming by epoch."""
+    env = dict(os.environ, TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="60")
+    worker = str(pathlib.Path(__file__).parent / "interp" / "data_dependent_worker.py")
+    args = ["--dynamic"] if schedule == "dynamic" else []
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", worker, *args],
+                       capture_output=True, text=True, timeout=600, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and out.count(f"OK data-dependent {schedule}") == 2, out[-5000:]

@@ -196,8 +196,19 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
             with out.indent():
                 _emit_dispatch(out, ir, tx, trace, dynamic)
         # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
-        out(f"_et_finish(arena, arena_peers, {ERR_WORDS}, {ERR_WORDS} + WORLD, {ERR_WORDS + 1} + WORLD, epoch, RANK, "
-            f"WORLD, max_spins, True, {event_code(len(ir.events), 0)}, USE_ASM)")
+        out(f"_et_last = _et_finish(arena, arena_peers, {ERR_WORDS}, {ERR_WORDS} + WORLD, {ERR_WORDS + 1} + WORLD, "
+            f"epoch, RANK, WORLD, max_spins, True, {event_code(len(ir.events), 0)}, USE_ASM)")
+        dd = [e for e in ir.events if e.count.is_data_dependent]
+        if dd:  # counts read from tensors do not re-arm by epoch: zero them once every local task is done
+            out("if _et_last != 0:")
+            with out.indent():
+                for e in dd:
+                    size = " * ".join(f"_et_ev_{e.name}_d{k}" for k in range(len(e.shape))) or "1"
+                    out(f"for _et_z in range(0, {size}, 256):")
+                    with out.indent():
+                        out("_et_zo = _et_z + tl.arange(0, 256)")
+                        out(f"tl.store(arena + ev_{e.name}_off + _et_zo, tl.zeros((256,), tl.int32), "
+                            f"mask=_et_zo < {size})")
     return "\n".join(out.lines) + "\n"
 
 
@@ -240,8 +251,9 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
         lin = _linear(dims, coord)
         count = e.count.substitute({f"c{d}": acc.coord[d] for d in range(len(e.shape))})
         scope = "sys" if e.distributed else "gpu"
+        target = tx(count) if e.count.is_data_dependent else f"ev_epoch * ({tx(count)})"   # see the finish
         out(f"_et_lin = {lin}")
-        out(f"_et_ok = _et_ok & _et_wait(arena + ev_{e.name}_off + _et_lin, ev_epoch * ({tx(count)}), max_spins, "
+        out(f"_et_ok = _et_ok & _et_wait(arena + ev_{e.name}_off + _et_lin, {target}, max_spins, "
             f"arena, arena_peers, RANK, WORLD, ({EVENT_CODE_BASE + i} << {ELEMENT_BITS}) | (_et_lin & "
             f"{(1 << ELEMENT_BITS) - 1}), -1, epoch, {scope!r}, USE_ASM)")
     cond = "_et_ok != 0" if t.when is None else f"(_et_ok != 0) & ({tx(t.when)})"
@@ -267,7 +279,9 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
             if dynamic:  # the element's count at this coordinate (loop variables for spans)
                 at = {f"c{d}": (var(coord[d]) if c.op == "span" else c) for d, c in enumerate(acc.coord)}
                 owner = coord[0] if e.distributed else "RANK"
-                out(f"_et_release({base} + ev_{e.name}_off + {lin}, ev_epoch * ({tx(e.count.substitute(at))}), "
+                n = tx(e.count.substitute(at))
+                out(f"_et_release({base} + ev_{e.name}_off + {lin}, "
+                    f"{n if e.count.is_data_dependent else f'ev_epoch * ({n})'}, "
                     f"ev_{e.name}_off + {lin}, {owner}, rq, rq_peers, rq_q, rq_pending, rq_waits, rq_rowptr, "
                     f"rq_cols, ev_epoch, RANK, {scope!r})")
             else:

@@ -123,10 +123,12 @@ class CudaKernel:
                 raise GraphError(f"event {e.name!r}: schedule='dynamic' on GPUs needs counts that do not "
                                  "depend on RANK")
         for e in table.ir.events:
-            if e.count.is_data_dependent:  # a count read in-kernel can race its producer, and epochs
-                raise GraphError(         # times a changing count do not re-arm: not on GPUs yet
-                    f"event {e.name!r}: counts that read runtime tensors are not supported on target='cuda' "
-                    "yet (run the graph on the CPU runtime)")
+            # A count read from a tensor changes from launch to launch, so its counters cannot re-arm
+            # by epoch: the kernel zeroes them when every local task is done, which is race-free
+            # only for events that no peer notifies.
+            if e.count.is_data_dependent and e.distributed:
+                raise GraphError(f"event {e.name!r}: counts that read runtime tensors are supported on "
+                                 "target='cuda' for local events only (this one is distributed)")
         self.table, self.ir, self.schedule = table, table.ir, schedule
         self.programs, self.num_warps, self.num_stages = programs, num_warps, num_stages
         self.trace_on = trace
@@ -330,26 +332,34 @@ class CudaKernel:
         map as CSR over its arena words, each task's number of waits, the tasks that wait on
         nothing; plus a zeroed queue. One symmetric int64 buffer, sized by the largest rank."""
         plan = release_plan(bind(self.table, bound), mesh.rank)
+        env = {**bound, RANK_NAME: mesh.rank}
+        waits, initial = list(plan.waits), list(plan.initial)
         by_word: dict = {}
         for (ev, coord), gids in plan.consumers.items():
+            if not self.ir.event(ev).count.is_data_dependent and self.table.count(ev, coord, env) == 0:
+                for g in gids:   # an element that needs no notify is complete from the start
+                    waits[g] -= 1
+                    if waits[g] == 0:
+                        initial.append(g)
+                continue
             word = offsets[ev] + int(np.ravel_multi_index(coord, event_shapes[ev]))
             by_word.setdefault(word, []).extend(gids)
         rowptr, cols = [0] * (at + 1), []
         for w in range(at):
             cols.extend(by_word.get(w, ()))
             rowptr[w + 1] = len(cols)
-        T = len(plan.waits)
-        T_max, C_max, I_max = (max(v) for v in zip(*mesh.comm.allgather((T, len(cols), len(plan.initial)))))
+        T = len(waits)
+        T_max, C_max, I_max = (max(v) for v in zip(*mesh.comm.allgather((T, len(cols), len(initial)))))
         Q = 1 << max(0, (T_max - 1).bit_length())
         lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_waits": 2 + Q + T_max, "rq_rowptr": 2 + Q + 2 * T_max}
         lay["rq_cols"] = lay["rq_rowptr"] + at + 1
         lay["rq_init"] = lay["rq_cols"] + max(C_max, 1)
         n = lay["rq_init"] + max(I_max, 1)
         host = torch.zeros(n, dtype=torch.int64)
-        host[lay["rq_waits"]:lay["rq_waits"] + T] = torch.tensor(plan.waits, dtype=torch.int64)
+        host[lay["rq_waits"]:lay["rq_waits"] + T] = torch.tensor(waits, dtype=torch.int64)
         host[lay["rq_rowptr"]:lay["rq_rowptr"] + at + 1] = torch.tensor(rowptr, dtype=torch.int64)
         host[lay["rq_cols"]:lay["rq_cols"] + len(cols)] = torch.tensor(cols, dtype=torch.int64)
-        host[lay["rq_init"]:lay["rq_init"] + len(plan.initial)] = torch.tensor(plan.initial, dtype=torch.int64)
+        host[lay["rq_init"]:lay["rq_init"] + len(initial)] = torch.tensor(sorted(initial), dtype=torch.int64)
         if st.rq is None or st.rq.numel() < n:
             _sync(mesh)
             if st.rq is not None:
@@ -357,7 +367,7 @@ class CudaKernel:
             st.rq = mesh.empty((n,), torch.int64)
             st.rq_peers = mesh.peer_ptrs(st.rq)
         st.rq[:n].copy_(host)
-        fixed.update(lay, rq=st.rq, rq_peers=st.rq_peers, rq_ninit=len(plan.initial), rq_total=T)
+        fixed.update(lay, rq=st.rq, rq_peers=st.rq_peers, rq_ninit=len(initial), rq_total=T)
 
     def _buffer(self, mesh, st: _MeshState, spec, shape) -> torch.Tensor:
         n = math.prod(shape)

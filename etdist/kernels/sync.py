@@ -101,9 +101,11 @@ def finish_launch(ctrl_ptr, ctrl_table, exit_off, grid_off, epoch_off, epoch, ra
     records `epoch` as this GPU's device epoch for the next launch and, with RENDEZVOUS, runs the exit
     rendezvous: tells every peer 'rank done with epoch' and waits until every peer said the same to
     us, so no rank starts writing into a peer's buffers for the next call before that peer is done
-    with this one (or a watchdog fired)."""
+    with this one (or a watchdog fired). Returns 1 in the last program to arrive (every other
+    program of this GPU is done with the launch), else 0."""
     tl.debug_barrier()
     arrived = tl.atomic_add(ctrl_ptr + grid_off, 1, sem="acq_rel", scope="gpu")
+    last = (arrived == tl.num_programs(0) - 1).to(tl.int32)
     if arrived == tl.num_programs(0) - 1:
         tl.atomic_xchg(ctrl_ptr + grid_off, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(ctrl_ptr + epoch_off, epoch, sem="relaxed", scope="gpu")
@@ -115,6 +117,7 @@ def finish_launch(ctrl_ptr, ctrl_table, exit_off, grid_off, epoch_off, epoch, ra
                 if s != rank:
                     wait(ctrl_ptr + exit_off + s, epoch, max_spins, ctrl_ptr, ctrl_table, rank, world,
                          EVENT_EXIT, s, epoch, "sys", USE_ASM)
+    return last
 
 
 @triton.jit
