@@ -199,3 +199,12 @@ def test_distributed_counts_read_from_tensors_are_refused_on_gpus():
         pass
     with pytest.raises(et.GraphError, match="local events only"):
         CudaKernel(MapTable.build(g.to_ir()), "static")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_moe_graph_compiles_for_sm90(dtype):
+    from etdist.workloads import moe
+    ir = moe.moe_layer(top_k=8, block_m=64, dtype=dtype).to_ir()
+    for dynamic in (False, True):
+        ptx = compile_ptx(ir, dynamic=dynamic)
+        assert re.search(r"atom\.global\.sys\.(release|acq_rel)", ptx)

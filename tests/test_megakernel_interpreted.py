@@ -38,3 +38,16 @@ def test_counts_read_from_tensors_rearm_every_launch(schedule):
                        capture_output=True, text=True, timeout=600, env=env)
     out = p.stdout + p.stderr
     assert p.returncode == 0 and out.count(f"OK data-dependent {schedule}") == 2, out[-5000:]
+
+
+@pytest.mark.parametrize("world,schedule", [(2, "static"), (2, "dynamic"), (3, "dynamic")])
+def test_moe_kernel_with_in_kernel_routing(world, schedule):
+    """The EP MoE graph's GPU bodies: routing (softmax top-k) in the kernel decides which expert
+    tiles exist; dispatch and combine by peer stores; uniform and skewed routing."""
+    env = dict(os.environ, TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="60")
+    worker = str(pathlib.Path(__file__).parent / "interp" / "moe_worker.py")
+    args = ["--dynamic"] if schedule == "dynamic" else []
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", worker, *args],
+                       capture_output=True, text=True, timeout=600, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and out.count(f"OK moe {schedule}") == world, out[-5000:]

@@ -20,15 +20,22 @@ import torch
 import torch.nn.functional as F
 
 import etdist as et
+from etdist.kernels import moe_tiles
 
 
-def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32) -> et.Graph:
+def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
+              block: int = 16) -> et.Graph:
+    """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide tiles (>= 16) and route
+    over up to `max_experts` experts in one block (E must not exceed it)."""
     g = et.Graph("moe")
     T, H, I, E, EL = g.size("T"), g.size("H"), g.size("I"), g.size("E"), g.size("E_local")
     R, me = g.world, g.rank
     S = T * top_k                                      # (token, k) slots per rank
     g.check(et.eq(EL * R, E), "the number of experts must be world size x experts per rank")
     g.check(E >= top_k, f"top_k={top_k} needs at least {top_k} experts")
+    BE = max(16, 1 << (max_experts - 1).bit_length())
+    g.check(E <= BE, f"the GPU router holds at most {BE} experts (moe_layer(max_experts=...))")
+    gpu = dict(TOP_K=top_k, BS=4 * block, BH=block)
 
     g.input("x", (T, H), dtype)
     g.input("wg", (H, E), dtype)
@@ -50,14 +57,16 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     done = g.event("done", (EL,), count=lambda e: et.cdiv(counts[e], block_m) + 1)
     returned = g.event("returned", (R,), count=R * EL, distributed=True)      # per (source, expert)
 
-    @g.task(grid=(1,), notify=lambda _: routed[0])
+    @g.task(grid=(1,), notify=lambda _: routed[0], triton=moe_tiles.moe_route,
+            constexprs=dict(TOP_K=top_k, BT=block, BE=BE, BK=block))
     def route(t, _):
         probs = torch.softmax(t.x @ t.wg, dim=-1)
         w, ids = probs.topk(top_k, dim=-1)
         t.topk_ids[:] = ids
         t.topk_w[:] = w / w.sum(-1, keepdim=True)
 
-    @g.task(grid=(R,), wait=lambda d: routed[0], notify=lambda d: dispatched[(me + d) % R])
+    @g.task(grid=(R,), wait=lambda d: routed[0], notify=lambda d: dispatched[(me + d) % R],
+            triton=moe_tiles.moe_dispatch, constexprs=gpu)
     def dispatch(t, d):                                  # my slots whose expert lives on rank me + d
         dst, n_local = (t.rank + d) % t.world, t.E_local
         ids = t.topk_ids.reshape(-1)
@@ -66,27 +75,31 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         peer.recv[t.rank][mine] = t.x.repeat_interleave(top_k, dim=0)[mine]
         peer.recv_expert[t.rank] = torch.where(mine, ids % n_local, -1)
 
-    @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: [planned[e], done[e]])
+    @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: [planned[e], done[e]],
+            triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=4 * block))
     def plan(t, e):
         found = (t.recv_expert.reshape(-1) == e).nonzero().flatten()
         t.counts[e] = found.numel()
         t.slots[e, :found.numel()] = found
 
     @g.task(grid=(EL, et.cdiv(R * T, block_m)), wait=lambda e, i: planned[e],
-            when=lambda e, i: i * block_m < counts[e], notify=lambda e, i: done[e])
+            when=lambda e, i: i * block_m < counts[e], notify=lambda e, i: done[e],
+            triton=moe_tiles.moe_expert, constexprs=dict(BM=block_m, BH=block, BI=block, BK=block))
     def expert(t, e, i):                                 # SwiGLU on tile i of expert e's slots
         rows = t.slots[e, et.block(i, block_m, int(t.counts[e]))]
         gate, up = (t.recv.reshape(-1, t.H)[rows] @ t.w_gate_up[e]).chunk(2, dim=-1)
         t.expert_out.reshape(-1, t.H)[rows] = (F.silu(gate) * up) @ t.w_down[e]
 
     # planned[e] first: done[e]'s count reads counts[e], which plan(e) writes
-    @g.task(grid=(R, EL), wait=lambda d, e: [planned[e], done[e]], notify=lambda d, e: returned[(me + d) % R])
+    @g.task(grid=(R, EL), wait=lambda d, e: [planned[e], done[e]], notify=lambda d, e: returned[(me + d) % R],
+            triton=moe_tiles.moe_send_back, constexprs=gpu)
     def send_back(t, d, e):                              # expert e's outputs for rank me + d's tokens
         dst = (t.rank + d) % t.world
         mine = t.recv_expert[dst] == e
         t.peer(dst).back[t.rank][mine] = t.expert_out[dst][mine]
 
-    @g.task(grid=(et.cdiv(T, block_m),), wait=lambda i: returned[me])
+    @g.task(grid=(et.cdiv(T, block_m),), wait=lambda i: returned[me], triton=moe_tiles.moe_combine,
+            constexprs=dict(TOP_K=top_k, BM=block_m, BH=block))
     def combine(t, i):
         rows = et.block(i, block_m, t.T)
         owner = t.topk_ids[rows] // t.E_local                            # [rows, k]

@@ -1,0 +1,148 @@
+"""Triton tile bodies of the expert-parallel MoE graph (etdist/workloads/moe.py), one per task.
+
+Correct first: each body is one program's loop over small blocks (>= 16 wide, as tl.dot needs);
+the expert body recomputes the SwiGLU activations per output column block rather than staging them.
+fp32 inputs multiply in IEEE fp32 (routing must pick the same experts as the float reference).
+"""
+import triton
+import triton.language as tl
+
+from .sync import peer_base
+
+
+@triton.jit
+def moe_route(x, wg, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr,
+              BK: tl.constexpr):
+    """softmax(x @ wg) -> the top-k experts per token and their weights, renormalised to sum 1."""
+    cols = tl.arange(0, BE)
+    ks = tl.arange(0, BK)
+    for t0 in range(0, T, BT):
+        rows = t0 + tl.arange(0, BT)
+        acc = tl.zeros((BT, BE), tl.float32)
+        for k0 in range(0, H, BK):
+            a = tl.load(x + rows[:, None] * H + (k0 + ks)[None, :],
+                        mask=(rows[:, None] < T) & ((k0 + ks)[None, :] < H), other=0.0)
+            b = tl.load(wg + (k0 + ks)[:, None] * E + cols[None, :],
+                        mask=((k0 + ks)[:, None] < H) & (cols[None, :] < E), other=0.0)
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.where(cols[None, :] < E, acc, float("-inf"))
+        p = tl.exp(acc - tl.max(acc, 1)[:, None])
+        p = p / tl.sum(p, 1)[:, None]
+        p = tl.where(cols[None, :] < E, p, -1.0)
+        total = tl.zeros((BT,), tl.float32)
+        for kk in tl.static_range(TOP_K):         # top-k by repeated arg-max
+            val = tl.max(p, 1)
+            best = tl.argmax(p, 1)
+            tl.store(topk_ids + rows * TOP_K + kk, best.to(tl.int64), mask=rows < T)
+            tl.store(topk_w + rows * TOP_K + kk, val.to(topk_w.dtype.element_ty), mask=rows < T)
+            total += val
+            p = tl.where(cols[None, :] == best[:, None], -1.0, p)
+        for kk in tl.static_range(TOP_K):
+            w = tl.load(topk_w + rows * TOP_K + kk, mask=rows < T, other=0.0).to(tl.float32)
+            tl.store(topk_w + rows * TOP_K + kk, (w / total).to(topk_w.dtype.element_ty), mask=rows < T)
+
+
+@triton.jit
+def moe_dispatch(d, x, topk_ids, recv, recv_peers, recv_expert, recv_expert_peers, T, H, E_local, RANK, WORLD,
+                 TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+    """My (token, k) slots whose expert lives on rank me + d: rows into its recv[me], and its
+    recv_expert[me] marked with the local expert (-1 for slots it does not serve)."""
+    dst = (RANK + d) % WORLD
+    S = T * TOP_K
+    recv_d = peer_base(recv_peers, dst, recv) + RANK * S * H
+    expert_d = peer_base(recv_expert_peers, dst, recv_expert) + RANK * S
+    for s0 in range(0, S, BS):
+        s = s0 + tl.arange(0, BS)
+        ok = s < S
+        ids = tl.load(topk_ids + s, mask=ok, other=0)
+        mine = ((ids // E_local) == dst) & ok
+        tl.store(expert_d + s, tl.where(mine, ids % E_local, -1), mask=ok)
+        tok = s // TOP_K
+        for h0 in range(0, H, BH):
+            h = h0 + tl.arange(0, BH)
+            m = mine[:, None] & (h[None, :] < H)
+            tl.store(recv_d + s[:, None] * H + h[None, :], tl.load(x + tok[:, None] * H + h[None, :], mask=m), mask=m)
+
+
+@triton.jit
+def moe_plan(e, recv_expert, counts, slots, T, WORLD, TOP_K: tl.constexpr, BS: tl.constexpr):
+    """counts[e] = how many received slots expert e serves; slots[e, :counts[e]] = which (stream compaction)."""
+    n_all = WORLD * T * TOP_K
+    base = tl.zeros((), tl.int64)
+    for s0 in range(0, n_all, BS):
+        s = s0 + tl.arange(0, BS)
+        hit = (tl.load(recv_expert + s, mask=s < n_all, other=-1) == e).to(tl.int64)
+        pos = base + tl.cumsum(hit, 0) - 1
+        tl.store(slots + e * (WORLD * T) + pos, s.to(tl.int64), mask=hit != 0)
+        base += tl.sum(hit, 0)
+    tl.store(counts + e, base)
+
+
+@triton.jit
+def moe_expert(e, i, recv, w_gate_up, w_down, counts, slots, expert_out, T, H, I, WORLD,
+               BM: tl.constexpr, BH: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
+    """SwiGLU of expert e on its slots [i*BM, (i+1)*BM): rows gathered from recv, results
+    scattered to expert_out (both flattened [WORLD * slots, H])."""
+    n = tl.load(counts + e)
+    r = i * BM + tl.arange(0, BM)
+    rok = r < n
+    rows = tl.load(slots + e * (WORLD * T) + r, mask=rok, other=0)
+    wgu = w_gate_up + e * H * 2 * I
+    wd = w_down + e * I * H
+    ks = tl.arange(0, BK)
+    for h0 in range(0, H, BH):
+        hs = h0 + tl.arange(0, BH)
+        out = tl.zeros((BM, BH), tl.float32)
+        for i0 in range(0, I, BI):
+            js = i0 + tl.arange(0, BI)
+            g = tl.zeros((BM, BI), tl.float32)
+            u = tl.zeros((BM, BI), tl.float32)
+            for k0 in range(0, H, BK):
+                kk = k0 + ks
+                a = tl.load(recv + rows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
+                bm = (kk[:, None] < H) & (js[None, :] < I)
+                bg = tl.load(wgu + kk[:, None] * (2 * I) + js[None, :], mask=bm, other=0.0)
+                bu = tl.load(wgu + kk[:, None] * (2 * I) + I + js[None, :], mask=bm, other=0.0)
+                g = tl.dot(a.to(tl.float32), bg.to(tl.float32), g, input_precision="ieee")
+                u = tl.dot(a.to(tl.float32), bu.to(tl.float32), u, input_precision="ieee")
+            act = g * tl.sigmoid(g) * u
+            dn = tl.load(wd + js[:, None] * H + hs[None, :], mask=(js[:, None] < I) & (hs[None, :] < H), other=0.0)
+            out = tl.dot(act, dn.to(tl.float32), out, input_precision="ieee")
+        tl.store(expert_out + rows[:, None] * H + hs[None, :], out.to(expert_out.dtype.element_ty),
+                 mask=rok[:, None] & (hs[None, :] < H))
+
+
+@triton.jit
+def moe_send_back(d, e, recv_expert, expert_out, back, back_peers, T, H, RANK, WORLD,
+                  TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+    """Expert e's outputs for rank me + d's slots, into its back[me]."""
+    dst = (RANK + d) % WORLD
+    S = T * TOP_K
+    back_d = peer_base(back_peers, dst, back) + RANK * S * H
+    for s0 in range(0, S, BS):
+        s = s0 + tl.arange(0, BS)
+        mine = (tl.load(recv_expert + dst * S + s, mask=s < S, other=-1) == e)
+        for h0 in range(0, H, BH):
+            h = h0 + tl.arange(0, BH)
+            m = mine[:, None] & (h[None, :] < H)
+            v = tl.load(expert_out + (dst * S + s)[:, None] * H + h[None, :], mask=m)
+            tl.store(back_d + s[:, None] * H + h[None, :], v, mask=m)
+
+
+@triton.jit
+def moe_combine(i, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.constexpr, BM: tl.constexpr,
+                BH: tl.constexpr):
+    """y[token] = sum over k of weight[token, k] * back[owner of its k-th expert, its slot]."""
+    S = T * TOP_K
+    t = i * BM + tl.arange(0, BM)
+    ok = t < T
+    for h0 in range(0, H, BH):
+        h = h0 + tl.arange(0, BH)
+        m = ok[:, None] & (h[None, :] < H)
+        acc = tl.zeros((BM, BH), tl.float32)
+        for kk in tl.static_range(TOP_K):
+            owner = tl.load(topk_ids + t * TOP_K + kk, mask=ok, other=0) // E_local
+            w = tl.load(topk_w + t * TOP_K + kk, mask=ok, other=0.0).to(tl.float32)
+            v = tl.load(back + (owner * S + t * TOP_K + kk)[:, None] * H + h[None, :], mask=m, other=0.0)
+            acc += w[:, None] * v.to(tl.float32)
+        tl.store(y + t[:, None] * H + h[None, :], acc.to(y.dtype.element_ty), mask=m)
