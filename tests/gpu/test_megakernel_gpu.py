@@ -72,3 +72,14 @@ def test_llama_with_tensor_parallel_mlps_matches_dense():
                        capture_output=True, text=True, timeout=600, env=ENV)
     out = p.stdout + p.stderr
     assert out.count("OK llama") == 2, out[-5000:]
+
+
+def test_moe_layer_both_schedules():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                        str(pathlib.Path(__file__).with_name("moe_worker.py"))],
+                       capture_output=True, text=True, timeout=600, env=ENV)
+    out = p.stdout + p.stderr
+    for schedule in ("static", "dynamic"):
+        assert out.count(f"OK moe {schedule}") == 2, out[-5000:]

@@ -1,0 +1,110 @@
+"""`MoE`: top-k routed SwiGLU experts, expert-parallel over the ranks, one megakernel per call.
+
+    moe = et.nn.MoE(hidden=2048, expert_intermediate=768, num_experts=128, top_k=8)   # under torchrun
+    y = moe(x)            # x [tokens, hidden]: this rank's tokens; y the same shape
+
+Each rank holds the router (replicated) and num_experts / world experts. In the kernel, routing
+(softmax top-k) decides which expert tiles exist; tokens travel to the rank owning their expert
+and back by peer stores + signals (etdist/workloads/moe.py). Every rank passes the same number
+of tokens per call. `schedule="dynamic"` (default) runs ready tasks from an on-GPU queue, which
+balances skewed routing; "static" plans for the worst case.
+
+Without GPUs, `simulate_world=R` holds all R expert shards here and runs them on the CPU runtime:
+the tokens are split over the simulated ranks (padded to a multiple of R). Forward only.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .. import fusion
+from ..fusion.errors import InputError
+from ..workloads import moe as moe_graph
+
+_KERNELS: dict = {}
+
+
+class MoE(nn.Module):
+    def __init__(self, hidden: int, expert_intermediate: int, num_experts: int, top_k: int, mesh=None,
+                 schedule: str = "dynamic", dtype: torch.dtype = torch.bfloat16,
+                 simulate_world: Optional[int] = None, device=None):
+        super().__init__()
+        if schedule not in ("static", "dynamic"):
+            raise ValueError(f"schedule must be 'static' or 'dynamic', got {schedule!r}")
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k={top_k} must be between 1 and num_experts={num_experts}")
+        if simulate_world is None:
+            from ..mesh import current_mesh
+            mesh = mesh or current_mesh()
+            world, shards, device = mesh.world_size, 1, device or mesh.device
+        else:
+            world, shards, device = int(simulate_world), int(simulate_world), device or "cpu"
+        if num_experts % world:
+            raise ValueError(f"{num_experts} experts do not split over {world} ranks")
+        self.hidden, self.intermediate, self.num_experts, self.top_k = hidden, expert_intermediate, num_experts, top_k
+        self.world, self.mesh, self.schedule, self.simulated = world, mesh, schedule, simulate_world is not None
+        el, H, I = num_experts // world, hidden, expert_intermediate
+        gen = torch.Generator().manual_seed(0)
+
+        def param(*shape, scale):
+            return nn.Parameter((torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device),
+                                requires_grad=False)
+        self.router = param(H, num_experts, scale=H ** -0.5)                       # [H, E], replicated
+        self.w_gate_up = nn.ParameterList([param(el, H, 2 * I, scale=H ** -0.5) for _ in range(shards)])
+        self.w_down = nn.ParameterList([param(el, I, H, scale=I ** -0.5) for _ in range(shards)])
+
+    def load_experts(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, router: torch.Tensor) -> "MoE":
+        """Take dense weights: gate, up [E, H, I], down [E, I, H], router [H, E] (x @ router = logits);
+        keeps this rank's experts (all of them when simulating)."""
+        E, el = self.num_experts, self.num_experts // self.world
+        want = {"gate": (E, self.hidden, self.intermediate), "up": (E, self.hidden, self.intermediate),
+                "down": (E, self.intermediate, self.hidden), "router": (self.hidden, E)}
+        for name, t in (("gate", gate), ("up", up), ("down", down), ("router", router)):
+            if tuple(t.shape) != want[name]:
+                raise InputError(f"MoE.load_experts: {name} is {list(t.shape)}, expected {list(want[name])}")
+        ranks = range(self.world) if self.simulated else [self.mesh.rank]
+        with torch.no_grad():
+            self.router.copy_(router)
+            for k, r in enumerate(ranks):
+                sl = slice(r * el, (r + 1) * el)
+                self.w_gate_up[k].copy_(torch.cat([gate[sl], up[sl]], dim=-1))
+                self.w_down[k].copy_(down[sl])
+        return self
+
+    def extra_repr(self) -> str:
+        where = f"simulated ranks={self.world}" if self.simulated else f"rank {self.mesh.rank} of {self.world}"
+        return (f"hidden={self.hidden}, expert_intermediate={self.intermediate}, experts={self.num_experts}, "
+                f"top_k={self.top_k}, {where}, schedule={self.schedule!r}")
+
+    def _kernel(self, target: str):
+        dtype = self.router.dtype
+        key = (target, self.top_k, self.schedule, dtype, self.num_experts)
+        if key not in _KERNELS:
+            if target == "cpu":
+                graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts)
+            else:
+                graph = moe_graph.moe_layer(self.top_k, block_m=64, dtype=dtype, max_experts=self.num_experts,
+                                            block=32)
+            _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target)
+        return _KERNELS[key]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.hidden:
+            raise InputError(f"MoE: x has {x.shape[-1]} features, the layer {self.hidden}")
+        lead, x2 = x.shape[:-1], x.reshape(-1, self.hidden).to(self.router.dtype)
+        y = self._simulated(x2) if self.simulated else self._kernel("cuda")(
+            self.mesh, x=x2.contiguous(), wg=self.router.data, w_gate_up=self.w_gate_up[0].data,
+            w_down=self.w_down[0].data)["y"]
+        return y.reshape(*lead, self.hidden)
+
+    def _simulated(self, x: torch.Tensor) -> torch.Tensor:
+        T, R = x.shape[0], self.world
+        per = -(-T // R)
+        padded = torch.zeros(per * R, self.hidden, dtype=x.dtype)
+        padded[:T] = x
+        inputs = [{"x": padded[r * per:(r + 1) * per].contiguous(), "wg": self.router.data,
+                   "w_gate_up": self.w_gate_up[r].data, "w_down": self.w_down[r].data} for r in range(R)]
+        outs = self._kernel("cpu").run(inputs)
+        return torch.cat([o["y"] for o in outs])[:T]
