@@ -9,6 +9,7 @@ the whole layer: the relative error goes into the record.
     gemm_rs  x [M, I/R] @ w_down [I/R, H], reduce-scatter over rows     et.ops.gemm_reduce_scatter
     ag_gemm  x [M/R, H] all-gather, @ w_gate_up [H, 2I/R]               et.ops.all_gather_gemm
     mlp      all-gather, gate/up mm, SwiGLU, down mm, reduce-scatter    et.ops.tensor_parallel_mlp
+    moe      M tokens per rank, top-k routed SwiGLU experts, EP          et.nn.MoE (vs the torch layer)
              (`separate` baseline: etdist's two ops chained with a torch SwiGLU between them)
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ import etdist as et
 from .measure import baselines as B
 from .measure.timing import time_ranks
 
-GPU_WORKLOADS = ("gemm_rs", "ag_gemm", "mlp")
+GPU_WORKLOADS = ("gemm_rs", "ag_gemm", "mlp", "moe")
 
 
 @dataclass
@@ -75,8 +76,8 @@ def _poisoned(rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------- cells
 
-def gemm_rs_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
-    R = mesh.world_size
+def gemm_rs_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
+    R, H, I = mesh.world_size, model.hidden, model.intermediate
     K, N = I // R, H
     ops = B.gemm_rs_operands(M, K, N, copies=4, device=mesh.device)
     x = ops.x[:M].contiguous()  # the baselines pad M up to the world; we take it as it is
@@ -97,8 +98,8 @@ def gemm_rs_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool,
     return CellResult(ours_us, base.baselines, floor, err, base.notes())
 
 
-def ag_gemm_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
-    R = mesh.world_size
+def ag_gemm_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
+    R, H, I = mesh.world_size, model.hidden, model.intermediate
     K, N = H, 2 * I // R
     ops = B.ag_gemm_operands(M, K, N, copies=4, device=mesh.device)
     lo, hi = _chunk(M, R, mesh.rank)
@@ -117,8 +118,8 @@ def ag_gemm_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool,
     return CellResult(ours_us, base.baselines, floor, err, base.notes())
 
 
-def mlp_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
-    R = mesh.world_size
+def mlp_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
+    R, H, I = mesh.world_size, model.hidden, model.intermediate
     ops = B.mlp_operands(M, H, I // R, copies=4, device=mesh.device)
     lo, hi = _chunk(M, R, mesh.rank)
     x = ops.x[:hi - lo].contiguous()
@@ -147,7 +148,49 @@ def mlp_cell(mesh, H: int, I: int, M: int, ceil: B.Ceilings, symm_mem: bool, sch
     return CellResult(ours_us, {**base.baselines, "separate": separate_us}, floor, err, base.notes())
 
 
-CELLS = {"gemm_rs": gemm_rs_cell, "ag_gemm": ag_gemm_cell, "mlp": mlp_cell}
+def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "dynamic") -> CellResult:
+    """M tokens per rank through et.nn.MoE vs the torch layer (tokens sorted by expert, one mm pair
+    per expert, NCCL all_to_all_single across ranks; eager: routing makes shapes data-dependent)."""
+    from .measure.moe_baseline import torch_moe
+    R, H, I, E, k = mesh.world_size, model.hidden, model.expert_intermediate, model.num_experts, model.top_k
+    el, dev, bf16 = E // R, mesh.device, torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(0)           # the same router and skew on every rank
+    u = torch.randn(H, generator=gen, device=dev)
+    u = u / u.norm()
+    router = torch.randn(H, E, generator=gen, device=dev) + model.routing_skew * torch.outer(u, torch.linspace(1, 0, E, device=dev))
+    gen.manual_seed(1 + mesh.rank)                             # this rank's experts and tokens
+    wgu = [(torch.randn(el, H, 2 * I, generator=gen, device=dev) * H ** -0.5).to(bf16) for _ in range(2)]
+    wd = [(torch.randn(el, I, H, generator=gen, device=dev) * I ** -0.5).to(bf16) for _ in range(2)]
+    x = (torch.randn(M, H, generator=gen, device=dev) + model.routing_skew * u).to(bf16)
+    router = router.to(bf16)
+    layers = []
+    for a, b in zip(wgu, wd):                                  # two weight copies, rotated
+        layer = et.nn.MoE(H, I, E, k, mesh=mesh, schedule=schedule, dtype=bf16)
+        layer.router.data, layer.w_gate_up[0].data, layer.w_down[0].data = router, a, b
+        layers.append(layer)
+    y = layers[0](x)
+    want = torch_moe(x.float(), router.float(), wgu[0].float(), wd[0].float(), k)
+    err = _max_over_ranks(_rel_err(y, want), dev)
+    n = [0]
+
+    def ours():
+        n[0] += 1
+        return layers[n[0] % 2](x)
+
+    def torch_layer():
+        n[0] += 1
+        return torch_moe(x, router, wgu[n[0] % 2], wd[n[0] % 2], k)
+
+    ours_us, eager_us = _time(ours, mesh), _time(torch_layer, mesh)
+    touched = min(el, M * R * k)                               # local experts a call can touch, at most
+    floor = max(touched * 3 * H * I * 2 / (ceil.copy_TBps * 1e12),    # their weights read once (bf16)
+                2 * 3 * H * I * M * k / (ceil.mm_TFps * 1e12)) * 1e6  # the expert FLOPs of M*k slots
+    return CellResult(ours_us, {"eager": eager_us}, floor, err,
+                      "graph skipped: routing makes the shapes data-dependent; floor: the weights of "
+                      "min(local experts, slots) read once, or the FLOPs of M*k slots")
+
+
+CELLS = {"gemm_rs": gemm_rs_cell, "ag_gemm": ag_gemm_cell, "mlp": mlp_cell, "moe": moe_cell}
 
 
 def startup_times(mesh, H: int, I: int) -> dict:
@@ -207,9 +250,13 @@ def plan(cfg) -> tuple[list[tuple[str, str, int]], list[str]]:
     """The (workload, schedule, M) cells a GPU run does for `cfg`, and a line per thing it leaves out."""
     names = [_value(w) for w in cfg.workload.names]
     schedules = [_value(s) for s in cfg.schedule.names]
-    left_out = [f"workload {w}: not on GPUs yet" + (" (issue 7)" if w == "moe" else
-                                                    " (python -m etdist.bench_collectives)" if w == "collectives" else "")
-                for w in names if w not in GPU_WORKLOADS]
+    left_out = [f"workload {w}: not here (python -m etdist.bench_collectives)" for w in names
+                if w not in GPU_WORKLOADS]
+    if "moe" in names and cfg.model.num_experts == 0:
+        left_out.append(f"workload moe: model {cfg.model.name} is dense")
+        names = [w for w in names if w != "moe"]
+    if cfg.model.num_experts and any(w != "moe" for w in names if w in GPU_WORKLOADS):
+        left_out.append(f"gemm_rs/ag_gemm/mlp: model {cfg.model.name} is an MoE; its dense MLP shape is used")
     return [(w, s, int(M)) for w in names if w in GPU_WORKLOADS for s in schedules for M in cfg.bench.tokens], left_out
 
 
@@ -235,8 +282,13 @@ def run_sweep(cfg, console, folder) -> list:
             console.print("startup (gemm_rs): " + "  ".join(f"{k} {v:.2f}" for k, v in s.items()))
     env = records.env_info()
     out = []
+    if cfg.model.num_experts % mesh.world_size:
+        cells = [c for c in cells if c[0] != "moe"]
+        if lead:
+            console.print(f"[yellow]workload moe: {cfg.model.num_experts} experts do not split over "
+                          f"{mesh.world_size} ranks[/]")
     for n, (workload, schedule, M) in enumerate(cells, 1):
-        res = CELLS[workload](mesh, H, I, M, ceil, cfg.bench.symm_mem, schedule)
+        res = CELLS[workload](mesh, cfg.model, M, ceil, cfg.bench.symm_mem, schedule)
         if not lead:
             continue
         rec = records.make_record(workload=workload, model=cfg.model.name, M=M, world=mesh.world_size,
@@ -244,7 +296,7 @@ def run_sweep(cfg, console, folder) -> list:
                                   floor_us=res.floor_us, rel_err=res.rel_err, notes=res.notes, env=env)
         for where in filter(None, (pathlib.Path(folder) / "results", cfg.bench.results_dir)):
             records.append(pathlib.Path(where) / f"{workload}.jsonl", rec)
-        best = min(res.baselines["graph"], res.baselines["eager"])
+        best = min(res.baselines.get("graph", float("inf")), res.baselines["eager"])
         console.print(f"[{n}/{len(cells)}] {workload:8} {schedule[:3]} {cfg.model.name:>13} M={M:<5} ours {res.ours_us:8.1f} us  "
                       f"best cuBLAS+NCCL {best:8.1f} us  speedup {best / res.ours_us:5.2f}x  "
                       f"ours/floor {res.ours_us / res.floor_us:5.2f}  rel err {res.rel_err:.1e}")

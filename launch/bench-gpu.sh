@@ -4,6 +4,8 @@
 #   bash launch/bench-gpu.sh                       # gemm_rs, ag_gemm and mlp
 #   WORKLOADS=mlp bash launch/bench-gpu.sh         # one workload; Hydra overrides pass through
 #   RESULTS=/tmp/r MODELS_OVERRIDE=qwen3_8b SCHEDULE=both bash launch/bench-gpu.sh bench.symm_mem=false
+#   MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=both bash launch/bench-gpu.sh bench=gpu_moe
+#     (add model.routing_skew=1.5 for skewed routing; the last bench= wins)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODELS=qwen3_8b,llama31_8b,gemma2_9b,gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b

@@ -27,7 +27,7 @@ def test_every_model_composes(model):
 
 @pytest.mark.parametrize("group,option", [("workload", w) for w in ("gemm_rs", "ag_gemm", "mlp", "moe", "collectives", "all")]
                          + [("schedule", s) for s in ("static", "dynamic", "both")]
-                         + [("mesh", m) for m in ("auto", "cpu", "nvshmem")] + [("bench", b) for b in ("cpu", "gpu")])
+                         + [("mesh", m) for m in ("auto", "cpu", "nvshmem")] + [("bench", b) for b in ("cpu", "gpu", "gpu_moe")])
 def test_every_group_option_composes(group, option):
     c = cfg(f"{group}={option}")
     OmegaConf.to_container(c, resolve=True, throw_on_missing=True)
@@ -75,13 +75,15 @@ def test_main_command_prints_the_table(tmp_path):
 
 def test_gpu_plan_runs_what_gpus_have_and_names_the_rest():
     from etdist import bench_gpu
-    cells, left_out = bench_gpu.plan(cfg("workload=all", "schedule=both", "bench=gpu"))
+    cells, left_out = bench_gpu.plan(cfg("model=llama31_8b", "workload=all", "schedule=both", "bench=gpu"))
     assert cells == [(w, s, M) for w in ("gemm_rs", "ag_gemm", "mlp") for s in ("static", "dynamic")
                      for M in (16, 128, 1024, 8192, 1000)]
-    assert any("moe" in l and "issue 7" in l for l in left_out)
+    assert any("moe" in l and "dense" in l for l in left_out)
     assert any("collectives" in l for l in left_out)
+    cells, left_out = bench_gpu.plan(cfg("model=qwen3_30b_a3b", "workload=moe", "schedule=both", "bench=gpu_moe"))
+    assert cells == [("moe", s, M) for s in ("static", "dynamic") for M in (1, 16, 128, 1024, 4096)]
     cells, left_out = bench_gpu.plan(cfg("workload=gemm_rs", "schedule=dynamic"))
-    assert cells == [("gemm_rs", "dynamic", 37)] and not left_out
+    assert cells == [("gemm_rs", "dynamic", 37)] and left_out == ["gemm_rs/ag_gemm/mlp: model tiny is an MoE; its dense MLP shape is used"]
 
 
 def test_mesh_nvshmem_without_gpus_is_a_clear_error(monkeypatch):

@@ -1,7 +1,7 @@
 """Triton tile bodies of the expert-parallel MoE graph (etdist/workloads/moe.py), one per task.
 
 Correct first: each body is one program's loop over small blocks (>= 16 wide, as tl.dot needs);
-the expert body recomputes the SwiGLU activations per output column block rather than staging them.
+the expert body stages its SwiGLU activations in a scratch tensor between its two GEMMs.
 fp32 inputs multiply in IEEE fp32 (routing must pick the same experts as the float reference).
 """
 import triton
@@ -79,10 +79,10 @@ def moe_plan(e, recv_expert, counts, slots, T, WORLD, TOP_K: tl.constexpr, BS: t
 
 
 @triton.jit
-def moe_expert(e, i, recv, w_gate_up, w_down, counts, slots, expert_out, T, H, I, WORLD,
+def moe_expert(e, i, recv, w_gate_up, w_down, counts, slots, act, expert_out, T, H, I, WORLD,
                BM: tl.constexpr, BH: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
-    """SwiGLU of expert e on its slots [i*BM, (i+1)*BM): rows gathered from recv, results
-    scattered to expert_out (both flattened [WORLD * slots, H])."""
+    """SwiGLU of expert e on its slots [i*BM, (i+1)*BM): rows gathered from recv, the activations
+    staged in act (same rows), results scattered to expert_out (all flattened [WORLD * slots, .])."""
     n = tl.load(counts + e)
     r = i * BM + tl.arange(0, BM)
     rok = r < n
@@ -90,24 +90,29 @@ def moe_expert(e, i, recv, w_gate_up, w_down, counts, slots, expert_out, T, H, I
     wgu = w_gate_up + e * H * 2 * I
     wd = w_down + e * I * H
     ks = tl.arange(0, BK)
-    for h0 in range(0, H, BH):
+    for i0 in range(0, I, BI):                     # act = silu(x @ w_gate) * (x @ w_up)
+        js = i0 + tl.arange(0, BI)
+        g = tl.zeros((BM, BI), tl.float32)
+        u = tl.zeros((BM, BI), tl.float32)
+        for k0 in range(0, H, BK):
+            kk = k0 + ks
+            a = tl.load(recv + rows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
+            bm = (kk[:, None] < H) & (js[None, :] < I)
+            bg = tl.load(wgu + kk[:, None] * (2 * I) + js[None, :], mask=bm, other=0.0)
+            bu = tl.load(wgu + kk[:, None] * (2 * I) + I + js[None, :], mask=bm, other=0.0)
+            g = tl.dot(a.to(tl.float32), bg.to(tl.float32), g, input_precision="ieee")
+            u = tl.dot(a.to(tl.float32), bu.to(tl.float32), u, input_precision="ieee")
+        tl.store(act + rows[:, None] * I + js[None, :], (g * tl.sigmoid(g) * u).to(act.dtype.element_ty),
+                 mask=rok[:, None] & (js[None, :] < I))
+    tl.debug_barrier()                              # the activations, written by all threads, are read next
+    for h0 in range(0, H, BH):                      # out = act @ w_down
         hs = h0 + tl.arange(0, BH)
         out = tl.zeros((BM, BH), tl.float32)
-        for i0 in range(0, I, BI):
-            js = i0 + tl.arange(0, BI)
-            g = tl.zeros((BM, BI), tl.float32)
-            u = tl.zeros((BM, BI), tl.float32)
-            for k0 in range(0, H, BK):
-                kk = k0 + ks
-                a = tl.load(recv + rows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
-                bm = (kk[:, None] < H) & (js[None, :] < I)
-                bg = tl.load(wgu + kk[:, None] * (2 * I) + js[None, :], mask=bm, other=0.0)
-                bu = tl.load(wgu + kk[:, None] * (2 * I) + I + js[None, :], mask=bm, other=0.0)
-                g = tl.dot(a.to(tl.float32), bg.to(tl.float32), g, input_precision="ieee")
-                u = tl.dot(a.to(tl.float32), bu.to(tl.float32), u, input_precision="ieee")
-            act = g * tl.sigmoid(g) * u
+        for i0 in range(0, I, BK):
+            js = i0 + ks
+            a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
             dn = tl.load(wd + js[:, None] * H + hs[None, :], mask=(js[:, None] < I) & (hs[None, :] < H), other=0.0)
-            out = tl.dot(act, dn.to(tl.float32), out, input_precision="ieee")
+            out = tl.dot(a.to(tl.float32), dn.to(tl.float32), out, input_precision="ieee")
         tl.store(expert_out + rows[:, None] * H + hs[None, :], out.to(expert_out.dtype.element_ty),
                  mask=rok[:, None] & (hs[None, :] < H))
 

@@ -47,6 +47,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     g.scratch("recv_expert", (R, S), torch.int64, symmetric=True)  # local expert of a slot, or -1
     counts = g.scratch("counts", (EL,), torch.int64)               # slots each local expert serves
     g.scratch("slots", (EL, R * T), torch.int64)                   # which (flattened [src, slot])
+    g.scratch("act", (R * S, I), dtype)                            # SwiGLU activations (GPU body)
     g.scratch("expert_out", (R, S, H), dtype)
     g.scratch("back", (R, S, H), dtype, symmetric=True)            # on the token's rank: [owner, slot]
     g.output("y", (T, H), dtype)
