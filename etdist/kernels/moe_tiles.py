@@ -2,12 +2,22 @@
 
 Correct first: each body is one program's loop over small blocks (>= 16 wide, as tl.dot needs);
 the expert body stages its SwiGLU activations in a scratch tensor between its two GEMMs.
-fp32 inputs multiply in IEEE fp32 (routing must pick the same experts as the float reference).
+Routing logits are IEEE fp32 (it must pick the experts the float reference picks); expert GEMMs run
+on tensor cores in the input dtype, IEEE fp32 for fp32 inputs.
 """
 import triton
 import triton.language as tl
 
 from .sync import peer_base
+
+
+@triton.jit
+def _dot(a, b, acc):
+    """Tensor-core dot in the operands' dtype (bf16/fp16); IEEE fp32 for fp32 operands."""
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -100,8 +110,8 @@ def moe_expert(e, i, recv, w_gate_up, w_down, counts, slots, act, expert_out, T,
             bm = (kk[:, None] < H) & (js[None, :] < I)
             bg = tl.load(wgu + kk[:, None] * (2 * I) + js[None, :], mask=bm, other=0.0)
             bu = tl.load(wgu + kk[:, None] * (2 * I) + I + js[None, :], mask=bm, other=0.0)
-            g = tl.dot(a.to(tl.float32), bg.to(tl.float32), g, input_precision="ieee")
-            u = tl.dot(a.to(tl.float32), bu.to(tl.float32), u, input_precision="ieee")
+            g = _dot(a, bg, g)
+            u = _dot(a, bu, u)
         tl.store(act + rows[:, None] * I + js[None, :], (g * tl.sigmoid(g) * u).to(act.dtype.element_ty),
                  mask=rok[:, None] & (js[None, :] < I))
     tl.debug_barrier()                              # the activations, written by all threads, are read next
@@ -112,7 +122,7 @@ def moe_expert(e, i, recv, w_gate_up, w_down, counts, slots, act, expert_out, T,
             js = i0 + ks
             a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
             dn = tl.load(wd + js[:, None] * H + hs[None, :], mask=(js[:, None] < I) & (hs[None, :] < H), other=0.0)
-            out = tl.dot(a.to(tl.float32), dn.to(tl.float32), out, input_precision="ieee")
+            out = _dot(a, dn, out)
         tl.store(expert_out + rows[:, None] * H + hs[None, :], out.to(expert_out.dtype.element_ty),
                  mask=rok[:, None] & (hs[None, :] < H))
 

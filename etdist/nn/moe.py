@@ -86,7 +86,7 @@ class MoE(nn.Module):
                 graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts)
             else:
                 graph = moe_graph.moe_layer(self.top_k, block_m=64, dtype=dtype, max_experts=self.num_experts,
-                                            block=32)
+                                            block=64)
             _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target)
         return _KERNELS[key]
 
