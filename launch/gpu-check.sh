@@ -2,7 +2,8 @@
 # Re-check every GPU claim with one command, on a GPU machine (2+ GPUs for the cross-GPU parts):
 #   bash launch/gpu-check.sh [results dir, default bench/results]
 # 1. every GPU test (pytest -m gpu; the Llama client test needs `pip install transformers`);
-# 2. the collectives benchmark; 3. the GEMM+RS, AG+GEMM and MLP sweep (Hydra: launch/bench-gpu.sh).
+# 2. the collectives benchmark; 3. the GEMM+RS, AG+GEMM and MLP sweep, then the MoE sweep (both
+# schedules), through the Hydra main command (launch/bench-gpu.sh).
 # Records are appended under the results dir; a short table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,8 @@ tests=${PIPESTATUS[0]}
 timeout 900 python3 -m torch.distributed.run --nproc_per_node="$NGPU" -m etdist.bench_collectives --out "$RESULTS" \
   2>&1 | grep -v '^W[0-9]' > "$log/collectives.log"
 RESULTS="$RESULTS" timeout 900 bash launch/bench-gpu.sh > "$log/sweep.log" 2>&1
+RESULTS="$RESULTS" MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=both \
+  timeout 900 bash launch/bench-gpu.sh bench=gpu_moe >> "$log/sweep.log" 2>&1
 
 echo "== gpu tests exit $tests"
 echo "== collectives (us per call; see BENCHMARKS.md for the columns)"
