@@ -23,6 +23,12 @@ def main(args):
             y = kernel(mesh, **ranks[r])["y"]
             err = ((y.double() - want).abs().max() / want.abs().max()).item()
             assert err < 1e-4, (schedule, T, skew, err)
+    # the user-facing module on the same kernel path (the GPU codegen, here interpreted)
+    layer = et.nn.MoE(24, 20, 4 * R, 2, mesh=mesh, schedule=schedule, dtype=torch.float32)
+    layer.load_experts(w1[..., :20], w1[..., 20:], w2, wg)
+    y = layer(ranks[r]["x"].view(1, -1, 24)).view(-1, 24)
+    want = moe.reference([i["x"] for i in ranks], wg, w1, w2, top_k=2)[r]
+    assert ((y.double() - want).abs().max() / want.abs().max()).item() < 1e-4, ("nn.MoE", schedule)
     print(f"OK moe {schedule} rank {r}", flush=True)
     mesh.close()
 
