@@ -20,7 +20,7 @@ copy on the receiver; writers first wait for the peer's entry lane (it has enter
 import triton
 import triton.language as tl
 
-from .sync import ERR_SHAPE, finish_launch, notify, peer_base, record_error, wait
+from .sync import ERR_SHAPE, finish_launch, notify, peer_base, record_error, rendezvous, wait
 
 EVENT_CHUNK = tl.constexpr(1 << 20)
 EVENT_EXIT = tl.constexpr(2 << 20)
@@ -68,13 +68,7 @@ def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_pt
                 tl.store(meta, epoch)
                 tl.store(meta + 1, op_sig | (tl.load(plan_ptr + world + d).to(tl.int32) & SIG_MASK))
         if DIRECT:  # we write into peers' `out` itself: only once they entered this call
-            for d in range(world):
-                if d != rank:
-                    notify(peer_base(ctrl_table, d, ctrl_ptr) + entry_off + rank, epoch, True, "sys")
-            for d in range(world):
-                if d != rank:
-                    wait(ctrl_ptr + entry_off + d, epoch, max_spins, ctrl_ptr, ctrl_table, rank, world,
-                         EVENT_ENTRY, d, epoch, "sys", USE_ASM)
+            rendezvous(ctrl_ptr, ctrl_table, entry_off, epoch, rank, world, max_spins, EVENT_ENTRY, USE_ASM)
         nmine = tl.cdiv(nchunks - pid, nprog)
         for k in range(0, nmine + 1):
             if k < nmine:  # push chunk c to every peer

@@ -9,9 +9,8 @@ import triton.language as tl
 
 
 @triton.jit
-def mm_tile(a, rows, b, K, N, c, ldc, i, j,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """c[i-th BLOCK_M rows, j-th BLOCK_N cols] = a[rows, K] @ b[K, N] (a, c offset to row 0)."""
+def mm_acc(a, rows, b, K, N, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 accumulator of tile (i, j) of a[rows, K] @ b[K, N] (a offset to row 0)."""
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -27,7 +26,18 @@ def mm_tile(a, rows, b, K, N, c, ldc, i, j,
         acc = tl.dot(a_t, b_t, acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K * N
-    tl.store(c + offs_m[:, None] * ldc + offs_n[None, :], acc.to(c.dtype.element_ty), mask=row_ok & col_ok)
+    return acc
+
+
+@triton.jit
+def mm_tile(a, rows, b, K, N, c, ldc, i, j,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """c[i-th BLOCK_M rows, j-th BLOCK_N cols] = a[rows, K] @ b[K, N] (a, c offset to row 0)."""
+    acc = mm_acc(a, rows, b, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K)
+    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(c + offs_m[:, None] * ldc + offs_n[None, :], acc.to(c.dtype.element_ty),
+             mask=(offs_m[:, None] < rows) & (offs_n[None, :] < N))
 
 
 @triton.jit
@@ -46,6 +56,19 @@ def owned_rows(M, WORLD, r):
     """Rows of M that rank r owns when split in chunks of cdiv(M, WORLD) (ragged at the end)."""
     C = (M + WORLD - 1) // WORLD
     return tl.maximum(0, tl.minimum(C, M - r * C))
+
+
+@triton.jit
+def store_to_owners(acc, offs_m, offs_n, partial, partial_peers, slot, M, N, WORLD):
+    """Rows offs_m (of all M) of the tile acc, each into its owner's partial[slot] (peer stores):
+    a row tile spanning several owners is computed once."""
+    C = (M + WORLD - 1) // WORLD
+    col_ok = offs_n[None, :] < N
+    for d in range(0, WORLD):
+        rows = offs_m - d * C
+        ok = (rows[:, None] >= 0) & (rows[:, None] < owned_rows(M, WORLD, d)) & col_ok
+        out = aligned_peer(partial, partial_peers, d) + slot * C * N
+        tl.store(out + rows[:, None] * N + offs_n[None, :], acc.to(partial.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -93,12 +116,7 @@ def gemm_rs_skinny_matmul(s, j, x, w, partial, partial_peers, M, K, N, RANK, WOR
         acc = tl.dot(a_t, b_t, acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K * N
-    C = (M + WORLD - 1) // WORLD
-    for d in range(0, WORLD):
-        rows = offs_m - d * C
-        ok = (rows[:, None] >= 0) & (rows[:, None] < owned_rows(M, WORLD, d)) & col_ok
-        out = aligned_peer(partial, partial_peers, d) + (RANK * SPLITS + s) * C * N
-        tl.store(out + rows[:, None] * N + offs_n[None, :], acc, mask=ok)
+    store_to_owners(acc, offs_m, offs_n, partial, partial_peers, RANK * SPLITS + s, M, N, WORLD)
 
 
 @triton.jit
@@ -171,26 +189,9 @@ def matmul_scatter_rows(i, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Tile (i, j) of x[M rows] @ w; each owner's rows go to its partial[RANK] (peer stores), so
     a row tile spanning several owners reads the weights once."""
-    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    col_ok = offs_n[None, :] < N
-    a_ptrs = x + offs_m[:, None] * K + offs_k[None, :]
-    b_ptrs = w + offs_k[:, None] * N + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_ok = offs_k < K - k * BLOCK_K
-        a_t = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_ok[None, :], other=0.0)
-        b_t = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok, other=0.0)
-        acc = tl.dot(a_t, b_t, acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K * N
-    C = (M + WORLD - 1) // WORLD
-    for d in range(0, WORLD):
-        rows = offs_m - d * C
-        ok = (rows[:, None] >= 0) & (rows[:, None] < owned_rows(M, WORLD, d)) & col_ok
-        out = aligned_peer(partial, partial_peers, d) + RANK * C * N
-        tl.store(out + rows[:, None] * N + offs_n[None, :], acc.to(partial.dtype.element_ty), mask=ok)
+    acc = mm_acc(x, M, w, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K)
+    store_to_owners(acc, i * BLOCK_M + tl.arange(0, BLOCK_M), j * BLOCK_N + tl.arange(0, BLOCK_N),
+                    partial, partial_peers, RANK, M, N, WORLD)
 
 
 @triton.jit

@@ -95,6 +95,20 @@ def wait(ptr, target, max_spins, ctrl_ptr, ctrl_table, rank, world, event, peer,
 
 
 @triton.jit
+def rendezvous(ctrl_ptr, ctrl_table, lanes_off, epoch, rank, world, max_spins, EVENT: tl.constexpr,
+               USE_ASM: tl.constexpr):
+    """Tell every peer 'rank reached epoch' (its lane lanes_off + rank, sys-scope release), then wait
+    until every peer said the same in our lanes (watchdog'd; EVENT names it in the error record)."""
+    for d in range(world):
+        if d != rank:
+            notify(peer_base(ctrl_table, d, ctrl_ptr) + lanes_off + rank, epoch, True, "sys")
+    for s in range(world):
+        if s != rank:
+            wait(ctrl_ptr + lanes_off + s, epoch, max_spins, ctrl_ptr, ctrl_table, rank, world,
+                 EVENT, s, epoch, "sys", USE_ASM)
+
+
+@triton.jit
 def finish_launch(ctrl_ptr, ctrl_table, exit_off, grid_off, epoch_off, epoch, rank, world, max_spins,
                   RENDEZVOUS: tl.constexpr, EVENT_EXIT: tl.constexpr, USE_ASM: tl.constexpr):
     """End of a launch: the last program to arrive (grid counter, gpu scope) re-arms the counter,
@@ -110,13 +124,7 @@ def finish_launch(ctrl_ptr, ctrl_table, exit_off, grid_off, epoch_off, epoch, ra
         tl.atomic_xchg(ctrl_ptr + grid_off, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(ctrl_ptr + epoch_off, epoch, sem="relaxed", scope="gpu")
         if RENDEZVOUS:
-            for d in range(world):
-                if d != rank:
-                    notify(peer_base(ctrl_table, d, ctrl_ptr) + exit_off + rank, epoch, True, "sys")
-            for s in range(world):
-                if s != rank:
-                    wait(ctrl_ptr + exit_off + s, epoch, max_spins, ctrl_ptr, ctrl_table, rank, world,
-                         EVENT_EXIT, s, epoch, "sys", USE_ASM)
+            rendezvous(ctrl_ptr, ctrl_table, exit_off, epoch, rank, world, max_spins, EVENT_EXIT, USE_ASM)
     return last
 
 
