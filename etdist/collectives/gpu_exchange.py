@@ -13,6 +13,7 @@ from triton import knobs
 
 from ..kernels.exchange import exchange_kernel
 from ..kernels.interpret import patch_interpreter
+from ..kernels.launch_hooks import hooks_active
 from ..mesh import Mesh, MeshError
 from .plan import Plan
 from .workspace import MAX_CHUNKS, Workspace
@@ -109,8 +110,8 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
     raw_stream, index = torch._C._cuda_getCurrentRawStream, mesh.device.index
 
     def launch():
-        hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        if hooks[0] is not None or hooks[1] is not None:  # profilers: go through Triton's own path
+        if hooks_active():  # profilers: pass their hooks and metadata, as Triton's own path does
+            hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
             stream = raw_stream(index)
             run(programs, 1, 1, stream, function, meta, kernel.launch_metadata((programs, 1, 1), stream, *full),
                 *hooks, *flat)

@@ -25,8 +25,8 @@ from typing import Mapping, Optional
 
 import numpy as np
 import torch
-from triton import knobs
 
+from ..kernels.launch_hooks import hooks_active
 from .bind import MapTable, bind, bind_inputs
 from .schedule_dynamic import release_plan
 from .codegen_triton import ERR_WORDS, TRACE_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
@@ -40,13 +40,6 @@ DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
 def _sync(mesh) -> None:
     if mesh.device.type == "cuda":
         torch.cuda.synchronize(mesh.device)
-
-
-def hooks_active() -> bool:
-    """Whether a launch hook (a profiler's) is installed. Triton 3.6 keeps an empty HookChain there
-    rather than None: testing `is not None` sent every call down Triton's dispatch."""
-    return any(h is not None and getattr(h, "calls", True) for h in
-               (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
 
 
 CACHE = pathlib.Path(os.environ.get("ETDIST_CACHE", pathlib.Path.home() / ".cache" / "etdist"))
