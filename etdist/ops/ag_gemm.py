@@ -6,9 +6,8 @@ from typing import Optional
 
 import torch
 
-from ..fusion import compile as et_compile
 from ..workloads import ag_gemm
-from .gemm_rs import LARGE, TileConfig, check_operands, fp32_config
+from .gemm_rs import LARGE, TileConfig, cached_kernel, check_operands, fp32_config
 
 # Up to WHOLE_MAX_M rows the gather (tiny) completes first and GEMM tiles span every row, so the
 # weights are read once; above, row tiles start per source as its rows arrive (overlap).
@@ -33,11 +32,7 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
     cfg: TileConfig = WHOLE if whole else LARGE
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1
-    key = (x.dtype, cfg, align, whole, schedule)
-    kernel = _KERNELS.get(key)
-    if kernel is None:
-        build = ag_gemm.all_gather_gemm_whole if whole else ag_gemm.all_gather_gemm
-        graph = build(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
-        kernel = _KERNELS[key] = et_compile(graph, schedule=schedule, target="cuda")
-        kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
+    graph = ag_gemm.all_gather_gemm_whole if whole else ag_gemm.all_gather_gemm
+    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule), cfg, schedule,
+                           lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align))
     return kernel(mesh, x=x, w=w, sizes={"M": M}, out=None if out is None else {"y": out})["y"]

@@ -81,17 +81,23 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
         cfg = fp32_config(cfg)
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1  # aligned rows vectorise
     splits = skinny_splits(w.shape[1], _sm_count(mesh.device.index), cfg.block_n) if skinny else 1
-    key = (x.dtype, cfg, schedule, align, splits)
-    kernel = _KERNELS.get(key)
-    if kernel is None:
-        if skinny:
-            graph = gemm_rs.gemm_reduce_scatter_skinny(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, splits, align)
-        else:
-            graph = gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
-        kernel = et_compile(graph, schedule=schedule, target="cuda")
-        kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
-        _KERNELS[key] = kernel
+    if skinny:
+        build = lambda: gemm_rs.gemm_reduce_scatter_skinny(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k,  # noqa: E731
+                                                           splits, align)
+    else:
+        build = lambda: gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)  # noqa: E731
+    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, schedule, align, splits), cfg, schedule, build)
     return kernel(mesh, x=x, w=w, out=None if out is None else {"y": out})["y"]
+
+
+def cached_kernel(cache: dict, key: tuple, cfg: TileConfig, schedule: str, build):
+    """The op's megakernel for `key`: compiled from build() (a graph) on first use, with cfg's
+    warps and stages; one binary per size class, reused for every M."""
+    kernel = cache.get(key)
+    if kernel is None:
+        kernel = cache[key] = et_compile(build(), schedule=schedule, target="cuda")
+        kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
+    return kernel
 
 
 def check_operands(op: str, graph: str, x, w, mesh):

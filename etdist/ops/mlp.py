@@ -6,11 +6,10 @@ from typing import Optional
 
 import torch
 
-from ..fusion import compile as et_compile
 from ..fusion.errors import InputError
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
-from .gemm_rs import TileConfig, check_operands, fp32_config
+from .gemm_rs import TileConfig, cached_kernel, check_operands, fp32_config
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 _KERNELS: dict = {}
@@ -38,12 +37,8 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     cfg = _ag_gemm.WHOLE if whole else TILES
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if H % 16 == 0 and I % 16 == 0 else 1
-    key = (x.dtype, cfg, align, whole, schedule)
-    kernel = _KERNELS.get(key)
-    if kernel is None:
-        build = mlp_graph.tp_mlp_whole if whole else mlp_graph.tp_mlp
-        graph = build(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
-        kernel = _KERNELS[key] = et_compile(graph, schedule=schedule, target="cuda")
-        kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
+    graph = mlp_graph.tp_mlp_whole if whole else mlp_graph.tp_mlp
+    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule), cfg, schedule,
+                           lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align))
     return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes={"M": M},
                   out=None if out is None else {"y": out})["y"]

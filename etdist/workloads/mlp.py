@@ -53,9 +53,8 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
         i, j = t(up_tile(q)[0]), t(up_tile(q)[1])
         src = (t.rank + s) % t.world
         rows = et.shift(et.block(i, block_m, t(owned(src))), src * t(C))
-        cols, I_ = et.block(j, block_n, t.I), t.I
-        xs = t.ag_out[rows]
-        t.h[rows, cols] = F.silu(xs @ t.w_gate_up[:, cols]) * (xs @ t.w_gate_up[:, I_ + cols.start:I_ + cols.stop])
+        cols = et.block(j, block_n, t.I)
+        t.h[rows, cols] = _swiglu(t, t.ag_out[rows], cols)
 
     @g.task(grid=(R, m_tiles * h_tiles), wait=lambda d, q: h_ready[(me + d) % R, down_tile(q)[0]],
             notify=lambda d, q: arrived[((me + d) % R, *down_tile(q))],
@@ -68,11 +67,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
         rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, block_n, t.H)
         t.peer(dst).partial[t.rank, rows, cols] = t.h[et.shift(rows, dst * t(C))] @ t.w_down[:, cols]
 
-    @g.task(grid=(m_tiles, h_tiles), wait=lambda i, j: arrived[me, i, j],
-            triton=gemm_tiles.gemm_rs_reduce, constexprs=tiles, bind=dict(N="H"))
-    def reduce(t, i, j):
-        rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.H)
-        t.y[rows, cols] = t.partial[:, rows, cols].sum(0)
+    _reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, h_tiles, block_m, block_n)
 
     g.sample(M=5, H=3, I=2)
     g.sample(M=37, H=20, I=17)
@@ -110,8 +105,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
             bind=dict(i=lambda q: up_tile(q)[0], j=lambda q: up_tile(q)[1]))
     def gate_up(t, q):
         rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), block_n, t.I)
-        xs, I_ = t.ag_out[rows], t.I
-        t.h[rows, cols] = F.silu(xs @ t.w_gate_up[:, cols]) * (xs @ t.w_gate_up[:, I_ + cols.start:I_ + cols.stop])
+        t.h[rows, cols] = _swiglu(t, t.ag_out[rows], cols)
 
     @g.task(grid=(m_all * h_tiles,), wait=lambda q: h_ready[down_tile(q)[0]],
             notify=lambda q: arrived[et.every(0, R), down_tile(q)[1]],
@@ -125,15 +119,28 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
             if lo < hi:
                 t.peer(d).partial[t.rank, lo - d * t(C):hi - d * t(C), cols] = part[lo - i * block_m:hi - i * block_m]
 
-    @g.task(grid=(own_tiles, h_tiles), wait=lambda i, j: arrived[me, j],
-            triton=gemm_tiles.gemm_rs_reduce, constexprs=tiles, bind=dict(N="H"))
-    def reduce(t, i, j):
-        rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.H)
-        t.y[rows, cols] = t.partial[:, rows, cols].sum(0)
+    _reduce_partials(g, lambda i, j: arrived[me, j], owned, own_tiles, h_tiles, block_m, block_n)
 
     g.sample(M=5, H=3, I=2)
     g.sample(M=37, H=20, I=17)
     return g
+
+
+def _swiglu(t, xs, cols):
+    """silu(xs @ w_gate[:, cols]) * (xs @ w_up[:, cols]), with w_gate_up = [w_gate | w_up]."""
+    I_ = t.I
+    return F.silu(xs @ t.w_gate_up[:, cols]) * (xs @ t.w_gate_up[:, I_ + cols.start:I_ + cols.stop])
+
+
+def _reduce_partials(g, wait, owned, m_tiles, h_tiles, block_m, block_n):
+    """The owner's y tile (i, j) = the sum of the partials every rank stored for it, after `wait(i, j)`."""
+    me = g.rank
+
+    @g.task(grid=(m_tiles, h_tiles), wait=wait, triton=gemm_tiles.gemm_rs_reduce,
+            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n), bind=dict(N="H"))
+    def reduce(t, i, j):
+        rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.H)
+        t.y[rows, cols] = t.partial[:, rows, cols].sum(0)
 
 
 def reference(xs, w_gate_up, w_down):
