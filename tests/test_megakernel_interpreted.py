@@ -8,20 +8,25 @@ import sys
 
 import pytest
 
-WORKER = str(pathlib.Path(__file__).parent / "interp" / "megakernel_worker.py")
+INTERP = pathlib.Path(__file__).parent / "interp"
 GRAPHS = ("gemm_rs", "gemm_rs_skinny", "ag_gemm", "ag_gemm_whole", "mlp", "mlp_whole")
+
+
+def interpreted(worker: str, world: int, schedule: str, timeout: int = 600):
+    """Run tests/interp/<worker> on `world` processes under TRITON_INTERPRET=1; (exit code, output)."""
+    env = dict(os.environ, TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="60")
+    args = ["--dynamic"] if schedule == "dynamic" else []
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
+                        str(INTERP / worker), *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return p.returncode, p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("world,schedule", [(2, "static"), (3, "static"), (2, "dynamic"), (3, "dynamic")])
 def test_generated_megakernels_match_references(world, schedule):
     """dynamic: the ready queue (claims, pushes across ranks, the inverse map) with one program
     per rank; races between programs of one GPU are not exercised here."""
-    env = dict(os.environ, TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="60")
-    args = ["--dynamic"] if schedule == "dynamic" else []
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", WORKER, *args],
-                       capture_output=True, text=True, timeout=900, env=env)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-5000:]
+    rc, out = interpreted("megakernel_worker.py", world, schedule, timeout=900)
+    assert rc == 0, out[-5000:]
     for g in GRAPHS:
         for M in (37, 5):
             assert out.count(f"OK {g} M={M} {schedule} ") == world, (g, M, out[-3000:])
@@ -31,23 +36,13 @@ def test_generated_megakernels_match_references(world, schedule):
 def test_counts_read_from_tensors_rearm_every_launch(schedule):
     """A data-dependent count (how many tiles exist, decided in-kernel) that changes from launch to
     launch, 0 included: the GPU kernel zeroes such counters at its end instead of re-arming by epoch."""
-    env = dict(os.environ, TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="60")
-    worker = str(pathlib.Path(__file__).parent / "interp" / "data_dependent_worker.py")
-    args = ["--dynamic"] if schedule == "dynamic" else []
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", worker, *args],
-                       capture_output=True, text=True, timeout=600, env=env)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0 and out.count(f"OK data-dependent {schedule}") == 2, out[-5000:]
+    rc, out = interpreted("data_dependent_worker.py", 2, schedule)
+    assert rc == 0 and out.count(f"OK data-dependent {schedule}") == 2, out[-5000:]
 
 
 @pytest.mark.parametrize("world,schedule", [(2, "static"), (2, "dynamic"), (3, "dynamic")])
 def test_moe_kernel_with_in_kernel_routing(world, schedule):
     """The EP MoE graph's GPU bodies: routing (softmax top-k) in the kernel decides which expert
     tiles exist; dispatch and combine by peer stores; uniform and skewed routing."""
-    env = dict(os.environ, TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="60")
-    worker = str(pathlib.Path(__file__).parent / "interp" / "moe_worker.py")
-    args = ["--dynamic"] if schedule == "dynamic" else []
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", worker, *args],
-                       capture_output=True, text=True, timeout=600, env=env)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0 and out.count(f"OK moe {schedule}") == world, out[-5000:]
+    rc, out = interpreted("moe_worker.py", world, schedule)
+    assert rc == 0 and out.count(f"OK moe {schedule}") == world, out[-5000:]

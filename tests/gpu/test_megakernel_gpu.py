@@ -13,8 +13,8 @@ ENV = dict(os.environ, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="lo", NVSHMEM_DISABLE_N
 pytestmark = pytest.mark.gpu
 
 
-def torchrun(n, *args, timeout=600):
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", WORKER, *args],
+def torchrun(n, *args, timeout=600, worker=WORKER):
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", str(worker), *args],
                        capture_output=True, text=True, timeout=timeout, env=ENV)
     return p.returncode, p.stdout + p.stderr
 
@@ -55,10 +55,7 @@ def test_missing_peer_raises_within_watchdog():
 def test_all_gather_gemm_and_tensor_parallel_mlp():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                        str(pathlib.Path(__file__).with_name("mlp_worker.py"))],
-                       capture_output=True, text=True, timeout=600, env=ENV)
-    out = p.stdout + p.stderr
+    _, out = torchrun(2, worker=pathlib.Path(__file__).with_name("mlp_worker.py"))
     for check in ("OK ag_gemm", "OK mlp-seq", "OK mlp-replicated"):
         assert out.count(check) == 2, out[-5000:]
 
@@ -67,19 +64,13 @@ def test_llama_with_tensor_parallel_mlps_matches_dense():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     pytest.importorskip("transformers")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                        str(pathlib.Path(__file__).with_name("llama_worker.py"))],
-                       capture_output=True, text=True, timeout=600, env=ENV)
-    out = p.stdout + p.stderr
+    _, out = torchrun(2, worker=pathlib.Path(__file__).with_name("llama_worker.py"))
     assert out.count("OK llama") == 2, out[-5000:]
 
 
 def test_moe_layer_both_schedules():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                        str(pathlib.Path(__file__).with_name("moe_worker.py"))],
-                       capture_output=True, text=True, timeout=600, env=ENV)
-    out = p.stdout + p.stderr
+    _, out = torchrun(2, worker=pathlib.Path(__file__).with_name("moe_worker.py"))
     for schedule in ("static", "dynamic"):
         assert out.count(f"OK moe {schedule}") == 2, out[-5000:]
