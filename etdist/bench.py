@@ -166,11 +166,9 @@ def gpu_main(cfg: Config, console: Console) -> None:
         console.print(f"records: {os.path.relpath(folder / 'results')}"
                       + (f" and {cfg.bench.results_dir}" if cfg.bench.results_dir else "")
                       + f"  report: {os.path.relpath(folder / 'report.md')}")
-        # bf16 against float32; MoE keeps more intermediates in bf16 (activations, expert outputs
-        # on the way back): ~2e-2 seen in its own check
-        bad = [r for r in recs if r.rel_err > (5e-2 if r.workload == "moe" else 2e-2)]
+        bad = [r for r in recs if r.rel_err > bench_gpu.REL_ERR_LIMIT[r.workload]]
         if bad:
-            raise SystemExit("relative error over the limit (2e-2; moe 5e-2): " + ", ".join(
+            raise SystemExit("relative error over the limit (bench_gpu.REL_ERR_LIMIT): " + ", ".join(
                 f"{r.workload} {r.model} M={r.M} {r.schedule} {r.rel_err:.2e}" for r in bad))
 
 

@@ -191,6 +191,9 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
 
 
 CELLS = {"gemm_rs": gemm_rs_cell, "ag_gemm": ag_gemm_cell, "mlp": mlp_cell, "moe": moe_cell}
+# largest relative error a cell may show (bf16 against float32); MoE keeps more intermediates in bf16
+# (activations, expert outputs on the way back): ~2e-2 in its own check
+REL_ERR_LIMIT = {"gemm_rs": 2e-2, "ag_gemm": 2e-2, "mlp": 2e-2, "moe": 5e-2}
 
 
 def startup_times(mesh, H: int, I: int) -> dict:

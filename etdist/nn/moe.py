@@ -46,10 +46,10 @@ class MoE(nn.Module):
         self.hidden, self.intermediate, self.num_experts, self.top_k = hidden, expert_intermediate, num_experts, top_k
         self.world, self.mesh, self.schedule, self.simulated = world, mesh, schedule, simulate_world is not None
         el, H, I = num_experts // world, hidden, expert_intermediate
-        gen = torch.Generator().manual_seed(0)
+        gen = torch.Generator(device=device).manual_seed(0)   # drawn where the weights live (GBs for big MoEs)
 
         def param(*shape, scale):
-            return nn.Parameter((torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device),
+            return nn.Parameter((torch.randn(*shape, generator=gen, device=device) * scale).to(dtype),
                                 requires_grad=False)
         self.router = param(H, num_experts, scale=H ** -0.5)                       # [H, E], replicated
         self.w_gate_up = nn.ParameterList([param(el, H, 2 * I, scale=H ** -0.5) for _ in range(shards)])
