@@ -284,6 +284,8 @@ def run_sweep(cfg, console, folder) -> list:
         if lead:
             console.print("startup (gemm_rs): " + "  ".join(f"{k} {v:.2f}" for k, v in s.items()))
     env = records.env_info()
+    # skewed routing is its own cell (the record key has no routing field): the model name says it
+    name = cfg.model.name + (f"-zipf{cfg.model.routing_skew:g}" if cfg.model.routing_skew else "")
     out = []
     if cfg.model.num_experts % mesh.world_size:
         cells = [c for c in cells if c[0] != "moe"]
@@ -294,13 +296,13 @@ def run_sweep(cfg, console, folder) -> list:
         res = CELLS[workload](mesh, cfg.model, M, ceil, cfg.bench.symm_mem, schedule)
         if not lead:
             continue
-        rec = records.make_record(workload=workload, model=cfg.model.name, M=M, world=mesh.world_size,
+        rec = records.make_record(workload=workload, model=name, M=M, world=mesh.world_size,
                                   schedule=schedule, ours_us=res.ours_us, baselines=res.baselines,
                                   floor_us=res.floor_us, rel_err=res.rel_err, notes=res.notes, env=env)
         for where in filter(None, (pathlib.Path(folder) / "results", cfg.bench.results_dir)):
             records.append(pathlib.Path(where) / f"{workload}.jsonl", rec)
         best = min(res.baselines.get("graph", float("inf")), res.baselines["eager"])
-        console.print(f"[{n}/{len(cells)}] {workload:8} {schedule[:3]} {cfg.model.name:>13} M={M:<5} ours {res.ours_us:8.1f} us  "
+        console.print(f"[{n}/{len(cells)}] {workload:8} {schedule[:3]} {name:>13} M={M:<5} ours {res.ours_us:8.1f} us  "
                       f"best cuBLAS+NCCL {best:8.1f} us  speedup {best / res.ours_us:5.2f}x  "
                       f"ours/floor {res.ours_us / res.floor_us:5.2f}  rel err {res.rel_err:.1e}")
         out.append(rec)

@@ -1,7 +1,9 @@
 """Triton tile bodies of the expert-parallel MoE graph (etdist/workloads/moe.py), one per task.
 
-Correct first: each body is one program's loop over small blocks (>= 16 wide, as tl.dot needs);
-the expert body stages its SwiGLU activations in a scratch tensor between its two GEMMs.
+Every body works on one block (of tokens, slots or output columns), so the work of a layer spreads
+over all the SMs whatever the routing: the experts' GEMMs are tiles over the rows of all local
+experts (rows padded per expert to BM, as serving engines' fused MoE kernels do) x BN columns; the
+SwiGLU activations are staged in a scratch tensor between the gate/up and the down tiles.
 Routing logits are IEEE fp32 (it must pick the experts the float reference picks); expert GEMMs run
 on tensor cores in the input dtype, IEEE fp32 for fp32 inputs.
 """
@@ -21,57 +23,55 @@ def _dot(a, b, acc):
 
 
 @triton.jit
-def moe_route(x, wg, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr,
+def moe_route(i, x, wg, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr,
               BK: tl.constexpr):
-    """softmax(x @ wg) -> the top-k experts per token and their weights, renormalised to sum 1."""
+    """Tokens [i*BT, (i+1)*BT): softmax(x @ wg) -> top-k experts and their weights, renormalised."""
     cols = tl.arange(0, BE)
     ks = tl.arange(0, BK)
-    for t0 in range(0, T, BT):
-        rows = t0 + tl.arange(0, BT)
-        acc = tl.zeros((BT, BE), tl.float32)
-        for k0 in range(0, H, BK):
-            a = tl.load(x + rows[:, None] * H + (k0 + ks)[None, :],
-                        mask=(rows[:, None] < T) & ((k0 + ks)[None, :] < H), other=0.0)
-            b = tl.load(wg + (k0 + ks)[:, None] * E + cols[None, :],
-                        mask=((k0 + ks)[:, None] < H) & (cols[None, :] < E), other=0.0)
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        acc = tl.where(cols[None, :] < E, acc, float("-inf"))
-        p = tl.exp(acc - tl.max(acc, 1)[:, None])
-        p = p / tl.sum(p, 1)[:, None]
-        p = tl.where(cols[None, :] < E, p, -1.0)
-        total = tl.zeros((BT,), tl.float32)
-        for kk in tl.static_range(TOP_K):         # top-k by repeated arg-max
-            val = tl.max(p, 1)
-            best = tl.argmax(p, 1)
-            tl.store(topk_ids + rows * TOP_K + kk, best.to(tl.int64), mask=rows < T)
-            tl.store(topk_w + rows * TOP_K + kk, val.to(topk_w.dtype.element_ty), mask=rows < T)
-            total += val
-            p = tl.where(cols[None, :] == best[:, None], -1.0, p)
-        for kk in tl.static_range(TOP_K):
-            w = tl.load(topk_w + rows * TOP_K + kk, mask=rows < T, other=0.0).to(tl.float32)
-            tl.store(topk_w + rows * TOP_K + kk, (w / total).to(topk_w.dtype.element_ty), mask=rows < T)
+    rows = i * BT + tl.arange(0, BT)
+    acc = tl.zeros((BT, BE), tl.float32)
+    for k0 in range(0, H, BK):
+        a = tl.load(x + rows[:, None] * H + (k0 + ks)[None, :],
+                    mask=(rows[:, None] < T) & ((k0 + ks)[None, :] < H), other=0.0)
+        b = tl.load(wg + (k0 + ks)[:, None] * E + cols[None, :],
+                    mask=((k0 + ks)[:, None] < H) & (cols[None, :] < E), other=0.0)
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    acc = tl.where(cols[None, :] < E, acc, float("-inf"))
+    p = tl.exp(acc - tl.max(acc, 1)[:, None])
+    p = p / tl.sum(p, 1)[:, None]
+    p = tl.where(cols[None, :] < E, p, -1.0)
+    total = tl.zeros((BT,), tl.float32)
+    for kk in tl.static_range(TOP_K):         # top-k by repeated arg-max
+        val = tl.max(p, 1)
+        best = tl.argmax(p, 1)
+        tl.store(topk_ids + rows * TOP_K + kk, best.to(tl.int64), mask=rows < T)
+        tl.store(topk_w + rows * TOP_K + kk, val.to(topk_w.dtype.element_ty), mask=rows < T)
+        total += val
+        p = tl.where(cols[None, :] == best[:, None], -1.0, p)
+    for kk in tl.static_range(TOP_K):
+        w = tl.load(topk_w + rows * TOP_K + kk, mask=rows < T, other=0.0).to(tl.float32)
+        tl.store(topk_w + rows * TOP_K + kk, (w / total).to(topk_w.dtype.element_ty), mask=rows < T)
 
 
 @triton.jit
-def moe_dispatch(d, x, topk_ids, recv, recv_peers, recv_expert, recv_expert_peers, T, H, E_local, RANK, WORLD,
+def moe_dispatch(d, b, x, topk_ids, recv, recv_peers, recv_expert, recv_expert_peers, T, H, E_local, RANK, WORLD,
                  TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
-    """My (token, k) slots whose expert lives on rank me + d: rows into its recv[me], and its
-    recv_expert[me] marked with the local expert (-1 for slots it does not serve)."""
+    """My (token, k) slots [b*BS, (b+1)*BS) whose expert lives on rank me + d: rows into its
+    recv[me], and its recv_expert[me] marked with the local expert (-1 for slots it does not serve)."""
     dst = (RANK + d) % WORLD
     S = T * TOP_K
     recv_d = peer_base(recv_peers, dst, recv) + RANK * S * H
     expert_d = peer_base(recv_expert_peers, dst, recv_expert) + RANK * S
-    for s0 in range(0, S, BS):
-        s = s0 + tl.arange(0, BS)
-        ok = s < S
-        ids = tl.load(topk_ids + s, mask=ok, other=0)
-        mine = ((ids // E_local) == dst) & ok
-        tl.store(expert_d + s, tl.where(mine, ids % E_local, -1), mask=ok)
-        tok = s // TOP_K
-        for h0 in range(0, H, BH):
-            h = h0 + tl.arange(0, BH)
-            m = mine[:, None] & (h[None, :] < H)
-            tl.store(recv_d + s[:, None] * H + h[None, :], tl.load(x + tok[:, None] * H + h[None, :], mask=m), mask=m)
+    s = b * BS + tl.arange(0, BS)
+    ok = s < S
+    ids = tl.load(topk_ids + s, mask=ok, other=0)
+    mine = ((ids // E_local) == dst) & ok
+    tl.store(expert_d + s, tl.where(mine, ids % E_local, -1), mask=ok)
+    tok = s // TOP_K
+    for h0 in range(0, H, BH):
+        h = h0 + tl.arange(0, BH)
+        m = mine[:, None] & (h[None, :] < H)
+        tl.store(recv_d + s[:, None] * H + h[None, :], tl.load(x + tok[:, None] * H + h[None, :], mask=m), mask=m)
 
 
 @triton.jit
@@ -89,21 +89,40 @@ def moe_plan(e, recv_expert, counts, slots, T, WORLD, TOP_K: tl.constexpr, BS: t
 
 
 @triton.jit
-def moe_expert(e, i, recv, w_gate_up, w_down, counts, slots, act, expert_out, T, H, I, WORLD,
-               BM: tl.constexpr, BH: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
-    """SwiGLU of expert e on its slots [i*BM, (i+1)*BM): rows gathered from recv, the activations
-    staged in act (same rows), results scattered to expert_out (all flattened [WORLD * slots, .])."""
-    n = tl.load(counts + e)
-    r = i * BM + tl.arange(0, BM)
-    rok = r < n
+def moe_tile_table(counts, tile_end, ntiles, E_local, BM: tl.constexpr, BE: tl.constexpr):
+    """Row tiles of BM slots per expert, numbered expert after expert: tile_end[e] = the first tile
+    after expert e's (an inclusive prefix sum), ntiles = all of them."""
+    es = tl.arange(0, BE)
+    n = (tl.load(counts + es, mask=es < E_local, other=0) + BM - 1) // BM
+    tl.store(tile_end + es, tl.cumsum(n, 0), mask=es < E_local)
+    tl.store(ntiles, tl.sum(n, 0))
+
+
+@triton.jit
+def _expert_rows(j, counts, slots, tile_end, T, E_local, WORLD, BM: tl.constexpr, BE: tl.constexpr):
+    """Row tile j of the table: its expert, its received-slot rows, which of them exist."""
+    es = tl.arange(0, BE)
+    ends = tl.load(tile_end + es, mask=es < E_local, other=2 ** 40)
+    before = ends <= j                                  # experts whose tiles all come before j
+    e = tl.sum(before.to(tl.int32), 0)
+    r = (j - tl.max(tl.where(before, ends, 0), 0)) * BM + tl.arange(0, BM)
+    rok = r < tl.load(counts + e)
     rows = tl.load(slots + e * (WORLD * T) + r, mask=rok, other=0)
-    wgu = w_gate_up + e * H * 2 * I
-    wd = w_down + e * I * H
-    ks = tl.arange(0, BK)
-    for i0 in range(0, I, BI):                     # act = silu(x @ w_gate) * (x @ w_up)
-        js = i0 + tl.arange(0, BI)
-        g = tl.zeros((BM, BI), tl.float32)
-        u = tl.zeros((BM, BI), tl.float32)
+    return e.to(tl.int64), rows, rok
+
+
+@triton.jit
+def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, H, I, E_local, WORLD,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr):
+    """act[rows of tile j, n*BN:(n+1)*BN] = silu(x @ w_gate) * (x @ w_up); tiles past ntiles do
+    nothing (they still notify, so the down tiles of every tile can wait on a fixed element)."""
+    if j < tl.load(ntiles):
+        e, rows, rok = _expert_rows(j, counts, slots, tile_end, T, E_local, WORLD, BM, BE)
+        wgu = w_gate_up + e * H * 2 * I
+        js = n * BN + tl.arange(0, BN)
+        ks = tl.arange(0, BK)
+        g = tl.zeros((BM, BN), tl.float32)
+        u = tl.zeros((BM, BN), tl.float32)
         for k0 in range(0, H, BK):
             kk = k0 + ks
             a = tl.load(recv + rows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
@@ -114,34 +133,40 @@ def moe_expert(e, i, recv, w_gate_up, w_down, counts, slots, act, expert_out, T,
             u = _dot(a, bu, u)
         tl.store(act + rows[:, None] * I + js[None, :], (g * tl.sigmoid(g) * u).to(act.dtype.element_ty),
                  mask=rok[:, None] & (js[None, :] < I))
-    tl.debug_barrier()                              # the activations, written by all threads, are read next
-    for h0 in range(0, H, BH):                      # out = act @ w_down
-        hs = h0 + tl.arange(0, BH)
-        out = tl.zeros((BM, BH), tl.float32)
-        for i0 in range(0, I, BK):
-            js = i0 + ks
-            a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
-            dn = tl.load(wd + js[:, None] * H + hs[None, :], mask=(js[:, None] < I) & (hs[None, :] < H), other=0.0)
-            out = _dot(a, dn, out)
-        tl.store(expert_out + rows[:, None] * H + hs[None, :], out.to(expert_out.dtype.element_ty),
-                 mask=rok[:, None] & (hs[None, :] < H))
 
 
 @triton.jit
-def moe_send_back(d, e, recv_expert, expert_out, back, back_peers, T, H, RANK, WORLD,
+def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_local, WORLD,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr):
+    """expert_out[rows of tile j, h*BN:(h+1)*BN] = act[rows] @ w_down[e][:, those columns]."""
+    e, rows, rok = _expert_rows(j, counts, slots, tile_end, T, E_local, WORLD, BM, BE)
+    wd = w_down + e * I * H
+    hs = h * BN + tl.arange(0, BN)
+    ks = tl.arange(0, BK)
+    out = tl.zeros((BM, BN), tl.float32)
+    for i0 in range(0, I, BK):
+        js = i0 + ks
+        a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
+        dn = tl.load(wd + js[:, None] * H + hs[None, :], mask=(js[:, None] < I) & (hs[None, :] < H), other=0.0)
+        out = _dot(a, dn, out)
+    tl.store(expert_out + rows[:, None] * H + hs[None, :], out.to(expert_out.dtype.element_ty),
+             mask=rok[:, None] & (hs[None, :] < H))
+
+
+@triton.jit
+def moe_send_back(d, b, recv_expert, expert_out, back, back_peers, T, H, RANK, WORLD,
                   TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
-    """Expert e's outputs for rank me + d's slots, into its back[me]."""
+    """The outputs of rank me + d's slots [b*BS, (b+1)*BS) that my experts served, into its back[me]."""
     dst = (RANK + d) % WORLD
     S = T * TOP_K
     back_d = peer_base(back_peers, dst, back) + RANK * S * H
-    for s0 in range(0, S, BS):
-        s = s0 + tl.arange(0, BS)
-        mine = (tl.load(recv_expert + dst * S + s, mask=s < S, other=-1) == e)
-        for h0 in range(0, H, BH):
-            h = h0 + tl.arange(0, BH)
-            m = mine[:, None] & (h[None, :] < H)
-            v = tl.load(expert_out + (dst * S + s)[:, None] * H + h[None, :], mask=m)
-            tl.store(back_d + s[:, None] * H + h[None, :], v, mask=m)
+    s = b * BS + tl.arange(0, BS)
+    mine = tl.load(recv_expert + dst * S + s, mask=s < S, other=-1) >= 0
+    for h0 in range(0, H, BH):
+        h = h0 + tl.arange(0, BH)
+        m = mine[:, None] & (h[None, :] < H)
+        v = tl.load(expert_out + (dst * S + s)[:, None] * H + h[None, :], mask=m)
+        tl.store(back_d + s[:, None] * H + h[None, :], v, mask=m)
 
 
 @triton.jit

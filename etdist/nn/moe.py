@@ -86,8 +86,10 @@ class MoE(nn.Module):
                 graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts)
             else:
                 graph = moe_graph.moe_layer(self.top_k, block_m=64, dtype=dtype, max_experts=self.num_experts,
-                                            block=64)
+                                            block=64, block_n=128)
             _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target)
+            if target == "cuda":   # two 64x128 fp32 accumulators in the gate/up tile
+                _KERNELS[key].num_warps = 8
         return _KERNELS[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

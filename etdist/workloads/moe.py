@@ -1,18 +1,22 @@
-"""A small expert-parallel MoE layer whose routing decides, at run time, which tasks exist.
+"""An expert-parallel MoE layer whose routing decides, at run time, which tasks exist.
 
 Every rank holds T tokens x [T, H], the router wg [H, E] and its E_local = E / R experts (SwiGLU:
-w_gate_up [E_local, H, 2I], w_down [E_local, I, H]). Per rank:
+w_gate_up [E_local, H, 2I], w_down [E_local, I, H]). Per rank, every task one block of work:
 
-    route      softmax(x @ wg) -> top-k experts and renormalised weights per token
-    dispatch   each (token, k) slot goes to the rank owning its expert (peer stores + a signal)
-    plan       per local expert: which received slots it serves -> counts[e]; releases expert e
-    expert     tile i of expert e exists only if i * BM < counts[e]   (decided by the routing)
-    send_back  expert outputs return to the token's rank, expert by expert
-    combine    y[t] = sum_k weight[t, k] * expert_out[t, k]
+    route      tokens block i: softmax(x @ wg) -> top-k experts and renormalised weights
+    dispatch   slot block b of my (token, k) slots -> the rank owning each slot's expert (peer stores)
+    plan       per local expert e: which received slots it serves -> counts[e], slots[e]
+    tile_table row tiles of BM slots, expert after expert: tile_end[e], ntiles   (the routing decides)
+    gate_up    row tile j x column block n of I: act = silu(x @ w_gate) * (x @ w_up)
+    down       row tile j x column block h of H: expert_out = act @ w_down      (only j < ntiles)
+    send_back  slot block b of rank me + d's slots that my experts served -> back to it
+    combine    tokens block i: y[t] = sum_k weight[t, k] * out[t, k]
 
-`done[e]` expects one notify per existing tile of e plus one from its plan task, so an expert
-that received no token still completes; its waiters wait on `planned[e]` first, because the count
-reads `counts[e]`, which only exists once plan(e) ran.
+The row tiles live in a worst-case grid (cdiv(R*S, BM) + E_local: every expert may end in a partial
+tile); `done` expects one notify per existing down tile plus one from tile_table, so a rank whose
+experts received no token still completes, and its waiters wait on `tiled` first, because the count
+reads `ntiles`, which only exists once tile_table ran. gate_up tiles past ntiles run as no-ops that
+still notify, so every down tile waits on a fixed element (the dynamic schedule needs that).
 """
 from __future__ import annotations
 
@@ -24,9 +28,11 @@ from etdist.kernels import moe_tiles
 
 
 def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
-              block: int = 16) -> et.Graph:
-    """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide tiles (>= 16) and route
-    over up to `max_experts` experts in one block (E must not exceed it)."""
+              block: int = 16, block_n: int | None = None) -> et.Graph:
+    """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
+    columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
+    block (E must not exceed it)."""
+    BN = block_n or block
     g = et.Graph("moe")
     T, H, I, E, EL = g.size("T"), g.size("H"), g.size("I"), g.size("E"), g.size("E_local")
     R, me = g.world, g.rank
@@ -35,7 +41,11 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     g.check(E >= top_k, f"top_k={top_k} needs at least {top_k} experts")
     BE = max(16, 1 << (max_experts - 1).bit_length())
     g.check(E <= BE, f"the GPU router holds at most {BE} experts (moe_layer(max_experts=...))")
-    gpu = dict(TOP_K=top_k, BS=4 * block, BH=block)
+    BS = block                                         # slots per dispatch / send_back block
+    copy = dict(TOP_K=top_k, BS=BS, BH=2 * block)
+    tiles = dict(BM=block_m, BN=BN, BK=block, BE=BE)
+    max_tiles = et.cdiv(R * S, block_m) + EL           # every expert may end in a partial tile
+    slot_blocks = et.cdiv(S, BS)
 
     g.input("x", (T, H), dtype)
     g.input("wg", (H, E), dtype)
@@ -45,62 +55,94 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     g.scratch("topk_w", (T, top_k), dtype)
     g.scratch("recv", (R, S, H), dtype, symmetric=True)            # on the expert's rank: [src, slot]
     g.scratch("recv_expert", (R, S), torch.int64, symmetric=True)  # local expert of a slot, or -1
-    counts = g.scratch("counts", (EL,), torch.int64)               # slots each local expert serves
+    g.scratch("counts", (EL,), torch.int64)                        # slots each local expert serves
     g.scratch("slots", (EL, R * T), torch.int64)                   # which (flattened [src, slot])
-    g.scratch("act", (R * S, I), dtype)                            # SwiGLU activations (GPU body)
+    g.scratch("tile_end", (EL,), torch.int64)                      # first row tile after expert e's
+    ntiles = g.scratch("ntiles", (1,), torch.int64)
+    g.scratch("act", (R * S, I), dtype)                            # SwiGLU activations
     g.scratch("expert_out", (R, S, H), dtype)
     g.scratch("back", (R, S, H), dtype, symmetric=True)            # on the token's rank: [owner, slot]
     g.output("y", (T, H), dtype)
 
-    routed = g.event("routed", (1,))
-    dispatched = g.event("dispatched", (R,), count=R, distributed=True)       # one per source rank
-    planned = g.event("planned", (EL,))
-    done = g.event("done", (EL,), count=lambda e: et.cdiv(counts[e], block_m) + 1)
-    returned = g.event("returned", (R,), count=R * EL, distributed=True)      # per (source, expert)
+    routed = g.event("routed", (1,), count=et.cdiv(T, block))
+    dispatched = g.event("dispatched", (R,), count=R * slot_blocks, distributed=True)   # per source block
+    planned = g.event("planned", (1,), count=EL)
+    tiled = g.event("tiled", (1,))
+    act_ready = g.event("act_ready", (max_tiles,), count=et.cdiv(I, BN))
+    done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BN) + 1)
+    returned = g.event("returned", (R,), count=R * slot_blocks, distributed=True)
 
-    @g.task(grid=(1,), notify=lambda _: routed[0], triton=moe_tiles.moe_route,
+    @g.task(grid=(et.cdiv(T, block),), notify=lambda i: routed[0], triton=moe_tiles.moe_route,
             constexprs=dict(TOP_K=top_k, BT=block, BE=BE, BK=block))
-    def route(t, _):
-        probs = torch.softmax(t.x @ t.wg, dim=-1)
+    def route(t, i):
+        rows = et.block(i, block, t.T)
+        probs = torch.softmax(t.x[rows] @ t.wg, dim=-1)
         w, ids = probs.topk(top_k, dim=-1)
-        t.topk_ids[:] = ids
-        t.topk_w[:] = w / w.sum(-1, keepdim=True)
+        t.topk_ids[rows] = ids
+        t.topk_w[rows] = w / w.sum(-1, keepdim=True)
 
-    @g.task(grid=(R,), wait=lambda d: routed[0], notify=lambda d: dispatched[(me + d) % R],
-            triton=moe_tiles.moe_dispatch, constexprs=gpu)
-    def dispatch(t, d):                                  # my slots whose expert lives on rank me + d
+    @g.task(grid=(R, slot_blocks), wait=lambda d, b: routed[0], notify=lambda d, b: dispatched[(me + d) % R],
+            triton=moe_tiles.moe_dispatch, constexprs=copy)
+    def dispatch(t, d, b):                               # my slots in block b whose expert lives on rank me + d
         dst, n_local = (t.rank + d) % t.world, t.E_local
-        ids = t.topk_ids.reshape(-1)
+        s = et.block(b, BS, t.T * top_k)
+        ids = t.topk_ids.reshape(-1)[s]
         mine = ids // n_local == dst
         peer = t.peer(dst)
-        peer.recv[t.rank][mine] = t.x.repeat_interleave(top_k, dim=0)[mine]
-        peer.recv_expert[t.rank] = torch.where(mine, ids % n_local, -1)
+        peer.recv[t.rank][s][mine] = t.x[torch.arange(s.start, s.stop) // top_k][mine]
+        peer.recv_expert[t.rank][s] = torch.where(mine, ids % n_local, -1)
 
-    @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: [planned[e], done[e]],
-            triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=4 * block))
+    @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: planned[0],
+            triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=1024))
     def plan(t, e):
         found = (t.recv_expert.reshape(-1) == e).nonzero().flatten()
         t.counts[e] = found.numel()
         t.slots[e, :found.numel()] = found
 
-    @g.task(grid=(EL, et.cdiv(R * T, block_m)), wait=lambda e, i: planned[e],
-            when=lambda e, i: i * block_m < counts[e], notify=lambda e, i: done[e],
-            triton=moe_tiles.moe_expert, constexprs=dict(BM=block_m, BH=block, BI=block, BK=block))
-    def expert(t, e, i):                                 # SwiGLU on tile i of expert e's slots
-        rows = t.slots[e, et.block(i, block_m, int(t.counts[e]))]
-        gate, up = (t.recv.reshape(-1, t.H)[rows] @ t.w_gate_up[e]).chunk(2, dim=-1)
-        t.expert_out.reshape(-1, t.H)[rows] = (F.silu(gate) * up) @ t.w_down[e]
+    @g.task(grid=(1,), wait=lambda _: planned[0], notify=lambda _: [tiled[0], done[0]],
+            triton=moe_tiles.moe_tile_table, constexprs=dict(BM=block_m, BE=BE))
+    def tile_table(t, _):
+        n = (t.counts + block_m - 1) // block_m
+        t.tile_end[:] = n.cumsum(0)
+        t.ntiles[0] = n.sum()
 
-    # planned[e] first: done[e]'s count reads counts[e], which plan(e) writes
-    @g.task(grid=(R, EL), wait=lambda d, e: [planned[e], done[e]], notify=lambda d, e: returned[(me + d) % R],
-            triton=moe_tiles.moe_send_back, constexprs=gpu)
-    def send_back(t, d, e):                              # expert e's outputs for rank me + d's tokens
+    def expert_rows(t, j):
+        """Row tile j: its expert and its rows of the received slots (flattened [src, slot])."""
+        e = int((t.tile_end <= j).sum())
+        first = int(t.tile_end[e - 1]) if e else 0
+        return e, t.slots[e, et.block(j - first, block_m, int(t.counts[e]))]
+
+    @g.task(grid=(max_tiles, et.cdiv(I, BN)), wait=lambda j, n: tiled[0], notify=lambda j, n: act_ready[j],
+            triton=moe_tiles.moe_gate_up, constexprs=tiles)
+    def gate_up(t, j, n):
+        if j >= int(t.ntiles[0]):
+            return                                       # no such tile at this routing: notify only
+        e, rows = expert_rows(t, j)
+        cols = et.block(n, BN, t.I)
+        x = t.recv.reshape(-1, t.H)[rows]
+        gate = x @ t.w_gate_up[e][:, cols]
+        up = x @ t.w_gate_up[e][:, t.I + cols.start:t.I + cols.stop]
+        t.act[rows, cols] = F.silu(gate) * up
+
+    @g.task(grid=(max_tiles, et.cdiv(H, BN)), wait=lambda j, h: [tiled[0], act_ready[j]],
+            when=lambda j, h: j < ntiles[0], notify=lambda j, h: done[0],
+            triton=moe_tiles.moe_down, constexprs=tiles)
+    def down(t, j, h):
+        e, rows = expert_rows(t, j)
+        cols = et.block(h, BN, t.H)
+        t.expert_out.reshape(-1, t.H)[rows, cols] = t.act[rows] @ t.w_down[e][:, cols]
+
+    # tiled first: done's count reads ntiles, which tile_table writes
+    @g.task(grid=(R, slot_blocks), wait=lambda d, b: [tiled[0], done[0]],
+            notify=lambda d, b: returned[(me + d) % R], triton=moe_tiles.moe_send_back, constexprs=copy)
+    def send_back(t, d, b):                              # rank me + d's slots in block b that I served
         dst = (t.rank + d) % t.world
-        mine = t.recv_expert[dst] == e
-        t.peer(dst).back[t.rank][mine] = t.expert_out[dst][mine]
+        s = et.block(b, BS, t.T * top_k)
+        mine = t.recv_expert[dst][s] >= 0
+        t.peer(dst).back[t.rank][s][mine] = t.expert_out[dst][s][mine]
 
     @g.task(grid=(et.cdiv(T, block_m),), wait=lambda i: returned[me], triton=moe_tiles.moe_combine,
-            constexprs=dict(TOP_K=top_k, BM=block_m, BH=block))
+            constexprs=dict(TOP_K=top_k, BM=block_m, BH=4 * block))
     def combine(t, i):
         rows = et.block(i, block_m, t.T)
         owner = t.topk_ids[rows] // t.E_local                            # [rows, k]
