@@ -60,9 +60,11 @@ def next_task(q, QSIZE, limit, max_spins, ctrl_ptr, ctrl_table, rank, world, eve
 
 @triton.jit
 def notify_release(counter, target, index, owner, rq, rq_peers, QSIZE, PENDING, WAITS, ROWPTR, COLS,
-                   ev_epoch, RANK, SCOPE: tl.constexpr):
+                   ev_epoch, RANK, SCOPE: tl.constexpr, BLOCK: tl.constexpr = 128):
     """Notify an event element (release, as sync.notify) and, if this brought it to `target`,
-    release its consumers on rank `owner`: `index` is the element's word in the owner's arena."""
+    release its consumers on rank `owner`: `index` is the element's word in the owner's arena.
+    The consumers are walked BLOCK at a time, one per thread: an element such as "the routing is
+    planned" can release thousands of tasks, and each costs a few sys-scope atomics."""
     tl.debug_barrier()
     old = tl.atomic_add(counter, 1, sem="acq_rel", scope=SCOPE)
     if old + 1 == target:
@@ -71,8 +73,13 @@ def notify_release(counter, target, index, owner, rq, rq_peers, QSIZE, PENDING, 
             q = peer_base(rq_peers, owner, rq)
         start = tl.load(q + ROWPTR + index)
         stop = tl.load(q + ROWPTR + index + 1)
-        for c in range(start, stop):
-            g = tl.load(q + COLS + c)
-            p = tl.atomic_add(q + PENDING + g, 1, sem="acq_rel", scope="sys")   # peers bump it too
-            if p + 1 == ev_epoch * tl.load(q + WAITS + g):
-                push(q, g, QSIZE)
+        lanes = tl.arange(0, BLOCK)
+        for c0 in range(start, stop, BLOCK):
+            ok = c0 + lanes < stop
+            g = tl.load(q + COLS + c0 + lanes, mask=ok, other=0)
+            one = tl.full((BLOCK,), 1, tl.int64)
+            p = tl.atomic_add(q + PENDING + g, one, mask=ok, sem="acq_rel", scope="sys")   # peers bump it too
+            ready = ok & (p + 1 == ev_epoch * tl.load(q + WAITS + g, mask=ok, other=0))
+            # push every ready consumer (as push(), one lane each): claim a tail index, publish the slot
+            t = tl.atomic_add(q + 1 + 0 * g, one, mask=ready, sem="relaxed", scope="sys")
+            tl.atomic_xchg(q + 2 + t % QSIZE, ((t + 1) << 32) | g, mask=ready, sem="release", scope="sys")

@@ -124,7 +124,9 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         up = x @ t.w_gate_up[e][:, t.I + cols.start:t.I + cols.stop]
         t.act[rows, cols] = F.silu(gate) * up
 
-    @g.task(grid=(max_tiles, et.cdiv(H, BN)), wait=lambda j, h: [tiled[0], act_ready[j]],
+    # act_ready[j] comes after tiled (gate_up waits on it): waiting on both would only walk the
+    # dynamic queue's consumers of `tiled` once more per down tile
+    @g.task(grid=(max_tiles, et.cdiv(H, BN)), wait=lambda j, h: act_ready[j],
             when=lambda j, h: j < ntiles[0], notify=lambda j, h: done[0],
             triton=moe_tiles.moe_down, constexprs=tiles)
     def down(t, j, h):
