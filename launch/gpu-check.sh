@@ -19,7 +19,7 @@ timeout 900 python3 -m torch.distributed.run --nproc_per_node="$NGPU" -m etdist.
   2>&1 | grep -v '^W[0-9]' > "$log/collectives.log"
 RESULTS="$RESULTS" timeout 900 bash launch/bench-gpu.sh > "$log/sweep.log" 2>&1
 RESULTS="$RESULTS" MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=both \
-  timeout 900 bash launch/bench-gpu.sh bench=gpu_moe >> "$log/sweep.log" 2>&1
+  timeout 900 bash launch/bench-gpu.sh bench=gpu_moe model.routing_skew=0,1.5 >> "$log/sweep.log" 2>&1
 
 echo "== gpu tests exit $tests"
 echo "== collectives (us per call; see BENCHMARKS.md for the columns)"
