@@ -109,7 +109,8 @@ def test_moe(schedule, world, skew):
 
 
 def test_moe_tasks_follow_routing():
-    """Under the dynamic schedule only the expert tiles the routing asked for run."""
+    """Under the dynamic schedule only the down tiles the routing asked for run (block 16, so every
+    expert GEMM is one column block here); the rest of the grid is skipped."""
     kernel = et.compile(moe.moe_layer(top_k=2, block_m=4), schedule="dynamic")
     T, H, I, E, world = 16, 8, 6, 4, 2
     inputs, _ = moe.make_inputs(world, T, H, I, E, seed=3, skew=8.0)
@@ -117,8 +118,13 @@ def test_moe_tasks_follow_routing():
     routed = [torch.softmax(i["x"] @ i["wg"], -1).topk(2, -1).indices.flatten() for i in inputs]
     counts = torch.bincount(torch.cat(routed), minlength=E)
     tiles = int(sum(-(-c // 4) for c in counts.tolist()))
-    fixed = world * (1 + world + E // world + world * E // world + -(-T // 4))  # route, dispatch, plan, send_back, combine
+    S, EL = 2 * T, E // world
+    max_tiles = -(-world * S // 4) + min(EL, world * S)
+    slot_blocks = -(-S // 16)
+    # route, dispatch, plan, tile_table, gate_up (all: past ntiles as no-ops), send_back, combine
+    fixed = world * (1 + world * slot_blocks + EL + 1 + max_tiles + world * slot_blocks + -(-T // 4))
     assert kernel.last_stats.tasks_run == fixed + tiles
+    assert kernel.last_stats.tasks_skipped == world * max_tiles - tiles
 
 
 def test_one_compile_serves_every_size():

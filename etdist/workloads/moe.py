@@ -12,11 +12,12 @@ w_gate_up [E_local, H, 2I], w_down [E_local, I, H]). Per rank, every task one bl
     send_back  slot block b of rank me + d's slots that my experts served -> back to it
     combine    tokens block i: y[t] = sum_k weight[t, k] * out[t, k]
 
-The row tiles live in a worst-case grid (cdiv(R*S, BM) + E_local: every expert may end in a partial
-tile); `done` expects one notify per existing down tile plus one from tile_table, so a rank whose
-experts received no token still completes, and its waiters wait on `tiled` first, because the count
-reads `ntiles`, which only exists once tile_table ran. gate_up tiles past ntiles run as no-ops that
-still notify, so every down tile waits on a fixed element (the dynamic schedule needs that).
+The row tiles live in a worst-case grid (cdiv(R*S, BM) + min(E_local, R*S): every expert that
+received a slot may end in a partial tile); `done` expects one notify per existing down tile plus
+one from tile_table, so a rank whose experts received no token still completes, and its waiters wait
+on `tiled` first, because the count reads `ntiles`, which only exists once tile_table ran. gate_up
+tiles past ntiles run as no-ops that still notify, so every down tile waits on a fixed element (the
+dynamic schedule needs that).
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     BS = block                                         # slots per dispatch / send_back block
     copy = dict(TOP_K=top_k, BS=BS, BH=2 * block)
     tiles = dict(BM=block_m, BN=BN, BK=block, BE=BE)
-    max_tiles = et.cdiv(R * S, block_m) + EL           # every expert may end in a partial tile
+    # every expert that received a slot may end in a partial tile (at most min(E_local, R*S) do):
+    max_tiles = et.cdiv(R * S, block_m) + et.minimum(EL, R * S)
     slot_blocks = et.cdiv(S, BS)
 
     g.input("x", (T, H), dtype)
