@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Re-check every GPU claim with one command, on a GPU machine (2+ GPUs for the cross-GPU parts):
 #   bash launch/gpu-check.sh [results dir, default bench/results]
+#   QUICK=1 bash launch/gpu-check.sh /tmp/r     # the tests + a few cells of each sweep: fits in one
+#                                                 10-minute device call (the full sweeps do not)
 # 1. every GPU test (pytest -m gpu; the Llama client test needs `pip install transformers`);
 # 2. the collectives benchmark; 3. the GEMM+RS, AG+GEMM and MLP sweep, then the MoE sweep (both
 # schedules), through the Hydra main command (launch/bench-gpu.sh).
@@ -17,9 +19,14 @@ timeout 900 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tail -n 30
 tests=${PIPESTATUS[0]}
 timeout 900 python3 -m torch.distributed.run --nproc_per_node="$NGPU" -m etdist.bench_collectives --out "$RESULTS" \
   2>&1 | grep -v '^W[0-9]' > "$log/collectives.log"
-RESULTS="$RESULTS" timeout 900 bash launch/bench-gpu.sh > "$log/sweep.log" 2>&1
-RESULTS="$RESULTS" MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=both \
-  timeout 900 bash launch/bench-gpu.sh bench=gpu_moe model.routing_skew=0,1.5 >> "$log/sweep.log" 2>&1
+dense=() moe=() dense_models="" moe_models=qwen3_30b_a3b,mixtral_8x7b
+if [ "${QUICK:-0}" = 1 ]; then
+  dense=('bench.tokens=[128,8192]' bench.symm_mem=false) moe=('bench.tokens=[16,1024]')
+  dense_models=llama31_70b,qwen3_32b moe_models=qwen3_30b_a3b
+fi
+RESULTS="$RESULTS" MODELS_OVERRIDE=$dense_models timeout 900 bash launch/bench-gpu.sh "${dense[@]}" > "$log/sweep.log" 2>&1
+RESULTS="$RESULTS" MODELS_OVERRIDE=$moe_models WORKLOADS=moe SCHEDULE=both \
+  timeout 900 bash launch/bench-gpu.sh bench=gpu_moe "${moe[@]}" model.routing_skew=0,1.5 >> "$log/sweep.log" 2>&1
 
 echo "== gpu tests exit $tests"
 echo "== collectives (us per call; see BENCHMARKS.md for the columns)"

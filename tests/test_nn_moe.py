@@ -54,3 +54,15 @@ def test_bad_configs_and_inputs_are_refused():
         moe(torch.randn(3, H + 1))
     with pytest.raises(et.InputError, match="expected"):
         moe.load_experts(*(torch.randn(2, 2) for _ in range(4)))
+
+
+def test_gpu_tile_knob(monkeypatch):
+    from etdist.nn.moe import GpuTiles, gpu_tiles
+    monkeypatch.delenv("ETDIST_MOE_TILES", raising=False)
+    assert gpu_tiles() == GpuTiles(64, 64, 128, 8, 3)
+    monkeypatch.setenv("ETDIST_MOE_TILES", "128,64,64,4,4")
+    assert gpu_tiles() == GpuTiles(block_m=128, block=64, block_n=64, num_warps=4, num_stages=4)
+    for bad in ("128,64,64", "8,64,64,4,4", "64,64,128,0,3"):
+        monkeypatch.setenv("ETDIST_MOE_TILES", bad)
+        with pytest.raises(ValueError, match="ETDIST_MOE_TILES"):
+            gpu_tiles()

@@ -14,7 +14,8 @@ the tokens are split over the simulated ranks (padded to a multiple of R). Forwa
 """
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -24,6 +25,28 @@ from ..fusion.errors import InputError
 from ..workloads import moe as moe_graph
 
 _KERNELS: dict = {}
+
+
+class GpuTiles(NamedTuple):
+    """The GPU kernel's blocks: slots per expert row tile, the contraction / token block, the columns
+    of an expert GEMM tile, warps and pipeline stages."""
+    block_m: int = 64
+    block: int = 64
+    block_n: int = 128
+    num_warps: int = 8      # two 64x128 fp32 accumulators in the gate/up tile
+    num_stages: int = 3
+
+
+def gpu_tiles() -> GpuTiles:
+    """Tuning knob: ETDIST_MOE_TILES="block_m,block,block_n,warps,stages" (read per kernel build)."""
+    text = os.environ.get("ETDIST_MOE_TILES")
+    if not text:
+        return GpuTiles()
+    values = [int(v) for v in text.split(",")]
+    if len(values) != 5 or min(values) < 1 or min(values[:3]) < 16:
+        raise ValueError(f"ETDIST_MOE_TILES={text!r}: want block_m,block,block_n,warps,stages "
+                         "(blocks >= 16, as tl.dot needs)")
+    return GpuTiles(*values)
 
 
 class MoE(nn.Module):
@@ -80,16 +103,17 @@ class MoE(nn.Module):
 
     def _kernel(self, target: str):
         dtype = self.router.dtype
-        key = (target, self.top_k, self.schedule, dtype, self.num_experts)
+        tiles = gpu_tiles() if target == "cuda" else None
+        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles)
         if key not in _KERNELS:
             if target == "cpu":
                 graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts)
             else:
-                graph = moe_graph.moe_layer(self.top_k, block_m=64, dtype=dtype, max_experts=self.num_experts,
-                                            block=64, block_n=128)
+                graph = moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype,
+                                            max_experts=self.num_experts, block=tiles.block, block_n=tiles.block_n)
             _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target)
-            if target == "cuda":   # two 64x128 fp32 accumulators in the gate/up tile
-                _KERNELS[key].num_warps = 8
+            if target == "cuda":
+                _KERNELS[key].num_warps, _KERNELS[key].num_stages = tiles.num_warps, tiles.num_stages
         return _KERNELS[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
