@@ -134,3 +134,16 @@ def test_one_compile_serves_every_size():
         want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
         got = kernel.run(inputs)
         assert all(rel_err(g["y"], w) < TOL for g, w in zip(got, want))
+
+
+def test_moe_aligned_sizes(schedule):
+    """align=16 (what nn.MoE asks for when H and I allow it, so the GPU loads vectorise): the same
+    results at aligned sizes, and a size that breaks the promise is refused before any task runs."""
+    kernel = et.compile(moe.moe_layer(top_k=2, block_m=4, align=16), schedule=schedule, programs=3)
+    inputs, (wg, w1, w2) = moe.make_inputs(2, 9, 32, 16, E=4, seed=5, skew=2.0)
+    want = moe.reference([i["x"] for i in inputs], wg, w1, w2, top_k=2)
+    got = kernel.run(inputs, interleave="random", seed=1)
+    assert all(rel_err(g["y"], w) < TOL for g, w in zip(got, want))
+    bad, _ = moe.make_inputs(2, 9, 24, 16, E=4, seed=5)
+    with pytest.raises(et.InputError, match=r"H=24 is not a multiple of 16"):
+        kernel.run(bad)

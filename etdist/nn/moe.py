@@ -109,8 +109,10 @@ class MoE(nn.Module):
             if target == "cpu":
                 graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts)
             else:
+                align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
                 graph = moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype,
-                                            max_experts=self.num_experts, block=tiles.block, block_n=tiles.block_n)
+                                            max_experts=self.num_experts, block=tiles.block, block_n=tiles.block_n,
+                                            align=align)
             _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target)
             if target == "cuda":
                 _KERNELS[key].num_warps, _KERNELS[key].num_stages = tiles.num_warps, tiles.num_stages

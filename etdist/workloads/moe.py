@@ -29,13 +29,15 @@ from etdist.kernels import moe_tiles
 
 
 def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
-              block: int = 16, block_n: int | None = None) -> et.Graph:
+              block: int = 16, block_n: int | None = None, align: int = 1) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
-    block (E must not exceed it)."""
+    block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
+    kernel vectorise its loads, which is what lets Triton pipeline the expert GEMMs' loops)."""
     BN = block_n or block
     g = et.Graph("moe")
-    T, H, I, E, EL = g.size("T"), g.size("H"), g.size("I"), g.size("E"), g.size("E_local")
+    T, E, EL = g.size("T"), g.size("E"), g.size("E_local")
+    H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)
     R, me = g.world, g.rank
     S = T * top_k                                      # (token, k) slots per rank
     g.check(et.eq(EL * R, E), "the number of experts must be world size x experts per rank")
@@ -155,7 +157,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         t.y[rows] = (t.topk_w[rows].unsqueeze(-1) * out).sum(1)
 
     for world in (1, 2, 4):
-        g.sample(T=3, H=2, I=2, E=2 * world, E_local=2, WORLD=world)
+        g.sample(T=3, H=2 * align, I=2 * align, E=2 * world, E_local=2, WORLD=world)
     return g
 
 

@@ -23,7 +23,15 @@ def main(args):
             y = kernel(mesh, **ranks[r])["y"]
             err = ((y.double() - want).abs().max() / want.abs().max()).item()
             assert err < 1e-4, (schedule, T, skew, err)
+    # sizes promised multiples of 16 (nn.MoE's GPU graph when H and I allow it: vectorised loads)
+    aligned = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, align=16), schedule=schedule,
+                         target="cuda")
+    ranks, (wg, w1, w2) = moe.make_inputs(R, 7, H=32, I=16, E=4 * R, seed=4, skew=2.0)
+    want = moe.reference([i["x"] for i in ranks], wg, w1, w2, top_k=2)[r]
+    y = aligned(mesh, **ranks[r])["y"]
+    assert ((y.double() - want).abs().max() / want.abs().max()).item() < 1e-4, ("aligned", schedule)
     # the user-facing module on the same kernel path (the GPU codegen, here interpreted)
+    ranks, (wg, w1, w2) = moe.make_inputs(R, 3, H=24, I=20, E=4 * R, seed=3)
     layer = et.nn.MoE(24, 20, 4 * R, 2, mesh=mesh, schedule=schedule, dtype=torch.float32)
     layer.load_experts(w1[..., :20], w1[..., 20:], w2, wg)
     y = layer(ranks[r]["x"].view(1, -1, 24)).view(-1, 24)
