@@ -101,3 +101,76 @@ def test_direct_launch_is_not_blocked_by_triton_default_hooks():
         finally:
             chain.remove(hook)
     assert not hooks_active()
+
+
+class LaunchRecorder:
+    """Stands in for Triton's compiled kernel (direct launches) and its JIT (the fallback)."""
+
+    function, packed_metadata = 0, None
+
+    def __init__(self):
+        self.direct, self.jit = [], []
+        self.megakernel = self
+
+    def run(self, *args):
+        self.direct.append(list(args[9:-2]))          # the kernel's own arguments
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.jit.append(list(args))
+
+
+class PreparingMesh(FakeMesh):
+    """Enough of a mesh for CudaKernel.__call__ on the CPU: one rank, buffers in host memory."""
+
+    def __init__(self):
+        super().__init__([])
+        self.world_size = 1
+
+    def empty(self, shape, dtype):
+        return torch.zeros(shape, dtype=dtype)
+
+    def peer_ptrs(self, t):
+        return torch.tensor([t.data_ptr()], dtype=torch.int64)
+
+    def watchdog_spins(self):
+        return 1 << 20
+
+    def barrier(self):
+        pass
+
+
+def test_argument_layout_is_built_once_per_shape(monkeypatch):
+    """The launch arguments come from a per-shape layout (fixed addresses taken once): each call
+    passes exactly what the kernel's parameters name, its own inputs, outputs and epochs included;
+    a misaligned input falls back to Triton's launcher with the same arguments."""
+    from etdist.fusion import cuda_runtime as cr
+    ir = gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
+    kernel = CudaKernel(MapTable.build(ir), "static")
+    rec = LaunchRecorder()
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
+    monkeypatch.setattr(cr, "hooks_active", lambda: False)
+    monkeypatch.setattr(kernel, "module", rec)
+    word = torch.zeros(1, dtype=torch.int32)
+
+    class Done:
+        def record(self):
+            pass
+
+    monkeypatch.setattr(kernel, "_new_state", lambda mesh: cr._MeshState(
+        programs=4, error_word=word, error_np=word.numpy(), launched=Done(), compiled=rec))
+    mesh = PreparingMesh()
+    for call in range(3):
+        x, w = torch.randn(24, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
+        y = kernel(mesh, x=x, w=w)["y"]
+        st = mesh.cache[kernel._key]
+        values = {**st.shape.fixed, "x": x, "w": w, "y": y, "epoch": call + 1, "ev_epoch": call + 1}
+        want = [values[p].data_ptr() if isinstance(values[p], torch.Tensor) else values[p] for p in kernel.params]
+        assert rec.direct[-1] == want
+    assert len(rec.direct) == 3 and not rec.jit
+    odd = torch.empty(24 * 32 + 1, dtype=torch.bfloat16)[1:].view(24, 32)   # contiguous, 2 bytes off
+    y = kernel(mesh, x=odd, w=w)["y"]
+    assert len(rec.direct) == 3 and len(rec.jit) == 1
+    values = {**st.shape.fixed, "x": odd, "w": w, "y": y, "epoch": 4, "ev_epoch": 4}
+    assert len(rec.jit[0]) == len(kernel.params)
+    for p, got in zip(kernel.params, rec.jit[0]):
+        assert got is values[p] if isinstance(values[p], torch.Tensor) else got == values[p], p

@@ -82,6 +82,17 @@ class _Shape:
     event_shapes: dict
     outputs: dict                      # output name -> (shape on this rank, dtype)
     fixed: dict                        # kernel arguments that stay the same from call to call
+    # The argument list, laid out once (the host path of a decode-sized call is tens of us):
+    template: list = field(default_factory=list)   # the fixed arguments in place, None elsewhere
+    per_call: tuple = ()                           # (position, name) of inputs, outputs, epochs
+    flat: list = field(default_factory=list)       # template with tensors as their addresses
+    flat_aligned: bool = False                     # every fixed tensor 16-byte aligned
+
+    def lay_out(self, params: list) -> None:
+        self.template = [self.fixed.get(p) for p in params]
+        self.per_call = tuple((i, p) for i, p in enumerate(params) if p not in self.fixed)
+        self.flat = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self.template]
+        self.flat_aligned = all(f % 16 == 0 for a, f in zip(self.template, self.flat) if isinstance(a, torch.Tensor))
 
 
 @dataclass
@@ -138,6 +149,7 @@ class CudaKernel:
             print(self.source)
         self.module = load_module(self.ir, self.source)
         self.params = kernel_params(self.ir, trace, self.dynamic)
+        self.output_names = frozenset(s.name for s in self.ir.tensors if s.role is Role.OUTPUT)
         self._key = ("megakernel", id(self))
 
     def __repr__(self) -> str:
@@ -151,7 +163,7 @@ class CudaKernel:
             raise InputError(f"graph {self.ir.name!r} was compiled for GPUs: it needs a mesh with the "
                              f"{want!r} backend{' (TRITON_INTERPRET=1)' if self.interpreted else ''}, "
                              f"got {getattr(mesh, 'backend', mesh)!r}")
-        unknown = set(out or {}) - {s.name for s in self.ir.tensors if s.role is Role.OUTPUT}
+        unknown = set(out) - self.output_names if out else None
         if unknown:
             raise InputError(f"graph {self.ir.name!r}: out= names {sorted(unknown)}, which are no outputs")
         # state lives in the mesh (closing it drops the state with the memory it points into)
@@ -184,8 +196,10 @@ class CudaKernel:
             st.shape.fixed["trace_buf"].zero_()   # tasks that do not run this launch show no times
         st.epoch += 1
         st.ev_epoch += 1
-        values = {**st.shape.fixed, **inputs, **outs, "epoch": st.epoch, "ev_epoch": st.ev_epoch}
-        args = [values[p] for p in self.params]
+        per_call = {**inputs, **outs, "epoch": st.epoch, "ev_epoch": st.ev_epoch}
+        args = st.shape.template.copy()
+        for i, name in st.shape.per_call:
+            args[i] = per_call[name]
         if self.interpreted:  # synchronous, on CPU tensors: errors are known at once
             self.module.megakernel[(st.programs,)](*args, NUM_PROGRAMS=st.programs, USE_ASM=False)
             self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
@@ -202,12 +216,18 @@ class CudaKernel:
         """Launch the already compiled kernel without Triton's per-call dispatch (which costs tens
         of microseconds for a kernel with this many arguments). Only where the binary is known to
         fit: every pointer 16-byte aligned as when it was compiled, and no profiler hook set."""
-        k = st.compiled
-        if k is None or not DIRECT_LAUNCH or hooks_active():
+        k, sh = st.compiled, st.shape
+        if k is None or not DIRECT_LAUNCH or not sh.flat_aligned or hooks_active():
             return False
-        flat = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-        if any(isinstance(a, torch.Tensor) and f % 16 for a, f in zip(args, flat)):
-            return False
+        flat = sh.flat.copy()   # the fixed arguments' addresses were taken when the shape was prepared
+        for i, _ in sh.per_call:
+            a = args[i]
+            if isinstance(a, torch.Tensor):
+                f = flat[i] = a.data_ptr()
+                if f % 16:
+                    return False
+            else:
+                flat[i] = a
         k.run(st.programs, 1, 1, torch._C._cuda_getCurrentRawStream(mesh.device.index), k.function,
               k.packed_metadata, None, None, None, *flat, st.programs, True)
         return True
@@ -317,6 +337,7 @@ class CudaKernel:
             tasks = sum(math.prod(evaluate(g, env) for g in t.grid) for t in self.ir.tasks)
             fixed["trace_buf"] = torch.zeros(max(1, tasks) * TRACE_WORDS, dtype=torch.int64, device=mesh.device)
         st.shape = _Shape(dict(bound), event_shapes, outputs, fixed)
+        st.shape.lay_out(self.params)
         mesh.barrier()  # every rank zeroed its counters before any rank notifies into them
 
     def _prepare_queue(self, mesh, st: _MeshState, bound: dict, offsets: dict, event_shapes: dict, at: int,
