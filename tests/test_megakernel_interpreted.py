@@ -46,3 +46,11 @@ def test_moe_kernel_with_in_kernel_routing(world, schedule):
     tiles exist; dispatch and combine by peer stores; uniform and skewed routing."""
     rc, out = interpreted("moe_worker.py", world, schedule)
     assert rc == 0 and out.count(f"OK moe {schedule}") == world, out[-5000:]
+
+
+def test_ready_queue_stamps_wrap():
+    """Queue indices past 2**31 and 2**32 (a long-lived mesh): claims still find their entries."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run([sys.executable, str(INTERP / "ready_queue_worker.py")], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.count("OK ready queue") == 2, (p.stdout + p.stderr)[-3000:]

@@ -62,7 +62,7 @@ def test_gpu_tile_knob(monkeypatch):
     assert gpu_tiles() == GpuTiles(64, 64, 128, 8, 3)
     monkeypatch.setenv("ETDIST_MOE_TILES", "128,64,64,4,4")
     assert gpu_tiles() == GpuTiles(block_m=128, block=64, block_n=64, num_warps=4, num_stages=4)
-    for bad in ("128,64,64", "8,64,64,4,4", "64,64,128,0,3"):
+    for bad in ("128,64,64", "8,64,64,4,4", "64,64,128,0,3", "48,64,64,4,4", "64,64,64,6,3", "64,64,64,4,0"):
         monkeypatch.setenv("ETDIST_MOE_TILES", bad)
         with pytest.raises(ValueError, match="ETDIST_MOE_TILES"):
             gpu_tiles()

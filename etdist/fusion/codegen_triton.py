@@ -280,6 +280,8 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
                 at = {f"c{d}": (var(coord[d]) if c.op == "span" else c) for d, c in enumerate(acc.coord)}
                 owner = coord[0] if e.distributed else "RANK"
                 n = tx(e.count.substitute(at))
+                if e.count.is_data_dependent:   # its target reads a tensor one thread of this task may
+                    out("tl.debug_barrier()")   # just have written (every thread evaluates it)
                 out(f"_et_release({base} + ev_{e.name}_off + {lin}, "
                     f"{n if e.count.is_data_dependent else f'ev_epoch * ({n})'}, "
                     f"ev_{e.name}_off + {lin}, {owner}, rq, rq_peers, rq_q, rq_pending, rq_waits, rq_rowptr, "

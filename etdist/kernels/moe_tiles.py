@@ -23,6 +23,12 @@ def _dot(a, b, acc):
 
 
 @triton.jit
+def _i64(x):
+    """x as int64 (sizes arrive as int32: products like rank x slots x hidden outgrow them)."""
+    return tl.zeros((), tl.int64) + x
+
+
+@triton.jit
 def moe_route(i, x, wg, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr,
               BK: tl.constexpr):
     """Tokens [i*BT, (i+1)*BT): softmax(x @ wg) -> top-k experts and their weights, renormalised."""
@@ -48,6 +54,7 @@ def moe_route(i, x, wg, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.c
         tl.store(topk_w + rows * TOP_K + kk, val.to(topk_w.dtype.element_ty), mask=rows < T)
         total += val
         p = tl.where(cols[None, :] == best[:, None], -1.0, p)
+    tl.debug_barrier()                         # the weights are read back by other threads
     for kk in tl.static_range(TOP_K):
         w = tl.load(topk_w + rows * TOP_K + kk, mask=rows < T, other=0.0).to(tl.float32)
         tl.store(topk_w + rows * TOP_K + kk, (w / total).to(topk_w.dtype.element_ty), mask=rows < T)
@@ -59,10 +66,10 @@ def moe_dispatch(d, b, x, topk_ids, recv, recv_peers, recv_expert, recv_expert_p
     """My (token, k) slots [b*BS, (b+1)*BS) whose expert lives on rank me + d: rows into its
     recv[me], and its recv_expert[me] marked with the local expert (-1 for slots it does not serve)."""
     dst = (RANK + d) % WORLD
-    S = T * TOP_K
+    S = _i64(T) * TOP_K
     recv_d = peer_base(recv_peers, dst, recv) + RANK * S * H
     expert_d = peer_base(recv_expert_peers, dst, recv_expert) + RANK * S
-    s = b * BS + tl.arange(0, BS)
+    s = b * BS + tl.arange(0, BS).to(tl.int64)
     ok = s < S
     ids = tl.load(topk_ids + s, mask=ok, other=0)
     mine = ((ids // E_local) == dst) & ok
@@ -158,9 +165,9 @@ def moe_send_back(d, b, recv_expert, expert_out, back, back_peers, T, H, RANK, W
                   TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
     """The outputs of rank me + d's slots [b*BS, (b+1)*BS) that my experts served, into its back[me]."""
     dst = (RANK + d) % WORLD
-    S = T * TOP_K
+    S = _i64(T) * TOP_K
     back_d = peer_base(back_peers, dst, back) + RANK * S * H
-    s = b * BS + tl.arange(0, BS)
+    s = b * BS + tl.arange(0, BS).to(tl.int64)
     mine = tl.load(recv_expert + dst * S + s, mask=s < S, other=-1) >= 0
     for h0 in range(0, H, BH):
         h = h0 + tl.arange(0, BH)

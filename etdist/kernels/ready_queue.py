@@ -9,8 +9,10 @@ A finished task that brings an event element to its count walks that element's c
 (rowptr/cols: the inverse map, built on the host per shape) on the rank that owns the element,
 bumps each one's pending count, and pushes the ones whose every wait is now complete: a sys-scope
 atomic on that rank's tail, then the slot stored with release. Slot i holds (i + 1) << 32 | task,
-so a program that claimed index i knows when its entry has landed. Head and tail only grow (each
-launch pushes and claims every task once), so counters re-arm by launch epoch as the events do.
+so a program that claimed index i knows when its entry has landed (the stamp is compared in 32
+bits: (index + 1) << 32 wraps once a mesh has pushed 2^31 tasks, and a slot is never more than one
+lap stale). Head and tail only grow (each launch pushes and claims every task once), so counters
+re-arm by launch epoch as the events do.
 Only tasks whose waits are all complete are ever queued: no program spins inside a task, which is
 what makes the schedule deadlock-free for any valid graph.
 """
@@ -41,15 +43,16 @@ def next_task(q, QSIZE, limit, max_spins, ctrl_ptr, ctrl_table, rank, world, eve
     task = (got * 0 - 1).to(tl.int32)
     if got >= 0:
         slot = q + 2 + got % QSIZE
+        stamp = (got + 1) & 0xFFFFFFFF
         v = tl.atomic_add(slot, 0, sem="acquire", scope="sys")
         spins = 0
         failed = tl.load(ctrl_ptr, volatile=True) != 0
-        while ((v >> 32) != got + 1) & (spins < max_spins) & (failed == 0):
+        while (((v >> 32) & 0xFFFFFFFF) != stamp) & (spins < max_spins) & (failed == 0):
             v = tl.atomic_add(slot, 0, sem="acquire", scope="sys")
             spins += 1
             if spins % 1024 == 0:
                 failed = tl.load(ctrl_ptr, volatile=True) != 0
-        if (v >> 32) == got + 1:
+        if ((v >> 32) & 0xFFFFFFFF) == stamp:
             task = (v & 0xFFFFFFFF).to(tl.int32)
         elif failed == 0:
             record_error(ctrl_ptr, ctrl_table, rank, world, ERR_TIMEOUT, event, (v >> 32).to(tl.int32),

@@ -43,9 +43,11 @@ def gpu_tiles() -> GpuTiles:
     if not text:
         return GpuTiles()
     values = [int(v) for v in text.split(",")]
-    if len(values) != 5 or min(values) < 1 or min(values[:3]) < 16:
-        raise ValueError(f"ETDIST_MOE_TILES={text!r}: want block_m,block,block_n,warps,stages "
-                         "(blocks >= 16, as tl.dot needs)")
+    pow2 = lambda v: v > 0 and v & (v - 1) == 0   # noqa: E731
+    if len(values) != 5 or not all(pow2(v) and v >= 16 for v in values[:3]) or not pow2(values[3]) \
+            or values[4] < 1:
+        raise ValueError(f"ETDIST_MOE_TILES={text!r}: want block_m,block,block_n,warps,stages (blocks "
+                         "powers of two >= 16, as tl.arange and tl.dot need; warps a power of two)")
     return GpuTiles(*values)
 
 
