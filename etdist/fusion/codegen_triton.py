@@ -178,7 +178,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
             # seed the queue with the tasks that wait on nothing, then pop until every task ran
             out("for _et_k in range(_et_pid, rq_ninit, NUM_PROGRAMS):")
             with out.indent():
-                out("_et_push(rq, tl.load(rq + rq_init + _et_k), rq_q)")
+                out("_et_push(rq, tl.load(rq + rq_init + _et_k), rq_q, _et_k < rq_ninit)")
             out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
             out("_et_more = 1")
             out("while _et_more != 0:")
@@ -221,6 +221,13 @@ def _all_exprs(ir: GraphIR):
             yield t.when
 
 
+def _target(e, count: str) -> str:
+    """What an element's counter reads once its `count` notifies of this launch are in: counters
+    grow by count per launch (re-armed by epoch), except data-dependent ones, which the kernel
+    zeroes at its end (see the finish in generate)."""
+    return count if e.count.is_data_dependent else f"ev_epoch * ({count})"
+
+
 def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, dynamic: bool) -> None:
     """The branch on the global task id `_et_gid`: one arm per device function."""
     for k, t in enumerate(ir.tasks):
@@ -251,9 +258,8 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
         lin = _linear(dims, coord)
         count = e.count.substitute({f"c{d}": acc.coord[d] for d in range(len(e.shape))})
         scope = "sys" if e.distributed else "gpu"
-        target = tx(count) if e.count.is_data_dependent else f"ev_epoch * ({tx(count)})"   # see the finish
         out(f"_et_lin = {lin}")
-        out(f"_et_ok = _et_ok & _et_wait(arena + ev_{e.name}_off + _et_lin, {target}, max_spins, "
+        out(f"_et_ok = _et_ok & _et_wait(arena + ev_{e.name}_off + _et_lin, {_target(e, tx(count))}, max_spins, "
             f"arena, arena_peers, RANK, WORLD, ({EVENT_CODE_BASE + i} << {ELEMENT_BITS}) | (_et_lin & "
             f"{(1 << ELEMENT_BITS) - 1}), -1, epoch, {scope!r}, USE_ASM)")
     cond = "_et_ok != 0" if t.when is None else f"(_et_ok != 0) & ({tx(t.when)})"
@@ -282,8 +288,7 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
                 n = tx(e.count.substitute(at))
                 if e.count.is_data_dependent:   # its target reads a tensor one thread of this task may
                     out("tl.debug_barrier()")   # just have written (every thread evaluates it)
-                out(f"_et_release({base} + ev_{e.name}_off + {lin}, "
-                    f"{n if e.count.is_data_dependent else f'ev_epoch * ({n})'}, "
+                out(f"_et_release({base} + ev_{e.name}_off + {lin}, {_target(e, n)}, "
                     f"ev_{e.name}_off + {lin}, {owner}, rq, rq_peers, rq_q, rq_pending, rq_waits, rq_rowptr, "
                     f"rq_cols, ev_epoch, RANK, {scope!r})")
             else:

@@ -85,14 +85,37 @@ class _Shape:
     # The argument list, laid out once (the host path of a decode-sized call is tens of us):
     template: list = field(default_factory=list)   # the fixed arguments in place, None elsewhere
     per_call: tuple = ()                           # (position, name) of inputs, outputs, epochs
-    flat: list = field(default_factory=list)       # template with tensors as their addresses
-    flat_aligned: bool = False                     # every fixed tensor 16-byte aligned
+    addresses: Optional[list] = None               # template with tensors as their addresses, or
+                                                   # None if a fixed tensor is not 16-byte aligned
 
     def lay_out(self, params: list) -> None:
         self.template = [self.fixed.get(p) for p in params]
         self.per_call = tuple((i, p) for i, p in enumerate(params) if p not in self.fixed)
-        self.flat = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self.template]
-        self.flat_aligned = all(f % 16 == 0 for a, f in zip(self.template, self.flat) if isinstance(a, torch.Tensor))
+        flat = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self.template]
+        aligned = all(f % 16 == 0 for a, f in zip(self.template, flat) if isinstance(a, torch.Tensor))
+        self.addresses = flat if aligned else None
+
+    def args(self, values: dict) -> list:
+        """The kernel's arguments: the fixed ones and this call's `values`."""
+        args = self.template.copy()
+        for i, name in self.per_call:
+            args[i] = values[name]
+        return args
+
+    def direct_args(self, values: dict) -> Optional[list]:
+        """`addresses` with this call's values filled in, for a direct launch; None where a pointer
+        is not 16-byte aligned (the compiled binary assumes it)."""
+        if self.addresses is None:
+            return None
+        flat = self.addresses.copy()
+        for i, name in self.per_call:
+            a = values[name]
+            if isinstance(a, torch.Tensor):
+                a = a.data_ptr()
+                if a % 16:
+                    return None
+            flat[i] = a
+        return flat
 
 
 @dataclass
@@ -196,38 +219,29 @@ class CudaKernel:
             st.shape.fixed["trace_buf"].zero_()   # tasks that do not run this launch show no times
         st.epoch += 1
         st.ev_epoch += 1
-        per_call = {**inputs, **outs, "epoch": st.epoch, "ev_epoch": st.ev_epoch}
-        args = st.shape.template.copy()
-        for i, name in st.shape.per_call:
-            args[i] = per_call[name]
+        values = {**inputs, **outs, "epoch": st.epoch, "ev_epoch": st.ev_epoch}
         if self.interpreted:  # synchronous, on CPU tensors: errors are known at once
-            self.module.megakernel[(st.programs,)](*args, NUM_PROGRAMS=st.programs, USE_ASM=False)
+            self.module.megakernel[(st.programs,)](*st.shape.args(values), NUM_PROGRAMS=st.programs, USE_ASM=False)
             self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
             return outs
-        if not self._launch_direct(mesh, st, args):
+        if not self._launch_direct(mesh, st, values):
             st.compiled = self.module.megakernel[(st.programs,)](
-                *args, NUM_PROGRAMS=st.programs, USE_ASM=True, num_warps=self.num_warps,
+                *st.shape.args(values), NUM_PROGRAMS=st.programs, USE_ASM=True, num_warps=self.num_warps,
                 num_stages=self.num_stages, launch_cooperative_grid=True)
         st.error_word.copy_(st.arena_head, non_blocking=True)  # read at the next call, without a sync
         st.launched.record()
         return outs
 
-    def _launch_direct(self, mesh, st: _MeshState, args: list) -> bool:
+    def _launch_direct(self, mesh, st: _MeshState, values: dict) -> bool:
         """Launch the already compiled kernel without Triton's per-call dispatch (which costs tens
         of microseconds for a kernel with this many arguments). Only where the binary is known to
         fit: every pointer 16-byte aligned as when it was compiled, and no profiler hook set."""
-        k, sh = st.compiled, st.shape
-        if k is None or not DIRECT_LAUNCH or not sh.flat_aligned or hooks_active():
+        k = st.compiled
+        if k is None or not DIRECT_LAUNCH or hooks_active():
             return False
-        flat = sh.flat.copy()   # the fixed arguments' addresses were taken when the shape was prepared
-        for i, _ in sh.per_call:
-            a = args[i]
-            if isinstance(a, torch.Tensor):
-                f = flat[i] = a.data_ptr()
-                if f % 16:
-                    return False
-            else:
-                flat[i] = a
+        flat = st.shape.direct_args(values)
+        if flat is None:
+            return False
         k.run(st.programs, 1, 1, torch._C._cuda_getCurrentRawStream(mesh.device.index), k.function,
               k.packed_metadata, None, None, None, *flat, st.programs, True)
         return True

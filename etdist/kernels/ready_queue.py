@@ -23,11 +23,13 @@ from .sync import ERR_TIMEOUT, peer_base, record_error
 
 
 @triton.jit
-def push(q, task, QSIZE):
-    """Sys scope always: peers push into the same tail, and atomics of different scopes on one
-    word are not atomic with each other in the PTX memory model."""
-    t = tl.atomic_add(q + 1, 1, sem="relaxed", scope="sys")
-    tl.atomic_xchg(q + 2 + t % QSIZE, ((t + 1) << 32) | task.to(tl.int64), sem="release", scope="sys")
+def push(q, task, QSIZE, ready):
+    """Queue `task` (a scalar, or a block of tasks, one per lane) where `ready`: claim a tail index,
+    then publish the slot with release. Sys scope always: peers push into the same tail, and
+    atomics of different scopes on one word are not atomic with each other in the PTX memory model."""
+    task = task.to(tl.int64)
+    t = tl.atomic_add(q + 1 + 0 * task, 1 + 0 * task, mask=ready, sem="relaxed", scope="sys")
+    tl.atomic_xchg(q + 2 + t % QSIZE, ((t + 1) << 32) | task, mask=ready, sem="release", scope="sys")
 
 
 @triton.jit
@@ -80,9 +82,5 @@ def notify_release(counter, target, index, owner, rq, rq_peers, QSIZE, PENDING, 
         for c0 in range(start, stop, BLOCK):
             ok = c0 + lanes < stop
             g = tl.load(q + COLS + c0 + lanes, mask=ok, other=0)
-            one = tl.full((BLOCK,), 1, tl.int64)
-            p = tl.atomic_add(q + PENDING + g, one, mask=ok, sem="acq_rel", scope="sys")   # peers bump it too
-            ready = ok & (p + 1 == ev_epoch * tl.load(q + WAITS + g, mask=ok, other=0))
-            # push every ready consumer (as push(), one lane each): claim a tail index, publish the slot
-            t = tl.atomic_add(q + 1 + 0 * g, one, mask=ready, sem="relaxed", scope="sys")
-            tl.atomic_xchg(q + 2 + t % QSIZE, ((t + 1) << 32) | g, mask=ready, sem="release", scope="sys")
+            p = tl.atomic_add(q + PENDING + g, 1 + 0 * g, mask=ok, sem="acq_rel", scope="sys")   # peers bump it too
+            push(q, g, QSIZE, ok & (p + 1 == ev_epoch * tl.load(q + WAITS + g, mask=ok, other=0)))

@@ -71,6 +71,7 @@ class MoE(nn.Module):
         self.hidden, self.intermediate, self.num_experts, self.top_k = hidden, expert_intermediate, num_experts, top_k
         self.world, self.mesh, self.schedule, self.simulated = world, mesh, schedule, simulate_world is not None
         el, H, I = num_experts // world, hidden, expert_intermediate
+        self._compiled: dict = {}   # target -> the shared compiled kernel (_kernel)
         gen = torch.Generator(device=device).manual_seed(0)   # drawn where the weights live (GBs for big MoEs)
 
         def param(*shape, scale):
@@ -104,21 +105,27 @@ class MoE(nn.Module):
                 f"top_k={self.top_k}, {where}, schedule={self.schedule!r}")
 
     def _kernel(self, target: str):
+        """The compiled layer, looked up once per module (the tile knob is read then): one binary
+        per configuration, shared by every layer that has it."""
+        kernel = self._compiled.get(target)
+        if kernel is not None:
+            return kernel
         dtype = self.router.dtype
         tiles = gpu_tiles() if target == "cuda" else None
-        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles)
+        align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
+        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align)
         if key not in _KERNELS:
             if target == "cpu":
                 graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts)
             else:
-                align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
                 graph = moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype,
                                             max_experts=self.num_experts, block=tiles.block, block_n=tiles.block_n,
                                             align=align)
             _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target)
             if target == "cuda":
                 _KERNELS[key].num_warps, _KERNELS[key].num_stages = tiles.num_warps, tiles.num_stages
-        return _KERNELS[key]
+        kernel = self._compiled[target] = _KERNELS[key]
+        return kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.hidden:

@@ -30,19 +30,13 @@ def test_gemm_reduce_scatter_matches_reference(world):
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_trace_mode_records_every_task(world):
+@pytest.mark.parametrize("case", ["trace", "dynamic"])
+def test_trace_mode_and_dynamic_schedule(case, world):
+    """trace: every task recorded; dynamic: the ready-queue schedule matches the reference."""
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs")
-    rc, out = torchrun(world, "--case", "trace")
-    assert rc == 0 and out.count("OK trace") == world, out[-5000:]
-
-
-@pytest.mark.parametrize("world", [1, 2])
-def test_dynamic_schedule_matches_reference(world):
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} GPUs")
-    rc, out = torchrun(world, "--case", "dynamic")
-    assert rc == 0 and out.count("OK dynamic") == world, out[-5000:]
+    rc, out = torchrun(world, "--case", case)
+    assert rc == 0 and out.count(f"OK {case}") == world, out[-5000:]
 
 
 def test_missing_peer_raises_within_watchdog():

@@ -17,7 +17,7 @@ patch_interpreter()
 @triton.jit
 def round_trip(q, ctrl, out, QSIZE, limit, N: tl.constexpr):
     for i in tl.static_range(N):
-        push(q, tl.full((), 100 + i, tl.int32), QSIZE)
+        push(q, tl.full((), 100 + i, tl.int32), QSIZE, QSIZE > 0)
     for i in tl.static_range(N):
         tl.store(out + i, next_task(q, QSIZE, limit, 1000, ctrl, ctrl, 0, 1, 0, 1))
 
