@@ -66,3 +66,13 @@ def test_gpu_tile_knob(monkeypatch):
         monkeypatch.setenv("ETDIST_MOE_TILES", bad)
         with pytest.raises(ValueError, match="ETDIST_MOE_TILES"):
             gpu_tiles()
+
+
+def test_gpu_kernels_are_keyed_by_alignment():
+    """Layers whose sizes allow 16-aligned loads get the aligned GPU graph, the others not; a
+    module resolves its kernel once."""
+    aligned = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.float32)
+    ragged = et.nn.MoE(24, 16, E, K, simulate_world=2, dtype=torch.float32)
+    a, r = aligned._kernel("cuda"), ragged._kernel("cuda")
+    assert a is not r and aligned._kernel("cuda") is a
+    assert dict(a.ir.multiples) == {"H": 16, "I": 16} and not dict(r.ir.multiples)
