@@ -9,7 +9,7 @@ import triton.language as tl
 
 import etdist as et
 from etdist.fusion.codegen_triton import compile_ptx, decode_event_code, event_code, generate
-from etdist.workloads import gemm_rs
+from etdist.workloads import ag_gemm, gemm_rs, mlp
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_generated_source_is_the_static_schedule(gemm_rs_ir):
     assert src.count("_et_wait(") == 1 and src.count("_et_notify(") == 1
     call = src[src.index("_et_body_matmul(dst, "):]
     assert call.startswith("_et_body_matmul(dst, (((q // (8 * ")    # tile (i, j) = et.grouped(q, ...)
-    assert call.split("\n")[0].endswith(", x, w, partial, partial_peers, M, K, N, RANK, WORLD, 64, 64, 64)")
+    assert call.split("\n")[0].endswith(", x, w, partial, partial_peers, M, K, N, RANK, WORLD, 64, 64, 64, False, USE_ASM)")
 
 
 def test_ptx_orders_cross_gpu_signals(gemm_rs_ptx):
@@ -48,8 +48,24 @@ def test_aligned_sizes_vectorise_and_M_stays_unspecialised():
     src = generate(ir)
     assert "do_not_specialize=['M', 'RANK', 'WORLD'" in src
     ptx = compile_ptx(ir, num_warps=8)
-    assert "cp.async" in ptx and "wgmma" in ptx
+    assert "cp.async.bulk.tensor" in ptx and "wgmma" in ptx    # aligned GEMM tiles load through TMA
     assert "st.global.b16" not in ptx, "a store of the GEMM or the reduce is not vectorised"
+
+
+@pytest.mark.parametrize("build", ["ag_gemm", "mlp", "mlp_whole", "gemm_rs_skinny"])
+def test_aligned_gemm_tiles_load_through_tma(build):
+    """Every GEMM body of an aligned graph loads its operands with TMA (no cp.async pointer loads
+    left in its main loop), and a tile whose rows were written in the same launch fences the async
+    proxy first (an event's release/acquire orders only generic-proxy accesses)."""
+    ir = {"ag_gemm": lambda: ag_gemm.all_gather_gemm(128, 128, torch.bfloat16, 64, align=16),
+          "mlp": lambda: mlp.tp_mlp(128, 128, torch.bfloat16, 64, align=16),
+          "mlp_whole": lambda: mlp.tp_mlp_whole(64, 128, torch.bfloat16, 64, align=16),
+          "gemm_rs_skinny": lambda: gemm_rs.gemm_reduce_scatter_skinny(dtype=torch.bfloat16, splits=4, align=16)}[build]()
+    ptx = compile_ptx(ir.to_ir(), num_warps=8)
+    assert "cp.async.bulk.tensor" in ptx and "wgmma" in ptx
+    assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx, "a GEMM operand still loads through pointers"
+    if build != "gemm_rs_skinny":      # its operands are the inputs, written before the launch
+        assert "fence.proxy.async.global" in ptx
 
 
 def test_local_events_use_gpu_scope():
@@ -126,7 +142,6 @@ def test_skinny_variant_notifies_every_owner_in_a_loop():
 
 
 def test_mlp_graph_compiles_with_every_gpu_body():
-    from etdist.workloads import mlp
     ir = mlp.tp_mlp(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
     src = generate(ir)
     for body in ("_et_body_ag_out_send(", "_et_body_gate_up(", "_et_body_down(", "_et_body_reduce("):
@@ -137,7 +152,6 @@ def test_mlp_graph_compiles_with_every_gpu_body():
 
 @pytest.mark.parametrize("variant", ["ag_gemm_whole", "mlp_whole"])
 def test_small_m_variants_compile_for_sm90(variant):
-    from etdist.workloads import ag_gemm, mlp
     build = {"ag_gemm_whole": ag_gemm.all_gather_gemm_whole, "mlp_whole": mlp.tp_mlp_whole}[variant]
     ir = build(64, 64, torch.bfloat16, 128, 16).to_ir()
     ptx = compile_ptx(ir)
@@ -145,7 +159,6 @@ def test_small_m_variants_compile_for_sm90(variant):
 
 
 def test_all_gather_gemm_graph_compiles():
-    from etdist.workloads import ag_gemm
     ptx = compile_ptx(ag_gemm.all_gather_gemm(128, 128, torch.bfloat16, 64, 16).to_ir(), num_warps=8)
     assert "wgmma" in ptx and "cp.async" in ptx and re.search(r"ld\.acquire\.sys", ptx)
 

@@ -142,7 +142,8 @@ class PreparingMesh(FakeMesh):
 def test_argument_layout_is_built_once_per_shape(monkeypatch):
     """The launch arguments come from a per-shape layout (fixed addresses taken once): each call
     passes exactly what the kernel's parameters name, its own inputs, outputs and epochs included;
-    a misaligned input falls back to Triton's launcher with the same arguments."""
+    a misaligned input is copied (the kernels assume 16-byte aligned rows) and a misaligned output
+    falls back to Triton's launcher with the same arguments."""
     from etdist.fusion import cuda_runtime as cr
     ir = gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
     kernel = CudaKernel(MapTable.build(ir), "static")
@@ -168,9 +169,14 @@ def test_argument_layout_is_built_once_per_shape(monkeypatch):
         assert rec.direct[-1] == want
     assert len(rec.direct) == 3 and not rec.jit
     odd = torch.empty(24 * 32 + 1, dtype=torch.bfloat16)[1:].view(24, 32)   # contiguous, 2 bytes off
-    y = kernel(mesh, x=odd, w=w)["y"]
-    assert len(rec.direct) == 3 and len(rec.jit) == 1
-    values = {**st.shape.fixed, "x": odd, "w": w, "y": y, "epoch": 4, "ev_epoch": 4}
+    odd.copy_(x)
+    kernel(mesh, x=odd, w=w)
+    sent = rec.direct[-1][kernel.params.index("x")]
+    assert len(rec.direct) == 4 and not rec.jit and sent != odd.data_ptr() and sent % 16 == 0  # an aligned copy
+    y_odd = torch.empty(24 * 48 + 1, dtype=torch.bfloat16)[1:].view(24, 48)
+    y = kernel(mesh, x=x, w=w, out={"y": y_odd})["y"]
+    assert y is y_odd and len(rec.direct) == 4 and len(rec.jit) == 1
+    values = {**st.shape.fixed, "x": x, "w": w, "y": y_odd, "epoch": 5, "ev_epoch": 5}
     assert len(rec.jit[0]) == len(kernel.params)
     for p, got in zip(kernel.params, rec.jit[0]):
         assert got is values[p] if isinstance(values[p], torch.Tensor) else got == values[p], p

@@ -306,7 +306,7 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
 def _bind_body_args(ir: GraphIR, t: TaskSpec, tx) -> list[str]:
     fn = t.triton_body
     names = list(getattr(fn, "arg_names", None) or inspect.signature(getattr(fn, "fn", fn)).parameters)
-    available = set(kernel_params(ir)) | set(t.index_names)
+    available = set(kernel_params(ir)) | set(t.index_names) | {"USE_ASM"}   # USE_ASM: the kernel's constexpr
     consts, renamed = dict(t.constexprs), dict(t.bind)
     args = []
     for n in names:
@@ -318,7 +318,7 @@ def _bind_body_args(ir: GraphIR, t: TaskSpec, tx) -> list[str]:
             args.append(renamed.get(n, n))
         else:
             raise GraphError(f"task {t.name!r}: GPU body {fn.__name__}() takes {n!r}, which is no index name, "
-                             f"tensor, `<tensor>_peers` of a symmetric tensor, size, RANK/WORLD or constexpr "
+                             f"tensor, `<tensor>_peers` of a symmetric tensor, size, RANK/WORLD, USE_ASM or constexpr "
                              f"(given constexprs: {sorted(consts)})")
     return args
 

@@ -25,6 +25,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 import torch
+from triton.runtime import _allocation as triton_allocation
 
 from ..kernels.launch_hooks import hooks_active
 from .bind import MapTable, bind, bind_inputs
@@ -135,6 +136,15 @@ class _MeshState:
     compiled: object = None  # Triton's compiled kernel, once launched: later calls skip its dispatch
     rq: Optional[torch.Tensor] = None        # the dynamic schedule's ready queue + tables (symmetric)
     rq_peers: Optional[torch.Tensor] = None
+    scratch: Optional[torch.Tensor] = None   # Triton's per-program global scratch (TMA descriptors)
+    device: Optional[torch.device] = None
+
+    def allocate_scratch(self, size: int, alignment: int, stream) -> torch.Tensor:
+        """Triton's allocator hook: one buffer per mesh state, grown never shrunk. Launches of one
+        graph on one mesh are stream-ordered (they share the arena too), so reuse is safe."""
+        if self.scratch is None or self.scratch.numel() < size:
+            self.scratch = torch.empty(max(size, 1), dtype=torch.int8, device=self.device)
+        return self.scratch
 
 
 class CudaKernel:
@@ -204,6 +214,8 @@ class CudaKernel:
         for name, t in inputs.items():  # cheap checks that shapes cannot cover
             if t.device != mesh.device or not t.is_contiguous():
                 self._bind(mesh, inputs, sizes)  # raises the precise error
+            if t.data_ptr() % 16:   # the kernels assume 16-byte aligned rows (TMA needs them): copy
+                inputs[name] = t.clone()
         outs = {}
         for name, (shape, dtype) in st.shape.outputs.items():
             given = (out or {}).get(name)
@@ -220,14 +232,19 @@ class CudaKernel:
         st.epoch += 1
         st.ev_epoch += 1
         values = {**inputs, **outs, "epoch": st.epoch, "ev_epoch": st.ev_epoch}
-        if self.interpreted:  # synchronous, on CPU tensors: errors are known at once
-            self.module.megakernel[(st.programs,)](*st.shape.args(values), NUM_PROGRAMS=st.programs, USE_ASM=False)
-            self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
-            return outs
-        if not self._launch_direct(mesh, st, values):
-            st.compiled = self.module.megakernel[(st.programs,)](
-                *st.shape.args(values), NUM_PROGRAMS=st.programs, USE_ASM=True, num_warps=self.num_warps,
-                num_stages=self.num_stages, launch_cooperative_grid=True)
+        scratch = triton_allocation._allocator.set(st.allocate_scratch)   # both launch paths ask it
+        try:
+            if self.interpreted:  # synchronous, on CPU tensors: errors are known at once
+                self.module.megakernel[(st.programs,)](*st.shape.args(values), NUM_PROGRAMS=st.programs,
+                                                       USE_ASM=False)
+                self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
+                return outs
+            if not self._launch_direct(mesh, st, values):
+                st.compiled = self.module.megakernel[(st.programs,)](
+                    *st.shape.args(values), NUM_PROGRAMS=st.programs, USE_ASM=True, num_warps=self.num_warps,
+                    num_stages=self.num_stages, launch_cooperative_grid=True)
+        finally:
+            triton_allocation._allocator.reset(scratch)
         st.error_word.copy_(st.arena_head, non_blocking=True)  # read at the next call, without a sync
         st.launched.record()
         return outs
@@ -248,11 +265,11 @@ class CudaKernel:
 
     def _new_state(self, mesh) -> _MeshState:
         if self.interpreted:  # the interpreter runs programs one after another: one per rank
-            return _MeshState(programs=1)
+            return _MeshState(programs=1, device=mesh.device)
         sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
         word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         return _MeshState(programs=min(self.programs or sms, sms), error_word=word, error_np=word.numpy(),
-                          launched=torch.cuda.Event())
+                          launched=torch.cuda.Event(), device=mesh.device)
 
     def check(self, mesh) -> None:
         """Wait for the last launch and raise if any of its waits timed out (on any rank)."""

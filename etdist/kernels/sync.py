@@ -137,3 +137,13 @@ def trace_clock(anchor):
     sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [anchor], dtype=tl.int32,
                                    is_pure=False, pack=1)
     return t, sm
+
+
+@triton.jit
+def async_proxy_fence(USE_ASM: tl.constexpr):
+    """Order the generic-proxy writes this thread has acquired (peer stores, other programs' tiles)
+    before the TMA loads (async proxy) that follow: the release/acquire of an event orders the
+    generic proxy only (PTX memory model, proxies). A no-op under the interpreter."""
+    if USE_ASM:
+        tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)

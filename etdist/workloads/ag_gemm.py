@@ -33,7 +33,7 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
     tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731  (L2 reuse of w)
 
     @g.task(grid=(R, m_tiles * n_tiles), wait=lambda s, q: arrived[me, (me + s) % R, tile(q)[0]],
-            triton=gemm_tiles.ag_matmul, constexprs=dict(tiles, BLOCK_K=block_k),
+            triton=gemm_tiles.ag_matmul, constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align)),
             bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: tile(q)[0], j=lambda s, q: tile(q)[1]))
     def matmul(t, s, q):                                 # rows of source me + s, as they arrive
         i, j = t(tile(q)[0]), t(tile(q)[1])
@@ -64,7 +64,8 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
     tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
 
     @g.task(grid=(m_tiles * n_tiles,), wait=lambda q: all_in[me],
-            triton=gemm_tiles.matmul_all_rows, constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k),
+            triton=gemm_tiles.matmul_all_rows,
+            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align)),
             bind=dict(i=lambda q: tile(q)[0], j=lambda q: tile(q)[1], a="gathered"))
     def matmul(t, q):
         rows, cols = et.block(t(tile(q)[0]), block_m, t.M), et.block(t(tile(q)[1]), block_n, t.N)

@@ -33,7 +33,7 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
 
     @g.task(grid=(R, m_tiles * n_tiles), notify=lambda dst, q: arrived[(dst, *tile(q))],
-            triton=gemm_tiles.gemm_rs_matmul, constexprs=dict(tiles, BLOCK_K=block_k),
+            triton=gemm_tiles.gemm_rs_matmul, constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align)),
             bind=dict(i=lambda dst, q: tile(q)[0], j=lambda dst, q: tile(q)[1]))
     def matmul(t, dst, q):                               # my partial of rank dst's tile (i, j)
         i, j = t(tile(q)[0]), t(tile(q)[1])
@@ -85,7 +85,8 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
     arrived = g.event("arrived", (R, n_tiles), count=R * splits, distributed=True)
 
     @g.task(grid=(splits, n_tiles), notify=lambda s, j: arrived[et.every(0, R), j],
-            triton=gemm_tiles.gemm_rs_skinny_matmul, constexprs=dict(consts, BLOCK_K=block_k))
+            triton=gemm_tiles.gemm_rs_skinny_matmul,
+            constexprs=dict(consts, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align)))
     def matmul(t, s, j):                                 # every owner's rows of slice s, tile j
         cols, ks = et.block(j, block_n, t.N), et.block(s, t(KB), t.K)
         part = t.x[:, ks].float() @ t.w[ks, cols].float()

@@ -30,6 +30,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     m_tiles, i_tiles, h_tiles = et.cdiv(C, block_m), et.cdiv(I, block_n), et.cdiv(H, block_n)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
+    gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align))   # the GEMM bodies' constexprs
 
     x = g.input("x", (owned(me), H), dtype)
     g.input("w_gate_up", (H, 2 * I), dtype)
@@ -47,7 +48,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
     @g.task(grid=(R, m_tiles * i_tiles), wait=lambda s, q: rows_in[me, (me + s) % R, up_tile(q)[0]],
             notify=lambda s, q: h_ready[(me + s) % R, up_tile(q)[0]],
-            triton=gemm_tiles.swiglu_tile, constexprs=dict(tiles, BLOCK_K=block_k),
+            triton=gemm_tiles.swiglu_tile, constexprs=gemm,
             bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: up_tile(q)[0], j=lambda s, q: up_tile(q)[1]))
     def gate_up(t, s, q):                                   # rows of source me + s, as they arrive
         i, j = t(up_tile(q)[0]), t(up_tile(q)[1])
@@ -58,7 +59,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
     @g.task(grid=(R, m_tiles * h_tiles), wait=lambda d, q: h_ready[(me + d) % R, down_tile(q)[0]],
             notify=lambda d, q: arrived[((me + d) % R, *down_tile(q))],
-            triton=gemm_tiles.gemm_rs_matmul, constexprs=dict(tiles, BLOCK_K=block_k),
+            triton=gemm_tiles.gemm_rs_matmul, constexprs=gemm,
             bind=dict(dst=lambda d, q: (me + d) % R, i=lambda d, q: down_tile(q)[0],
                       j=lambda d, q: down_tile(q)[1], x="h", w="w_down", K="I", N="H"))
     def down(t, d, q):                                      # my partial of rank me + d's tile (i, j)
@@ -87,6 +88,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     m_all, own_tiles = et.cdiv(M, block_m), et.cdiv(C, block_m)
     i_tiles, h_tiles = et.cdiv(I, block_n), et.cdiv(H, block_n)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
+    gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align))   # the GEMM bodies' constexprs
 
     x = g.input("x", (owned(me), H), dtype)
     g.input("w_gate_up", (H, 2 * I), dtype)
@@ -101,7 +103,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     down_tile = lambda q: et.grouped(q, m_all, h_tiles, group_m)   # noqa: E731
 
     @g.task(grid=(m_all * i_tiles,), wait=lambda q: all_in[me], notify=lambda q: h_ready[up_tile(q)[0]],
-            triton=gemm_tiles.swiglu_all_rows, constexprs=dict(tiles, BLOCK_K=block_k),
+            triton=gemm_tiles.swiglu_all_rows, constexprs=gemm,
             bind=dict(i=lambda q: up_tile(q)[0], j=lambda q: up_tile(q)[1]))
     def gate_up(t, q):
         rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), block_n, t.I)
@@ -109,7 +111,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
 
     @g.task(grid=(m_all * h_tiles,), wait=lambda q: h_ready[down_tile(q)[0]],
             notify=lambda q: arrived[et.every(0, R), down_tile(q)[1]],
-            triton=gemm_tiles.matmul_scatter_rows, constexprs=dict(tiles, BLOCK_K=block_k),
+            triton=gemm_tiles.matmul_scatter_rows, constexprs=gemm,
             bind=dict(i=lambda q: down_tile(q)[0], j=lambda q: down_tile(q)[1], x="h", w="w_down", K="I", N="H"))
     def down(t, q):                                        # every owner's rows of row tile i
         i, cols = t(down_tile(q)[0]), et.block(t(down_tile(q)[1]), block_n, t.H)
