@@ -1,6 +1,6 @@
 """A/B the decode-sized tile configs (the ops' small-M paths) on this node's GPUs:
 
-    torchrun --nproc_per_node=2 launch/tune_decode.py
+    torchrun --nproc_per_node=2 launch/tune_decode.py [block_m,block_n,block_k,warps,stages ...]
 
 For each config: ag_gemm and mlp (the whole-gather variants: etdist.ops.ag_gemm.WHOLE) and
 gemm_rs (the skinny split-K variant: etdist.ops.gemm_rs.SKINNY, M <= its block_m) at M in
@@ -8,6 +8,7 @@ gemm_rs (the skinny split-K variant: etdist.ops.gemm_rs.SKINNY, M <= its block_m
 """
 import itertools
 import math
+import sys
 
 import torch
 import triton
@@ -21,6 +22,8 @@ from etdist.ops.gemm_rs import TileConfig
 
 CONFIGS = [TileConfig(64, 64, 128, 4, 4), TileConfig(16, 64, 256, 4, 4), TileConfig(32, 64, 128, 4, 6),
            TileConfig(64, 128, 64, 4, 4), TileConfig(16, 128, 128, 4, 5), TileConfig(128, 64, 64, 4, 4)]
+if sys.argv[1:]:   # configs given on the command line replace the list above
+    CONFIGS = [TileConfig(*(int(v) for v in a.split(","))) for a in sys.argv[1:]]
 
 dist.init_process_group("cpu:gloo,cuda:nccl")
 mesh = et.init_mesh()
