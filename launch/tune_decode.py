@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=2 launch/tune_decode.py [block_m,block_n,block_k,warps,stages ...]
 
 For each config: ag_gemm and mlp (the whole-gather variants: etdist.ops.ag_gemm.WHOLE) and
-gemm_rs (the skinny split-K variant: etdist.ops.gemm_rs.SKINNY, M <= its block_m) at M in
+gemm_rs (the skinny split-K variant: etdist.ops.gemm_rs.SKINNY_CLASSES, M <= its block_m) at M in
 {16, 128} on two shapes; us per call (batched, slowest rank). Pick by the geometric mean.
 """
 import itertools
@@ -50,7 +50,7 @@ def cell(op, model, M):
 rows = []
 for cfg in CONFIGS:
     ag_op.WHOLE = cfg
-    rs_op.SKINNY, rs_op.SKINNY_MAX_M = cfg, cfg.block_m
+    rs_op.SKINNY_CLASSES = (cfg,)
     times = {}
     for op, model, M in itertools.product(("gemm_rs", "ag_gemm", "mlp"), ("qwen3_8b", "llama31_70b"), (16, 128)):
         if op == "gemm_rs" and M > cfg.block_m:

@@ -224,3 +224,4 @@ def test_moe_graph_compiles_for_sm90(dtype):
         # aligned sizes vectorise the loads, so Triton pipelines the expert GEMM loops (without
         # them no cp.async at all: every operand went through plain loads, measured ~70 TF/s)
         assert re.search(r"cp\.async\.wait_group\s+[1-9]", ptx)
+        assert "cp.async.bulk.tensor" in ptx   # the expert weights load through TMA

@@ -120,9 +120,10 @@ def _expert_rows(j, counts, slots, tile_end, T, E_local, WORLD, BM: tl.constexpr
 
 @triton.jit
 def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, H, I, E_local, WORLD,
-                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr):
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, TMA: tl.constexpr):
     """act[rows of tile j, n*BN:(n+1)*BN] = silu(x @ w_gate) * (x @ w_up); tiles past ntiles do
-    nothing (they still notify, so the down tiles of every tile can wait on a fixed element)."""
+    nothing (they still notify, so the down tiles of every tile can wait on a fixed element).
+    TMA: the expert's weights load through descriptors (the token rows are a gather: pointers)."""
     if j < tl.load(ntiles):
         e, rows, rok = _expert_rows(j, counts, slots, tile_end, T, E_local, WORLD, BM, BE)
         wgu = w_gate_up + e * H * 2 * I
@@ -130,32 +131,48 @@ def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, 
         ks = tl.arange(0, BK)
         g = tl.zeros((BM, BN), tl.float32)
         u = tl.zeros((BM, BN), tl.float32)
-        for k0 in range(0, H, BK):
-            kk = k0 + ks
-            a = tl.load(recv + rows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
-            bm = (kk[:, None] < H) & (js[None, :] < I)
-            bg = tl.load(wgu + kk[:, None] * (2 * I) + js[None, :], mask=bm, other=0.0)
-            bu = tl.load(wgu + kk[:, None] * (2 * I) + I + js[None, :], mask=bm, other=0.0)
-            g = _dot(a, bg, g)
-            u = _dot(a, bu, u)
+        if TMA:
+            g_d = tl.make_tensor_descriptor(wgu, shape=[H, I], strides=[2 * I, 1], block_shape=[BK, BN])
+            u_d = tl.make_tensor_descriptor(wgu + I, shape=[H, I], strides=[2 * I, 1], block_shape=[BK, BN])
+            for k0 in range(0, H, BK):
+                kk = k0 + ks
+                a = tl.load(recv + rows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
+                g = _dot(a, g_d.load([k0, n * BN]), g)
+                u = _dot(a, u_d.load([k0, n * BN]), u)
+        else:
+            for k0 in range(0, H, BK):
+                kk = k0 + ks
+                a = tl.load(recv + rows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
+                bm = (kk[:, None] < H) & (js[None, :] < I)
+                bg = tl.load(wgu + kk[:, None] * (2 * I) + js[None, :], mask=bm, other=0.0)
+                bu = tl.load(wgu + kk[:, None] * (2 * I) + I + js[None, :], mask=bm, other=0.0)
+                g = _dot(a, bg, g)
+                u = _dot(a, bu, u)
         tl.store(act + rows[:, None] * I + js[None, :], (g * tl.sigmoid(g) * u).to(act.dtype.element_ty),
                  mask=rok[:, None] & (js[None, :] < I))
 
 
 @triton.jit
 def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_local, WORLD,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr):
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, TMA: tl.constexpr):
     """expert_out[rows of tile j, h*BN:(h+1)*BN] = act[rows] @ w_down[e][:, those columns]."""
     e, rows, rok = _expert_rows(j, counts, slots, tile_end, T, E_local, WORLD, BM, BE)
     wd = w_down + e * I * H
     hs = h * BN + tl.arange(0, BN)
     ks = tl.arange(0, BK)
     out = tl.zeros((BM, BN), tl.float32)
-    for i0 in range(0, I, BK):
-        js = i0 + ks
-        a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
-        dn = tl.load(wd + js[:, None] * H + hs[None, :], mask=(js[:, None] < I) & (hs[None, :] < H), other=0.0)
-        out = _dot(a, dn, out)
+    if TMA:
+        d_d = tl.make_tensor_descriptor(wd, shape=[I, H], strides=[H, 1], block_shape=[BK, BN])
+        for i0 in range(0, I, BK):
+            js = i0 + ks
+            a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
+            out = _dot(a, d_d.load([i0, h * BN]), out)
+    else:
+        for i0 in range(0, I, BK):
+            js = i0 + ks
+            a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
+            dn = tl.load(wd + js[:, None] * H + hs[None, :], mask=(js[:, None] < I) & (hs[None, :] < H), other=0.0)
+            out = _dot(a, dn, out)
     tl.store(expert_out + rows[:, None] * H + hs[None, :], out.to(expert_out.dtype.element_ty),
              mask=rok[:, None] & (hs[None, :] < H))
 

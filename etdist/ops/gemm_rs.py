@@ -23,12 +23,14 @@ class TileConfig:
     num_stages: int
 
 
-# Two size classes, one compiled kernel for every M in each. Up to SKINNY_MAX_M rows, the skinny
-# graph (all rows in one wgmma-high tile, split-K, weights read once); above, square tiles per
-# destination rank.
+# Size classes, one compiled kernel for every M in each. Up to 128 rows, the skinny graph (all
+# rows in one tile, split-K, weights read once): 64-row tiles up to 64 rows, 128-row tiles up to
+# 128; above, square tiles per destination rank. Picked by launch/tune_decode.py on 2x H200 with
+# TMA loads (us at M=128, qwen3_32b/llama31_70b: 75/108 against 177/198 for the LARGE tiles).
 SKINNY = TileConfig(64, 64, 128, 4, 4)
+SKINNY_128 = TileConfig(128, 64, 128, 4, 4)
 LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BENCHMARKS.md)
-SKINNY_MAX_M = int(os.environ.get("ETDIST_GEMM_RS_SKINNY_MAX_M", "64"))  # block_m of SKINNY must cover it
+
 
 def _override(name: str, default: TileConfig) -> TileConfig:
     """Tuning knob: ETDIST_GEMM_RS_<NAME>="block_m,block_n,block_k,warps,stages"."""
@@ -36,10 +38,8 @@ def _override(name: str, default: TileConfig) -> TileConfig:
     return TileConfig(*(int(v) for v in text.split(","))) if text else default
 
 
-SKINNY, LARGE = _override("SKINNY", SKINNY), _override("LARGE", LARGE)
-if SKINNY_MAX_M > SKINNY.block_m:
-    raise ValueError(f"ETDIST_GEMM_RS_SKINNY_MAX_M={SKINNY_MAX_M} exceeds the skinny tile's block_m "
-                     f"{SKINNY.block_m}: set ETDIST_GEMM_RS_SKINNY with a block_m >= it")
+SKINNY, SKINNY_128, LARGE = _override("SKINNY", SKINNY), _override("SKINNY_128", SKINNY_128), _override("LARGE", LARGE)
+SKINNY_CLASSES = (SKINNY, SKINNY_128)   # each serves M <= its block_m, in this order
 
 
 def fp32_config(cfg: TileConfig) -> TileConfig:
@@ -50,7 +50,7 @@ _KERNELS: dict = {}
 
 
 def tile_config(M: int) -> TileConfig:
-    return SKINNY if M <= SKINNY_MAX_M else LARGE
+    return next((cfg for cfg in SKINNY_CLASSES if M <= cfg.block_m), LARGE)
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,7 +76,7 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     """
     mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
     cfg = tile_config(x.shape[0])
-    skinny = cfg is SKINNY
+    skinny = cfg is not LARGE
     if x.dtype == torch.float32:
         cfg = fp32_config(cfg)
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1  # aligned rows vectorise

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 import etdist as et
 from etdist.kernels import moe_tiles
+from etdist.kernels.gemm_tiles import use_tma
 
 
 def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
@@ -47,6 +48,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     BS = block                                         # slots per dispatch / send_back block
     copy = dict(TOP_K=top_k, BS=BS, BH=2 * block)
     tiles = dict(BM=block_m, BN=BN, BK=block, BE=BE)
+    expert_gemm = dict(tiles, TMA=use_tma(align))   # weights through TMA where rows are aligned
     # every expert that received a slot may end in a partial tile (at most min(E_local, R*S) do):
     max_tiles = et.cdiv(R * S, block_m) + et.minimum(EL, R * S)
     slot_blocks = et.cdiv(S, BS)
@@ -117,7 +119,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         return e, t.slots[e, et.block(j - first, block_m, int(t.counts[e]))]
 
     @g.task(grid=(max_tiles, et.cdiv(I, BN)), wait=lambda j, n: tiled[0], notify=lambda j, n: act_ready[j],
-            triton=moe_tiles.moe_gate_up, constexprs=tiles)
+            triton=moe_tiles.moe_gate_up, constexprs=expert_gemm)
     def gate_up(t, j, n):
         if j >= int(t.ntiles[0]):
             return                                       # no such tile at this routing: notify only
@@ -132,7 +134,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # dynamic queue's consumers of `tiled` once more per down tile
     @g.task(grid=(max_tiles, et.cdiv(H, BN)), wait=lambda j, h: act_ready[j],
             when=lambda j, h: j < ntiles[0], notify=lambda j, h: done[0],
-            triton=moe_tiles.moe_down, constexprs=tiles)
+            triton=moe_tiles.moe_down, constexprs=expert_gemm)
     def down(t, j, h):
         e, rows = expert_rows(t, j)
         cols = et.block(h, BN, t.H)

@@ -29,7 +29,7 @@ def reference(x, w, mesh):
 def check_ok(mesh):
     torch.manual_seed(1234 + mesh.rank)
     K, N = 1536, 1024
-    for M in (1, 5, 16, 64, 100, 1000, 1024, 2048):  # ragged ones included
+    for M in (1, 5, 16, 64, 65, 100, 128, 129, 1000, 1024, 2048):  # every size class, ragged ones included
         for dtype in (torch.bfloat16, torch.float32):
             x = torch.randn(M, K, device=mesh.device, dtype=dtype)
             w = torch.randn(K, N, device=mesh.device, dtype=dtype) / K ** 0.5
@@ -50,7 +50,7 @@ def check_ok(mesh):
         x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
         w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16)
         et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
-    for M in range(2, 64, 5):     # unseen sizes of the skinny class
+    for M in [*range(2, 64, 5), *range(66, 128, 9)]:     # unseen sizes of the skinny classes
         x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
         w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16)
         et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
