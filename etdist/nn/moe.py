@@ -37,16 +37,26 @@ class GpuTiles(NamedTuple):
     num_stages: int = 3
 
 
-def gpu_tiles() -> GpuTiles:
-    """Tuning knob: ETDIST_MOE_TILES="block_m,block,block_n,warps,stages" (read per kernel build)."""
-    text = os.environ.get("ETDIST_MOE_TILES")
+# Two size classes. Large expert batches get 128-row tiles: measured on 2x H200 (EP=2, static,
+# launch/tune-moe.sh), mixtral_8x7b 1024 / 4096 tokens 3205 -> 2336 / 10590 -> 8300 us; but
+# mixtral at 1 token 482 -> 654 us and qwen3_30b_a3b at 1024 tokens 1107 -> 1399 us (half-empty
+# tiles). So the large tiles serve calls whose average rows per expert fill four of them.
+LARGE_TILES = GpuTiles(128, 64, 128, 8, 3)
+LARGE_ROWS_PER_EXPERT = 4 * LARGE_TILES.block_m
+
+
+def gpu_tiles(large: bool = False) -> GpuTiles:
+    """Tuning knobs: ETDIST_MOE_TILES / ETDIST_MOE_TILES_LARGE="block_m,block,block_n,warps,stages"
+    (the small and large size class; read when a module builds its kernel)."""
+    name = "ETDIST_MOE_TILES_LARGE" if large else "ETDIST_MOE_TILES"
+    text = os.environ.get(name)
     if not text:
-        return GpuTiles()
+        return LARGE_TILES if large else GpuTiles()
     values = [int(v) for v in text.split(",")]
     pow2 = lambda v: v > 0 and v & (v - 1) == 0   # noqa: E731
     if len(values) != 5 or not all(pow2(v) and v >= 16 for v in values[:3]) or not pow2(values[3]) \
             or values[4] < 1:
-        raise ValueError(f"ETDIST_MOE_TILES={text!r}: want block_m,block,block_n,warps,stages (blocks "
+        raise ValueError(f"{name}={text!r}: want block_m,block,block_n,warps,stages (blocks "
                          "powers of two >= 16, as tl.arange and tl.dot need; warps a power of two)")
     return GpuTiles(*values)
 
@@ -71,7 +81,7 @@ class MoE(nn.Module):
         self.hidden, self.intermediate, self.num_experts, self.top_k = hidden, expert_intermediate, num_experts, top_k
         self.world, self.mesh, self.schedule, self.simulated = world, mesh, schedule, simulate_world is not None
         el, H, I = num_experts // world, hidden, expert_intermediate
-        self._compiled: dict = {}   # target -> the shared compiled kernel (_kernel)
+        self._compiled: dict = {}   # (target, large tiles) -> the shared compiled kernel (_kernel)
         gen = torch.Generator(device=device).manual_seed(0)   # drawn where the weights live (GBs for big MoEs)
 
         def param(*shape, scale):
@@ -104,14 +114,19 @@ class MoE(nn.Module):
         return (f"hidden={self.hidden}, expert_intermediate={self.intermediate}, experts={self.num_experts}, "
                 f"top_k={self.top_k}, {where}, schedule={self.schedule!r}")
 
-    def _kernel(self, target: str):
-        """The compiled layer, looked up once per module (the tile knob is read then): one binary
-        per configuration, shared by every layer that has it."""
-        kernel = self._compiled.get(target)
+    def large_tiles(self, tokens: int) -> bool:
+        """Whether a call with `tokens` per rank takes the large tile class: rows per expert as if
+        routing were uniform (every rank passes the same number of tokens)."""
+        return tokens * self.world * self.top_k >= LARGE_ROWS_PER_EXPERT * self.num_experts
+
+    def _kernel(self, target: str, large: bool = False):
+        """The compiled layer, looked up once per module and size class (the tile knob is read
+        then): one binary per configuration, shared by every layer that has it."""
+        kernel = self._compiled.get((target, large))
         if kernel is not None:
             return kernel
         dtype = self.router.dtype
-        tiles = gpu_tiles() if target == "cuda" else None
+        tiles = gpu_tiles(large) if target == "cuda" else None
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
         key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align)
         if key not in _KERNELS:
@@ -124,16 +139,18 @@ class MoE(nn.Module):
             _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target)
             if target == "cuda":
                 _KERNELS[key].num_warps, _KERNELS[key].num_stages = tiles.num_warps, tiles.num_stages
-        kernel = self._compiled[target] = _KERNELS[key]
+        kernel = self._compiled[target, large] = _KERNELS[key]
         return kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.hidden:
             raise InputError(f"MoE: x has {x.shape[-1]} features, the layer {self.hidden}")
         lead, x2 = x.shape[:-1], x.reshape(-1, self.hidden).to(self.router.dtype)
-        y = self._simulated(x2) if self.simulated else self._kernel("cuda")(
-            self.mesh, x=x2.contiguous(), wg=self.router.data, w_gate_up=self.w_gate_up[0].data,
-            w_down=self.w_down[0].data)["y"]
+        if self.simulated:
+            y = self._simulated(x2)
+        else:
+            y = self._kernel("cuda", self.large_tiles(x2.shape[0]))(self.mesh, x=x2.contiguous(), wg=self.router.data,
+                                            w_gate_up=self.w_gate_up[0].data, w_down=self.w_down[0].data)["y"]
         return y.reshape(*lead, self.hidden)
 
     def _simulated(self, x: torch.Tensor) -> torch.Tensor:
