@@ -171,7 +171,9 @@ def test_dynamic_schedule_pops_a_ready_queue_and_releases_consumers():
     assert src.count("_et_release(") == 1 and "_et_notify(" not in src
     assert "ev_epoch * (WORLD)" in src                                # arrived's count, for the release
     ptx = compile_ptx(ir, dynamic=True)
-    assert "wgmma" in ptx and "atom.global.relaxed.gpu.cas.b64" in ptx         # claims: CAS on the head
+    assert "wgmma" in ptx and "atom.global.gpu.relaxed.add.u64" in ptx         # claims: fetch-and-add on the head
+    assert "cas.b64" not in ptx                                                # no retry loop on the head
+    assert "atom.global.gpu.relaxed.exch.b64" in ptx and "_et_rewind(rq, _et_limit)" in src  # head rewound
     assert "atom.global.sys.acq_rel.add.u32" in ptx                           # notify that sees completion
     assert "atom.global.sys.release.exch.b64" in ptx                          # a slot published (push)
     assert "ld.global.sys.acquire.b64" in ptx                                 # a claimed slot polled

@@ -144,7 +144,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
         out("from etdist.kernels.sync import trace_clock as _et_clock")
     if dynamic:
         out("from etdist.kernels.ready_queue import next_task as _et_next, notify_release as _et_release, "
-            "push as _et_push")
+            "push as _et_push, rewind_head as _et_rewind")
     out("")
     for t in ir.tasks:
         out(f"# _et_body_{t.name} is bound to {t.triton_body.__module__}.{t.triton_body.__name__}")
@@ -198,6 +198,10 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
         # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
         out(f"_et_last = _et_finish(arena, arena_peers, {ERR_WORDS}, {ERR_WORDS} + WORLD, {ERR_WORDS + 1} + WORLD, "
             f"epoch, RANK, WORLD, max_spins, True, {event_code(len(ir.events), 0)}, USE_ASM)")
+        if dynamic:  # every program of this GPU has stopped claiming: the head back to the tasks pushed
+            out("if _et_last != 0:")
+            with out.indent():
+                out("_et_rewind(rq, _et_limit)")
         dd = [e for e in ir.events if e.count.is_data_dependent]
         if dd:  # counts read from tensors do not re-arm by epoch: zero them once every local task is done
             out("if _et_last != 0:")

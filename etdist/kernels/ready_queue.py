@@ -12,7 +12,8 @@ atomic on that rank's tail, then the slot stored with release. Slot i holds (i +
 so a program that claimed index i knows when its entry has landed (the stamp is compared in 32
 bits: (index + 1) << 32 wraps once a mesh has pushed 2^31 tasks, and a slot is never more than one
 lap stale). Head and tail only grow (each launch pushes and claims every task once), so counters
-re-arm by launch epoch as the events do.
+re-arm by launch epoch as the events do; claims overshoot by one per program at the end of a
+launch, and the last program to finish rewinds the head.
 Only tasks whose waits are all complete are ever queued: no program spins inside a task, which is
 what makes the schedule deadlock-free for any valid graph.
 """
@@ -34,14 +35,14 @@ def push(q, task, QSIZE, ready):
 
 @triton.jit
 def next_task(q, QSIZE, limit, max_spins, ctrl_ptr, ctrl_table, rank, world, event, epoch):
-    """Claim the next queue index below `limit` and wait for its entry: the task id, or -1 when
-    every task of the launch is claimed (or the watchdog fired: recorded, as in sync.wait)."""
-    cur = tl.atomic_add(q, 0, sem="relaxed", scope="gpu")
-    got = cur * 0 - 1
-    while (got < 0) & (cur < limit):
-        prev = tl.atomic_cas(q, cur, cur + 1, sem="relaxed", scope="gpu")
-        got = tl.where(prev == cur, cur, got)
-        cur = tl.where(prev == cur, cur, prev)
+    """Claim the next queue index and wait for its entry: the task id, or -1 when every task of
+    the launch is claimed (or the watchdog fired: recorded, as in sync.wait).
+    One fetch-and-add per claim: a compare-and-swap loop made 132 programs retry against each
+    other (traced: 4.6 us median, 26 us p90 between tasks under the dynamic schedule). A program
+    stops at its first index >= limit, so the head ends past the launch's last task;
+    `rewind_head` puts it back when every program of the launch is done."""
+    claimed = tl.atomic_add(q, 1, sem="relaxed", scope="gpu")
+    got = tl.where(claimed < limit, claimed, claimed * 0 - 1)
     task = (got * 0 - 1).to(tl.int32)
     if got >= 0:
         slot = q + 2 + got % QSIZE
@@ -61,6 +62,13 @@ def next_task(q, QSIZE, limit, max_spins, ctrl_ptr, ctrl_table, rank, world, eve
                          (got + 1).to(tl.int32), -1, epoch)
     tl.debug_barrier()
     return task
+
+
+@triton.jit
+def rewind_head(q, limit):
+    """After the launch (every program of this GPU has stopped claiming): the head back to the
+    number of tasks pushed so far, as the next launch's indices expect. Only this GPU claims."""
+    tl.atomic_xchg(q, limit, sem="relaxed", scope="gpu")
 
 
 @triton.jit
