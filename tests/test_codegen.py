@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 import etdist as et
-from etdist.fusion.codegen_triton import compile_ptx, decode_event_code, event_code, generate
+from etdist.fusion.codegen_triton import compile_ptx, decode_event_code, event_code, generate, kernel_params
 from etdist.workloads import ag_gemm, gemm_rs, mlp
 
 
@@ -170,6 +170,8 @@ def test_dynamic_schedule_pops_a_ready_queue_and_releases_consumers():
     assert "for _et_gid in range(" not in src                        # no static formula
     assert src.count("_et_release(") == 1 and "_et_notify(" not in src
     assert "ev_epoch * (WORLD)" in src                                # arrived's count, for the release
+    assert "epoch" not in kernel_params(ir, dynamic=True)              # the kernel's own (arena words)
+    assert "ev_epoch = tl.load(arena + " in src and "_et_last != 0" in src
     ptx = compile_ptx(ir, dynamic=True)
     assert "wgmma" in ptx and "atom.global.gpu.relaxed.add.u64" in ptx         # claims: fetch-and-add on the head
     assert "cas.b64" not in ptx                                                # no retry loop on the head

@@ -110,3 +110,23 @@ def test_slower_cell_never_reads_one_and_ticks_do_not_crowd():
     block = report.workload_table("gemm_rs", [rec(ours=100.0, graph=99.6, eager=120.0)])
     assert "**0.99x** (slower)" in block
     assert report._tick_values({16, 128, 1000, 1024, 8192}) == [16, 128, 1024, 8192]
+
+
+def test_ours_in_a_cuda_graph_gets_its_own_column_and_geomean(tmp_path):
+    """Records with extra.ours_graph_us: a column, a second speedup (the better of ours eager and
+    graph against the better of the baselines) and its geometric mean beside the eager one."""
+    d = tmp_path / "results"
+    slow_eager = rec(M=16, ours=80.0, graph=40.0, eager=50.0)               # eager 0.50x
+    slow_eager.extra = {"ours_graph_us": 32.0}                                # graph 40/32 = 1.25x
+    fast_eager = rec(M=128, ours=25.0, graph=60.0, eager=50.0)              # 2.00x either way
+    fast_eager.extra = {"ours_graph_us": 30.0}                                # eager is the better of ours
+    for r in (slow_eager, fast_eager, rec(M=1024, ours=100.0, graph=80.0, eager=90.0)):   # no graph figure
+        append(d / "gemm_rs.jsonl", r)
+    text = report.render(report.load_results(d))
+    head, *rows = _table_rows(text, "gemm_rs")
+    assert "ours graph us" in head and "speedup, ours eager or graph" in head
+    by_M = {r.split("|")[2].strip(): r for r in rows}
+    assert "| 32.0 |" in by_M["16"] and "**0.50x** (slower) | 1.25x |" in by_M["16"]
+    assert "| 2.00x | 2.00x |" in by_M["128"] and "| - |" in by_M["1024"]
+    line = next(l for l in text.splitlines() if l.startswith("- with ours also captured"))
+    assert f"**{math.sqrt(1.25 * 2.0):.2f}x** over the 2 cells" in line and f"{math.sqrt(0.5 * 2.0):.2f}x)" in line

@@ -11,7 +11,9 @@ Sizes are run-time arguments (not specialised), so one compiled kernel serves ev
 Event counters live in one int32 arena (symmetric memory: peers notify into it):
 
     [0, 8) error record | [8, 8+W) exit lanes | [8+W] grid counter | [8+W+1] last finished
-    launch | events at run-time offsets
+    launch (epoch) | [8+W+2] launches since the counters were zeroed (ev_epoch) | events at run-time
+    offsets. The kernel reads both epochs and its last program bumps them: no per-call argument
+    changes, so a captured launch replays correctly.
 
 Waits spin until `counter >= launch epoch x count` (counters re-arm by growing, never reset
 while shapes stay the same), bounded by the watchdog in etdist.kernels.sync. A wait's error
@@ -48,11 +50,17 @@ class ArenaLayout:
 
     @property
     def finished(self) -> int:
+        """The launch epoch: the last launch this GPU finished (the kernel reads it and bumps it)."""
         return ERR_WORDS + self.world + 1
 
     @property
-    def events(self) -> int:
+    def ev_epoch(self) -> int:
+        """Launches since the event counters were zeroed (the host zeroes it with them)."""
         return ERR_WORDS + self.world + 2
+
+    @property
+    def events(self) -> int:
+        return ERR_WORDS + self.world + 3
 
 
 def event_code(event_index: int, linear: int) -> int:
@@ -78,7 +86,7 @@ def kernel_params(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> li
     ps += [f"{t.name}_peers" for t in ir.tensors if t.symmetric]
     ps += list(ir.sizes)
     ps += ["arena", "arena_peers"] + [f"ev_{e.name}_off" for e in ir.events]
-    ps += ["epoch", "ev_epoch", "max_spins"]
+    ps += ["max_spins"]
     return ps + (["trace_buf"] if trace else []) + (QUEUE_PARAMS if dynamic else [])
 
 
@@ -155,11 +163,15 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
     # and the host checks the promise at every call, so they always hit the same binary.
     aligned = {n for n, m in ir.multiples if m % 16 == 0}
     scalars = [p for p in params if (p in ir.sizes and p not in aligned) or p.startswith("ev_")
-               or p in ("epoch", "ev_epoch", "max_spins") or (p.startswith("rq_") and p != "rq_peers")]
+               or p == "max_spins" or (p.startswith("rq_") and p != "rq_peers")]
     out(f"@triton.jit(do_not_specialize={scalars!r})")
     out(f"def megakernel({', '.join(params)}, NUM_PROGRAMS: tl.constexpr, USE_ASM: tl.constexpr):")
     with out.indent():
         out("_et_pid = tl.program_id(0)")
+        # The epochs live in the arena and the kernel bumps them itself (the last program, below): the
+        # arguments stay the same from call to call, so a launch replayed from a CUDA graph is correct.
+        out(f"epoch = tl.load(arena + {ERR_WORDS + 1} + WORLD, volatile=True) + 1")
+        out(f"ev_epoch = tl.load(arena + {ERR_WORDS + 2} + WORLD, volatile=True) + 1")
         for t in ir.tensors:  # tensor dims, for loads in data-dependent maps
             if any(t.name in x.loads() for x in _all_exprs(ir)):
                 for d, e in zip(tensor_dims[t.name], t.shape):
@@ -198,6 +210,9 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
         # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
         out(f"_et_last = _et_finish(arena, arena_peers, {ERR_WORDS}, {ERR_WORDS} + WORLD, {ERR_WORDS + 1} + WORLD, "
             f"epoch, RANK, WORLD, max_spins, True, {event_code(len(ir.events), 0)}, USE_ASM)")
+        out("if _et_last != 0:  # every program has read this launch's epochs: the next launch's")
+        with out.indent():
+            out(f"tl.atomic_xchg(arena + {ERR_WORDS + 2} + WORLD, ev_epoch, sem='relaxed', scope='gpu')")
         if dynamic:  # every program of this GPU has stopped claiming: the head back to the tasks pushed
             out("if _et_last != 0:")
             with out.indent():

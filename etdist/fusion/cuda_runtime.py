@@ -5,7 +5,9 @@ Per call: check the inputs (before anything is launched), bind the sizes, and la
 loudly). The first call at a new shape allocates symmetric scratch (grown, never shrunk), zeroes
 the event counters, checks that every rank agrees on the sizes, compiles, and ends with a
 barrier, so no rank's kernel spins on a peer that is still compiling. Calls at a known shape
-do none of that: counters re-arm by growing (`counter >= epoch x count`).
+do none of that: counters re-arm by growing (`counter >= epoch x count`), and the epochs are the
+kernel's own (arena words it bumps), so every argument but the inputs' and outputs' addresses stays
+the same from call to call: a call captured in a CUDA graph replays correctly.
 
 Watchdog: a wait that expires records the stalled event in the arena's error record (on every
 rank) and the kernel drains. The host sees it at the next call or at `check()`, and raises an
@@ -85,7 +87,7 @@ class _Shape:
     fixed: dict                        # kernel arguments that stay the same from call to call
     # The argument list, laid out once (the host path of a decode-sized call is tens of us):
     template: list = field(default_factory=list)   # the fixed arguments in place, None elsewhere
-    per_call: tuple = ()                           # (position, name) of inputs, outputs, epochs
+    per_call: tuple = ()                           # (position, name) of inputs and outputs
     addresses: Optional[list] = None               # template with tensors as their addresses, or
                                                    # None if a fixed tensor is not 16-byte aligned
 
@@ -126,13 +128,10 @@ class _MeshState:
     buffers: dict = field(default_factory=dict)  # name -> (flat symmetric/non-symmetric buffer)
     shape: Optional[_Shape] = None
     bind_key: Optional[tuple] = None  # input shapes/dtypes + sizes of the last call: skip re-binding
-    epoch: int = 0        # launches on this mesh: exit-lane epochs, never reset
-    ev_epoch: int = 0     # launches since the counters were last zeroed (shape change)
     programs: int = 0
     error_word: Optional[torch.Tensor] = None  # pinned copy of the arena's error word, per launch
     error_np: object = None   # the same memory as numpy: read per call for ~0.1 us (not a tensor op)
     arena_head: Optional[torch.Tensor] = None   # arena[:1], sliced once
-    launched: Optional[torch.cuda.Event] = None
     compiled: object = None  # Triton's compiled kernel, once launched: later calls skip its dispatch
     rq: Optional[torch.Tensor] = None        # the dynamic schedule's ready queue + tables (symmetric)
     rq_peers: Optional[torch.Tensor] = None
@@ -229,9 +228,7 @@ class CudaKernel:
                 outs[name] = torch.empty(shape, dtype=dtype, device=mesh.device)
         if self.trace_on:
             st.shape.fixed["trace_buf"].zero_()   # tasks that do not run this launch show no times
-        st.epoch += 1
-        st.ev_epoch += 1
-        values = {**inputs, **outs, "epoch": st.epoch, "ev_epoch": st.ev_epoch}
+        values = {**inputs, **outs}   # the epochs are the kernel's own (in the arena)
         scratch = triton_allocation._allocator.set(st.allocate_scratch)   # both launch paths ask it
         try:
             if self.interpreted:  # synchronous, on CPU tensors: errors are known at once
@@ -246,7 +243,6 @@ class CudaKernel:
         finally:
             triton_allocation._allocator.reset(scratch)
         st.error_word.copy_(st.arena_head, non_blocking=True)  # read at the next call, without a sync
-        st.launched.record()
         return outs
 
     def _launch_direct(self, mesh, st: _MeshState, values: dict) -> bool:
@@ -269,7 +265,7 @@ class CudaKernel:
         sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
         word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         return _MeshState(programs=min(self.programs or sms, sms), error_word=word, error_np=word.numpy(),
-                          launched=torch.cuda.Event(), device=mesh.device)
+                          device=mesh.device)
 
     def check(self, mesh) -> None:
         """Wait for the last launch and raise if any of its waits timed out (on any rank)."""
@@ -348,8 +344,7 @@ class CudaKernel:
             st.arena_head = st.arena[:1]
             st.arena_peers = mesh.peer_ptrs(st.arena)
         _sync(mesh)
-        st.arena[ArenaLayout(world).events:].zero_()  # the error record and exit lanes are kept
-        st.ev_epoch = 0
+        st.arena[ArenaLayout(world).ev_epoch:].zero_()  # counters and ev_epoch; errors, exit lanes, epoch kept
         env = {**bound, RANK_NAME: mesh.rank}
         fixed = {**scratch, **bound, RANK_NAME: mesh.rank, "arena": st.arena, "arena_peers": st.arena_peers,
                  "max_spins": mesh.watchdog_spins()}
@@ -428,7 +423,9 @@ class CudaKernel:
         return have[:n].view(shape)
 
     def _check_pending(self, mesh, st: _MeshState) -> None:
-        if st.epoch and st.error_np is not None and st.error_np[0] != 0 and st.launched.query():
+        # the pinned word changes only when a launch's copy lands (after that launch), so a nonzero
+        # word is a finished launch's error: no event to query per call
+        if st.error_np is not None and st.error_np[0] != 0:
             _sync(mesh)
             self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].cpu().tolist())
 

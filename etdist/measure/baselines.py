@@ -119,8 +119,9 @@ def _rotating(step: Callable[[int], torch.Tensor], copies: int) -> Fn:
     return lambda: step(next(turn))
 
 
-def _graphed(step: Callable[[int], torch.Tensor], copies: int, device: torch.device) -> Fn:
-    """step(i) captured in one CUDA graph per weight copy i; a call replays the next graph."""
+def graphed(step: Callable[[int], torch.Tensor], copies: int, device: torch.device) -> Fn:
+    """step(i) captured in one CUDA graph per weight copy i; a call replays the next graph.
+    Also how etdist's own ops are timed in a graph (their launches replay correctly)."""
     if device.type != "cuda":
         raise RuntimeError("the CUDA-graph baseline needs a CUDA device")
     with torch.cuda.device(device):
@@ -247,7 +248,7 @@ def gemm_rs_graph(M: int, K_local: int, N: int, *, group=None, copies: int = 4, 
                   dtype: torch.dtype = torch.bfloat16, operands: Optional[Operands] = None) -> Fn:
     """gemm_rs_eager captured in CUDA graphs (one per weight copy). Collective to build."""
     step, n, device = _gemm_rs_step(M, K_local, N, group, copies, device, dtype, operands)
-    return _graphed(step, n, device)
+    return graphed(step, n, device)
 
 
 def gemm_rs_symm_mem(M: int, K_local: int, N: int, *, group=None, copies: int = 4, device=None,
@@ -318,7 +319,7 @@ def ag_gemm_graph(M: int, K: int, N_local: int, *, group=None, copies: int = 4, 
                   dtype: torch.dtype = torch.bfloat16, operands: Optional[Operands] = None) -> Fn:
     """ag_gemm_eager captured in CUDA graphs (one per weight copy). Collective to build."""
     step, n, device = _ag_gemm_step(M, K, N_local, group, copies, device, dtype, operands)
-    return _graphed(step, n, device)
+    return graphed(step, n, device)
 
 
 def ag_gemm_symm_mem(M: int, K: int, N_local: int, *, group=None, copies: int = 4, device=None,
@@ -414,7 +415,7 @@ def mlp_graph(M: int, H: int, I_local: int, *, group=None, copies: int = 4, devi
               dtype: torch.dtype = torch.bfloat16, operands: Optional[MlpOperands] = None) -> Fn:
     """mlp_eager captured in CUDA graphs (one per weight copy). Collective to build."""
     step, n, device = _mlp_step(M, H, I_local, group, copies, device, dtype, operands)
-    return _graphed(step, n, device)
+    return graphed(step, n, device)
 
 
 def mlp_symm_mem(M: int, H: int, I_local: int, *, group=None, copies: int = 4, device=None,

@@ -157,7 +157,7 @@ def now() -> str:
 def make_record(*, workload: str, model: str, M: int, world: int, schedule: str, ours_us: float,
                 baselines: dict[str, float], floor_us: Optional[float], rel_err: Optional[float],
                 notes: Optional[str] = None, env: Optional[dict[str, str]] = None,
-                date: Optional[str] = None) -> Record:
+                date: Optional[str] = None, extra: Optional[dict] = None) -> Record:
     """A Record stamped with `env` (default: env_info(); pass one computed once per run to save the
     git calls) and `date` (default: now)."""
     env = env_info() if env is None else env
@@ -166,4 +166,4 @@ def make_record(*, workload: str, model: str, M: int, world: int, schedule: str,
                   floor_us=None if floor_us is None else float(floor_us),
                   rel_err=None if rel_err is None else float(rel_err),
                   device=env["device"], torch=env["torch"], triton=env["triton"],
-                  commit=env["commit"], date=now() if date is None else date, notes=notes)
+                  commit=env["commit"], date=now() if date is None else date, notes=notes, extra=extra)

@@ -39,6 +39,16 @@ def test_trace_mode_and_dynamic_schedule(case, world):
     assert rc == 0 and out.count(f"OK {case}") == world, out[-5000:]
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_ops_replay_from_cuda_graphs(world):
+    """gemm_rs, ag_gemm and the MLP captured in CUDA graphs: replays with fresh inputs match the
+    reference, eager calls in between too (both schedules)."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    rc, out = torchrun(world, "--case", "graph")
+    assert rc == 0 and out.count("OK graph") == world, out[-5000:]
+
+
 def test_missing_peer_raises_within_watchdog():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
