@@ -27,7 +27,10 @@ class TileConfig:
 # rows in one tile, split-K, weights read once): 64-row tiles up to 64 rows, 128-row tiles up to
 # 128; above, square tiles per destination rank. Picked by launch/tune_decode.py on 2x H200 with
 # TMA loads (us at M=128, qwen3_32b/llama31_70b: 75/108 against 177/198 for the LARGE tiles).
-SKINNY = TileConfig(64, 64, 128, 4, 4)
+# M <= 64: 128-column tiles, one task per SM (scratch/skinny_ab.py A/B on 2x H200, us at M=16,
+# qwen3_8b/llama31_70b/qwen3_32b: 47.5/88.7/65.3 against 54.2/135.0/91.9 for 64 columns, two
+# tasks per SM: a task must stream long enough to amortise its pipeline's fill).
+SKINNY = TileConfig(64, 128, 128, 4, 4)
 SKINNY_128 = TileConfig(128, 64, 128, 4, 4)
 LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BENCHMARKS.md)
 
@@ -59,9 +62,15 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def skinny_splits(N: int, sms: int, block_n: int = SKINNY.block_n) -> int:
-    """Contraction slices so that slices x column tiles gives every SM about two tasks."""
-    return max(1, min(8, round(2 * sms / -(-N // block_n))))
+# Tasks per SM that the skinny split-K aims at, per size class (more slices: more tasks, each
+# shorter). Tuning knob: ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM sets it for both classes.
+_TPS = os.environ.get("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM")
+SKINNY_TASKS_PER_SM = {SKINNY: float(_TPS or 1), SKINNY_128: float(_TPS or 2)}
+
+
+def skinny_splits(N: int, sms: int, block_n: int = SKINNY.block_n, tasks_per_sm: float = 2) -> int:
+    """Contraction slices so that slices x column tiles gives every SM about `tasks_per_sm` tasks."""
+    return max(1, min(8, round(tasks_per_sm * sms / -(-N // block_n))))
 
 
 def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: str = "static",
@@ -75,12 +84,13 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     in fp32 across ranks (partials travel in x's dtype; fp32 inputs multiply as TF32 on tensor cores).
     """
     mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
-    cfg = tile_config(x.shape[0])
+    cfg = tile = tile_config(x.shape[0])
     skinny = cfg is not LARGE
     if x.dtype == torch.float32:
         cfg = fp32_config(cfg)
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1  # aligned rows vectorise
-    splits = skinny_splits(w.shape[1], _sm_count(mesh.device.index), cfg.block_n) if skinny else 1
+    splits = (skinny_splits(w.shape[1], _sm_count(mesh.device.index), cfg.block_n, SKINNY_TASKS_PER_SM[tile])
+              if skinny else 1)
     if skinny:
         build = lambda: gemm_rs.gemm_reduce_scatter_skinny(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k,  # noqa: E731
                                                            splits, align)
