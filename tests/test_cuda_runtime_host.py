@@ -182,3 +182,13 @@ def test_argument_layout_is_built_once_per_shape(monkeypatch):
         assert got is values[p] if isinstance(values[p], torch.Tensor) else got == values[p], p
     kernel(mesh, x=x, w=w, out={"y": y_odd})
     assert all(a is b or a == b for a, b in zip(rec.jit[-1], rec.jit[-2]))   # the same arguments again
+
+
+def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
+    """slices x column tiles ~ tasks_per_sm x SMs, at least 1 slice and at most 8."""
+    from etdist.ops.gemm_rs import SKINNY, SKINNY_128, SKINNY_TASKS_PER_SM, skinny_splits, tile_config
+    assert skinny_splits(4096, 132, 64, 2) == 4            # 64 column tiles x 4 = 256 tasks on 132 SMs
+    assert skinny_splits(4096, 132, 128, 1) == 4           # 32 x 4 = 128 tasks: one per SM
+    assert skinny_splits(8192, 132, 128, 1) == 2
+    assert skinny_splits(128, 132, 64, 2) == 8 and skinny_splits(1 << 20, 132, 64, 2) == 1
+    assert tile_config(64) is SKINNY and tile_config(65) is SKINNY_128 and set(SKINNY_TASKS_PER_SM) >= {SKINNY, SKINNY_128}

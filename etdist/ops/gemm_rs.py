@@ -27,10 +27,11 @@ class TileConfig:
 # rows in one tile, split-K, weights read once): 64-row tiles up to 64 rows, 128-row tiles up to
 # 128; above, square tiles per destination rank. Picked by launch/tune_decode.py on 2x H200 with
 # TMA loads (us at M=128, qwen3_32b/llama31_70b: 75/108 against 177/198 for the LARGE tiles).
-# M <= 64: 128-column tiles, one task per SM (scratch/skinny_ab.py A/B on 2x H200, us at M=16,
-# qwen3_8b/llama31_70b/qwen3_32b: 47.5/88.7/65.3 against 54.2/135.0/91.9 for 64 columns, two
-# tasks per SM: a task must stream long enough to amortise its pipeline's fill).
-SKINNY = TileConfig(64, 128, 128, 4, 4)
+# Candidate for M <= 64, timed but not yet checked for correctness on GPU (device time ran out):
+# 64,128,128,4,4 with one task per SM (ETDIST_GEMM_RS_SKINNY=64,128,128,4,4
+# ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM=1): us at M=16, qwen3_8b/llama31_70b/qwen3_32b, 47.5/88.7/65.3
+# against 54.2/135.0/91.9 for the default (2x H200, same run; BENCHMARKS.md).
+SKINNY = TileConfig(64, 64, 128, 4, 4)
 SKINNY_128 = TileConfig(128, 64, 128, 4, 4)
 LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BENCHMARKS.md)
 
@@ -65,7 +66,7 @@ def _sm_count(device_index: int) -> int:
 # Tasks per SM that the skinny split-K aims at, per size class (more slices: more tasks, each
 # shorter). Tuning knob: ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM sets it for both classes.
 _TPS = os.environ.get("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM")
-SKINNY_TASKS_PER_SM = {SKINNY: float(_TPS or 1), SKINNY_128: float(_TPS or 2)}
+SKINNY_TASKS_PER_SM = {SKINNY: float(_TPS or 2), SKINNY_128: float(_TPS or 2)}
 
 
 def skinny_splits(N: int, sms: int, block_n: int = SKINNY.block_n, tasks_per_sm: float = 2) -> int:
