@@ -99,15 +99,11 @@ def gemm_rs_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule
     part = x.float() @ ops.weights[0].float()
     dist.all_reduce(part)
     err = _max_over_ranks(_rel_err(y, part[lo:hi]), mesh.device)
-    k = [0]
 
-    def ours():
-        k[0] += 1
-        return et.ops.gemm_reduce_scatter(x, ops.weights[k[0] % 4], mesh=mesh, schedule=schedule)
+    def ours(i):   # weight copy i
+        return et.ops.gemm_reduce_scatter(x, ops.weights[i], mesh=mesh, schedule=schedule)
 
-    ours_us = _time(ours, mesh)
-    graph_us = _time_graphed(lambda i: et.ops.gemm_reduce_scatter(x, ops.weights[i], mesh=mesh, schedule=schedule),
-                             mesh)
+    ours_us, graph_us = _time(B.rotating(ours, 4), mesh), _time_graphed(ours, mesh)
     base = B.measure_baselines("gemm_rs", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
     floor = B.floor_us(M, I, H, R, ceil.copy_TBps, ceil.mm_TFps, workload="gemm_rs")
     return CellResult(ours_us, base.baselines, floor, err, base.notes(), graph_us)
@@ -121,15 +117,11 @@ def ag_gemm_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule
     x = ops.x[:hi - lo].contiguous()  # the baselines pad every chunk; we take the ragged one
     y = et.ops.all_gather_gemm(x, ops.weights[0], mesh=mesh, total_rows=M, out=_poisoned(M, N, x), schedule=schedule)
     err = _max_over_ranks(_rel_err(y, _gather_rows(x, M, R) @ ops.weights[0].float()), mesh.device)
-    k = [0]
 
-    def ours():
-        k[0] += 1
-        return et.ops.all_gather_gemm(x, ops.weights[k[0] % 4], mesh=mesh, total_rows=M, schedule=schedule)
+    def ours(i):
+        return et.ops.all_gather_gemm(x, ops.weights[i], mesh=mesh, total_rows=M, schedule=schedule)
 
-    ours_us = _time(ours, mesh)
-    graph_us = _time_graphed(lambda i: et.ops.all_gather_gemm(x, ops.weights[i], mesh=mesh, total_rows=M,
-                                                              schedule=schedule), mesh)
+    ours_us, graph_us = _time(B.rotating(ours, 4), mesh), _time_graphed(ours, mesh)
     base = B.measure_baselines("ag_gemm", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
     floor = B.floor_us(M, K, 2 * I, R, ceil.copy_TBps, ceil.mm_TFps, workload="ag_gemm")
     return CellResult(ours_us, base.baselines, floor, err, base.notes(), graph_us)
@@ -145,22 +137,16 @@ def mlp_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     full = B.swiglu(_gather_rows(x, M, R) @ ops.gate_up[0].float()) @ ops.down[0].float()
     dist.all_reduce(full)
     err = _max_over_ranks(_rel_err(y, full[lo:hi]), mesh.device)
-    k = [0]
 
-    def ours():
-        k[0] += 1
-        return et.ops.tensor_parallel_mlp(x, ops.gate_up[k[0] % 4], ops.down[k[0] % 4], mesh=mesh, total_rows=M,
-                                          schedule=schedule)
+    def ours(i):
+        return et.ops.tensor_parallel_mlp(x, ops.gate_up[i], ops.down[i], mesh=mesh, total_rows=M, schedule=schedule)
 
-    def separate():  # etdist's two fused ops, chained
-        k[0] += 1
-        h = et.ops.all_gather_gemm(x, ops.gate_up[k[0] % 4], mesh=mesh, total_rows=M, schedule=schedule)
-        return et.ops.gemm_reduce_scatter(B.swiglu(h), ops.down[k[0] % 4], mesh=mesh, schedule=schedule)
+    def separate(i):  # etdist's two fused ops, chained
+        h = et.ops.all_gather_gemm(x, ops.gate_up[i], mesh=mesh, total_rows=M, schedule=schedule)
+        return et.ops.gemm_reduce_scatter(B.swiglu(h), ops.down[i], mesh=mesh, schedule=schedule)
 
-    ours_us = _time(ours, mesh)
-    graph_us = _time_graphed(lambda i: et.ops.tensor_parallel_mlp(x, ops.gate_up[i], ops.down[i], mesh=mesh,
-                                                                  total_rows=M, schedule=schedule), mesh)
-    separate_us = _time(separate, mesh)
+    ours_us, graph_us = _time(B.rotating(ours, 4), mesh), _time_graphed(ours, mesh)
+    separate_us = _time(B.rotating(separate, 4), mesh)
     base = B.measure_baselines("mlp", M, H, I // R, copies=4, device=mesh.device, symm_mem=symm_mem,
                                operands=ops)
     floor = B.floor_us(M, H, I, R, ceil.copy_TBps, ceil.mm_TFps, workload="mlp")

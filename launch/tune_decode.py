@@ -1,10 +1,11 @@
 """A/B the decode-sized tile configs (the ops' small-M paths) on this node's GPUs:
 
-    torchrun --nproc_per_node=2 launch/tune_decode.py [block_m,block_n,block_k,warps,stages ...]
+    torchrun --nproc_per_node=2 launch/tune_decode.py [block_m,block_n,block_k,warps,stages[,tasks_per_sm] ...]
 
 For each config: ag_gemm and mlp (the whole-gather variants: etdist.ops.ag_gemm.WHOLE) and
 gemm_rs (the skinny split-K variant: etdist.ops.gemm_rs.SKINNY_CLASSES, M <= its block_m) at M in
-{16, 128} on two shapes; us per call (batched, slowest rank). Pick by the geometric mean.
+{16, 128} on two shapes; us per call (batched, slowest rank). Pick by the geometric mean. Configs
+are block_m,block_n,block_k,warps,stages and, for gemm_rs, the split-K tasks per SM (last field).
 """
 import itertools
 import math
@@ -22,9 +23,11 @@ from etdist.ops.gemm_rs import TileConfig
 
 CONFIGS = [TileConfig(64, 64, 128, 4, 4), TileConfig(16, 64, 256, 4, 4), TileConfig(32, 64, 128, 4, 6),
            TileConfig(64, 128, 64, 4, 4), TileConfig(16, 128, 128, 4, 5), TileConfig(128, 64, 64, 4, 4)]
-if sys.argv[1:]:   # configs given on the command line replace the list above
-    CONFIGS = [TileConfig(*(int(v) for v in a.split(","))) for a in sys.argv[1:]]
-
+TASKS_PER_SM = [rs_op.SKINNY_TASKS_PER_SM] * len(CONFIGS)   # gemm_rs skinny split-K aim, per config
+if sys.argv[1:]:   # configs given on the command line replace the list above (sixth field: tasks per SM)
+    fields = [a.split(",") for a in sys.argv[1:]]
+    CONFIGS = [TileConfig(*(int(v) for v in f[:5])) for f in fields]
+    TASKS_PER_SM = [float(f[5]) if len(f) > 5 else rs_op.SKINNY_TASKS_PER_SM for f in fields]
 dist.init_process_group("cpu:gloo,cuda:nccl")
 mesh = et.init_mesh()
 R, dev, bf16 = mesh.world_size, mesh.device, torch.bfloat16
@@ -48,9 +51,11 @@ def cell(op, model, M):
 
 
 rows = []
-for cfg in CONFIGS:
+for cfg, tasks_per_sm in zip(CONFIGS, TASKS_PER_SM):
     ag_op.WHOLE = cfg
     rs_op.SKINNY_CLASSES = (cfg,)
+    rs_op.SKINNY_TASKS_PER_SM = tasks_per_sm
+    label = f"{cfg.block_m},{cfg.block_n},{cfg.block_k},{cfg.num_warps},{cfg.num_stages},{tasks_per_sm:g}"
     times = {}
     for op, model, M in itertools.product(("gemm_rs", "ag_gemm", "mlp"), ("qwen3_8b", "llama31_70b"), (16, 128)):
         if op == "gemm_rs" and M > cfg.block_m:
@@ -59,15 +64,14 @@ for cfg in CONFIGS:
             times[op, model, M] = time_ranks(cell(op, model, M), device=dev)
         except triton.runtime.errors.OutOfResources:   # same on every rank: all skip together
             break
-    rows.append((cfg, times))
+    rows.append((label, times))
     if mesh.rank == 0:
-        print(f"{cfg}: " + "  ".join(f"{o}/{m[:6]}/{M} {t:.0f}" for (o, m, M), t in times.items()), flush=True)
+        print(f"{label}: " + "  ".join(f"{o}/{m[:6]}/{M} {t:.0f}" for (o, m, M), t in times.items()), flush=True)
 if mesh.rank == 0:
     for op in ("gemm_rs", "ag_gemm", "mlp"):
         for M in (16, 128):
             ranked = sorted((math.exp(sum(math.log(t) for (o, _, m), t in times.items() if o == op and m == M) /
-                                      max(1, sum(1 for (o, _, m) in times if o == op and m == M))), cfg)
-                            for cfg, times in rows if any(o == op and m == M for (o, _, m) in times))
-            print(f"best {op} M={M}: " + "; ".join(f"{c.block_m},{c.block_n},{c.block_k},{c.num_warps},"
-                                                     f"{c.num_stages} {g:.0f} us" for g, c in ranked[:3]), flush=True)
+                                      max(1, sum(1 for (o, _, m) in times if o == op and m == M))), label)
+                            for label, times in rows if any(o == op and m == M for (o, _, m) in times))
+            print(f"best {op} M={M}: " + "; ".join(f"{label} {g:.0f} us" for g, label in ranked[:3]), flush=True)
 mesh.close()

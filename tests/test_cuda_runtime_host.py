@@ -185,10 +185,16 @@ def test_argument_layout_is_built_once_per_shape(monkeypatch):
 
 
 def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
-    """slices x column tiles ~ tasks_per_sm x SMs, at least 1 slice and at most 8."""
-    from etdist.ops.gemm_rs import SKINNY, SKINNY_128, SKINNY_TASKS_PER_SM, skinny_splits, tile_config
+    """slices x column tiles ~ tasks_per_sm x SMs, at least 1 slice and at most 8; the op's plan
+    takes the size class by M and the knob's tasks per SM."""
+    from etdist.ops.gemm_rs import (LARGE, SKINNY, SKINNY_128, SKINNY_TASKS_PER_SM, fp32_config, kernel_plan,
+                                    skinny_splits)
     assert skinny_splits(4096, 132, 64, 2) == 4            # 64 column tiles x 4 = 256 tasks on 132 SMs
     assert skinny_splits(4096, 132, 128, 1) == 4           # 32 x 4 = 128 tasks: one per SM
     assert skinny_splits(8192, 132, 128, 1) == 2
     assert skinny_splits(128, 132, 64, 2) == 8 and skinny_splits(1 << 20, 132, 64, 2) == 1
-    assert tile_config(64) is SKINNY and tile_config(65) is SKINNY_128 and set(SKINNY_TASKS_PER_SM) >= {SKINNY, SKINNY_128}
+    cfg, splits, align, _ = kernel_plan(64, 6144, 4096, torch.bfloat16, 132)
+    assert cfg is SKINNY and splits == skinny_splits(4096, 132, SKINNY.block_n, SKINNY_TASKS_PER_SM) and align == 16
+    assert kernel_plan(65, 6144, 4096, torch.bfloat16, 132)[0] is SKINNY_128
+    cfg, splits, align, build = kernel_plan(129, 6000, 4100, torch.float32, 132)
+    assert cfg == fp32_config(LARGE) and splits == 1 and align == 1 and build().name == "gemm_rs"

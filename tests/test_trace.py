@@ -55,3 +55,18 @@ def test_cpu_trace_by_default_when_compiled_with_trace(tmp_path):
     assert json.loads(path.read_text())["traceEvents"]
     kernel.run(gemm_rs.make_inputs(2, 12, 5, 9), trace=False)
     assert kernel.last_stats.trace == []
+
+
+def test_summary_of_one_rank():
+    """span, busy share, per-kind stats and gaps from (rank, SM, label, start, end) rows."""
+    from etdist.fusion.trace import summary
+    rows = [(0, 1, "matmul@(0, 0) program 1, waited 0.5 us", 0.0, 10.0),
+            (0, 1, "reduce@(0,) program 1, waited 2.0 us", 12.0, 20.0),
+            (0, 2, "matmul@(0, 1) program 2, waited 1.5 us", 0.0, 10.0),
+            (1, 3, "matmul@(1, 0) program 3, waited 9.0 us", 0.0, 99.0)]     # another rank: ignored
+    text = summary(rows, rank=0)
+    assert "span 20.0 us over 2 programs, busy 70%" in text           # 28 us busy of 2 x 20
+    matmul = next(l for l in text.splitlines() if l.strip().startswith("matmul"))
+    assert matmul.split()[1:] == ["2", "0.0", "10.0", "10.0", "10.0", "1.0"]
+    assert "median 2.00 us" in text and "sum 0.00 ms" in text
+    assert summary(rows, rank=5) == "rank 5: no tasks"

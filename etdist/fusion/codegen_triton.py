@@ -34,6 +34,12 @@ EVENT_CODE_BASE = 16
 ELEMENT_BITS = 20
 
 
+# Words after the exit lanes, in order: the grid counter; the launch epoch (the last launch this
+# GPU finished: the kernel reads it and bumps it); ev_epoch (launches since the event counters were
+# zeroed: the host zeroes it with them); then the events.
+_AFTER_LANES = {"grid": 0, "finished": 1, "ev_epoch": 2, "events": 3}
+
+
 @dataclass(frozen=True)
 class ArenaLayout:
     """One definition of the counter arena, shared by the codegen and the host runtime."""
@@ -46,21 +52,24 @@ class ArenaLayout:
 
     @property
     def grid(self) -> int:
-        return ERR_WORDS + self.world
+        return ERR_WORDS + self.world + _AFTER_LANES["grid"]
 
     @property
     def finished(self) -> int:
-        """The launch epoch: the last launch this GPU finished (the kernel reads it and bumps it)."""
-        return ERR_WORDS + self.world + 1
+        return ERR_WORDS + self.world + _AFTER_LANES["finished"]
 
     @property
     def ev_epoch(self) -> int:
-        """Launches since the event counters were zeroed (the host zeroes it with them)."""
-        return ERR_WORDS + self.world + 2
+        return ERR_WORDS + self.world + _AFTER_LANES["ev_epoch"]
 
     @property
     def events(self) -> int:
-        return ERR_WORDS + self.world + 3
+        return ERR_WORDS + self.world + _AFTER_LANES["events"]
+
+    @staticmethod
+    def in_kernel(name: str) -> str:
+        """The same offset as generated code writes it (WORLD is a kernel argument)."""
+        return f"{ERR_WORDS + _AFTER_LANES[name]} + WORLD"
 
 
 def event_code(event_index: int, linear: int) -> int:
@@ -170,8 +179,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
         out("_et_pid = tl.program_id(0)")
         # The epochs live in the arena and the kernel bumps them itself (the last program, below): the
         # arguments stay the same from call to call, so a launch replayed from a CUDA graph is correct.
-        out(f"epoch = tl.load(arena + {ERR_WORDS + 1} + WORLD, volatile=True) + 1")
-        out(f"ev_epoch = tl.load(arena + {ERR_WORDS + 2} + WORLD, volatile=True) + 1")
+        out(f"epoch = tl.load(arena + {ArenaLayout.in_kernel('finished')}, volatile=True) + 1")
+        out(f"ev_epoch = tl.load(arena + {ArenaLayout.in_kernel('ev_epoch')}, volatile=True) + 1")
         for t in ir.tensors:  # tensor dims, for loads in data-dependent maps
             if any(t.name in x.loads() for x in _all_exprs(ir)):
                 for d, e in zip(tensor_dims[t.name], t.shape):
@@ -208,26 +217,26 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
             with out.indent():
                 _emit_dispatch(out, ir, tx, trace, dynamic)
         # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
-        out(f"_et_last = _et_finish(arena, arena_peers, {ERR_WORDS}, {ERR_WORDS} + WORLD, {ERR_WORDS + 1} + WORLD, "
-            f"epoch, RANK, WORLD, max_spins, True, {event_code(len(ir.events), 0)}, USE_ASM)")
-        out("if _et_last != 0:  # every program has read this launch's epochs: the next launch's")
+        out(f"_et_last = _et_finish(arena, arena_peers, {ERR_WORDS}, {ArenaLayout.in_kernel('grid')}, "
+            f"{ArenaLayout.in_kernel('finished')}, epoch, RANK, WORLD, max_spins, True, "
+            f"{event_code(len(ir.events), 0)}, USE_ASM)")
+        # The last program to finish: every program of this GPU has read this launch's epochs, stopped
+        # claiming from the queue and run its tasks.
+        out("if _et_last != 0:")
         with out.indent():
-            out(f"tl.atomic_xchg(arena + {ERR_WORDS + 2} + WORLD, ev_epoch, sem='relaxed', scope='gpu')")
-        if dynamic:  # every program of this GPU has stopped claiming: the head back to the tasks pushed
-            out("if _et_last != 0:")
-            with out.indent():
+            out(f"tl.atomic_xchg(arena + {ArenaLayout.in_kernel('ev_epoch')}, ev_epoch, sem='relaxed', scope='gpu')")
+            if dynamic:  # the queue's head back to the tasks pushed (claims overshoot it at the end)
                 out("_et_rewind(rq, _et_limit)")
-        dd = [e for e in ir.events if e.count.is_data_dependent]
-        if dd:  # counts read from tensors do not re-arm by epoch: zero them once every local task is done
-            out("if _et_last != 0:")
-            with out.indent():
-                for e in dd:
-                    size = " * ".join(f"_et_ev_{e.name}_d{k}" for k in range(len(e.shape))) or "1"
-                    out(f"for _et_z in range(0, {size}, 256):")
-                    with out.indent():
-                        out("_et_zo = _et_z + tl.arange(0, 256)")
-                        out(f"tl.store(arena + ev_{e.name}_off + _et_zo, tl.zeros((256,), tl.int32), "
-                            f"mask=_et_zo < {size})")
+            for e in ir.events:
+                if not e.count.is_data_dependent:
+                    continue
+                # counts read from tensors do not re-arm by epoch: zero them
+                size = " * ".join(f"_et_ev_{e.name}_d{k}" for k in range(len(e.shape))) or "1"
+                out(f"for _et_z in range(0, {size}, 256):")
+                with out.indent():
+                    out("_et_zo = _et_z + tl.arange(0, 256)")
+                    out(f"tl.store(arena + ev_{e.name}_off + _et_zo, tl.zeros((256,), tl.int32), "
+                        f"mask=_et_zo < {size})")
     return "\n".join(out.lines) + "\n"
 
 

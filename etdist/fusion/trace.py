@@ -68,3 +68,31 @@ def write_chrome(trace: Iterable[tuple], path, track: str = "program") -> pathli
     path = pathlib.Path(path)
     path.write_text(json.dumps({"traceEvents": chrome_events(trace, track), "displayTimeUnit": "ms"}))
     return path
+
+
+def summary(trace: Iterable[tuple], rank: int = 0) -> str:
+    """One rank's trace rows as text: span, programs (SMs) and their busy share; per task kind the
+    count, first start, last end, mean and p90 duration, mean wait; the gaps between consecutive
+    tasks on a program (the scheduling overhead). What launch/trace_gemm_rs.py and trace_moe.py print."""
+    mine = [r for r in trace if r[0] == rank]
+    if not mine:
+        return f"rank {rank}: no tasks"
+    span = max(r[4] for r in mine)
+    by_program: dict = {}
+    kinds: dict = {}
+    for _, program, label, start, end in mine:
+        by_program.setdefault(program, []).append((start, end))
+        waited = label.rsplit("waited ", 1)[1].split(" ")[0] if "waited " in label else "0"
+        kinds.setdefault(label.split("@")[0], []).append((start, end, float(waited)))
+    busy = sum(e - s for s, e in (x for v in by_program.values() for x in v))
+    lines = [f"rank {rank}: span {span:.1f} us over {len(by_program)} programs, busy {busy / (span * len(by_program)):.0%}",
+             f"  {'task':12} {'n':>6} {'first':>8} {'last end':>9} {'mean us':>8} {'p90 us':>7} {'mean wait':>9}"]
+    for name, v in kinds.items():
+        d = sorted(e - s for s, e, _ in v)
+        lines.append(f"  {name:12} {len(v):6d} {min(s for s, _, _ in v):8.1f} {max(e for _, e, _ in v):9.1f} "
+                     f"{sum(d) / len(d):8.1f} {d[len(d) * 9 // 10]:7.1f} {sum(w for *_, w in v) / len(v):9.1f}")
+    gaps = sorted(b[0] - a[1] for v in by_program.values() for a, b in zip(sorted(v), sorted(v)[1:]))
+    if gaps:
+        lines.append(f"  gaps between tasks on a program: median {gaps[len(gaps) // 2]:.2f} us, "
+                     f"p90 {gaps[len(gaps) * 9 // 10]:.2f}, sum {sum(gaps) / 1e3:.2f} ms")
+    return "\n".join(lines)

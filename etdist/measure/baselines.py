@@ -113,7 +113,7 @@ def _check(ops: Operands, rows: int, K: int, N: int, what: str) -> Operands:
 
 # ------------------------------------------------------------------- eager, graph, symm_mem glue
 
-def _rotating(step: Callable[[int], torch.Tensor], copies: int) -> Fn:
+def rotating(step: Callable[[int], torch.Tensor], copies: int) -> Fn:
     """A zero-arg callable running step(0), step(1), ..., step(copies - 1), step(0), ..."""
     turn = itertools.cycle(range(copies))
     return lambda: step(next(turn))
@@ -186,7 +186,7 @@ def _symm_mem_build(step: Callable[[int], torch.Tensor], copies: int, device: to
             torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - any failure means "no symm_mem baseline here"
         return None, f"torch.ops.symm_mem.{op} failed: {type(e).__name__}: {e}"
-    return _rotating(step, copies), None
+    return rotating(step, copies), None
 
 
 # ------------------------------------------------------------------------------------ GEMM + RS
@@ -213,7 +213,7 @@ def _mm_only(M, K, N, copies, device, dtype, operands) -> Fn:
                          f"{tuple(operands.weights[0].shape)} do not hold [{M}, {K}] @ [{K}, {N}]")
     x = operands.x[:M]
     out = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    return _rotating(lambda i: torch.mm(x, operands.weights[i], out=out), len(operands.weights))
+    return rotating(lambda i: torch.mm(x, operands.weights[i], out=out), len(operands.weights))
 
 
 def gemm_rs_mm_only(M: int, K_local: int, N: int, *, copies: int = 4, device=None,
@@ -241,7 +241,7 @@ def gemm_rs_eager(M: int, K_local: int, N: int, *, group=None, copies: int = 4, 
                   dtype: torch.dtype = torch.bfloat16, operands: Optional[Operands] = None) -> Fn:
     """torch.mm then torch.distributed reduce-scatter over rows; returns [padded_rows/world, N]."""
     step, n, _ = _gemm_rs_step(M, K_local, N, group, copies, device, dtype, operands)
-    return _rotating(step, n)
+    return rotating(step, n)
 
 
 def gemm_rs_graph(M: int, K_local: int, N: int, *, group=None, copies: int = 4, device=None,
@@ -312,7 +312,7 @@ def ag_gemm_eager(M: int, K: int, N_local: int, *, group=None, copies: int = 4, 
                   dtype: torch.dtype = torch.bfloat16, operands: Optional[Operands] = None) -> Fn:
     """torch.distributed all-gather over rows then torch.mm; returns [padded_rows, N_local]."""
     step, n, _ = _ag_gemm_step(M, K, N_local, group, copies, device, dtype, operands)
-    return _rotating(step, n)
+    return rotating(step, n)
 
 
 def ag_gemm_graph(M: int, K: int, N_local: int, *, group=None, copies: int = 4, device=None,
@@ -384,7 +384,7 @@ def mlp_mm_only(M: int, H: int, I_local: int, *, copies: int = 4, device=None,
     ops = operands or MlpOperands(None, *(random_operands(1, k, n, copies=copies, device=device, dtype=dtype).weights
                                           for k, n in ((H, 2 * I_local), (I_local, H))))
     x = torch.randn(M, H, device=device, dtype=dtype)
-    return _rotating(lambda i: swiglu(x @ ops.gate_up[i]) @ ops.down[i], len(ops.gate_up))
+    return rotating(lambda i: swiglu(x @ ops.gate_up[i]) @ ops.down[i], len(ops.gate_up))
 
 
 def _mlp_step(M, H, I_local, group, copies, device, dtype, operands):
@@ -408,7 +408,7 @@ def mlp_eager(M: int, H: int, I_local: int, *, group=None, copies: int = 4, devi
               dtype: torch.dtype = torch.bfloat16, operands: Optional[MlpOperands] = None) -> Fn:
     """NCCL all-gather, cuBLAS gate/up mm, SwiGLU, cuBLAS down mm, NCCL reduce-scatter, op by op."""
     step, n, _ = _mlp_step(M, H, I_local, group, copies, device, dtype, operands)
-    return _rotating(step, n)
+    return rotating(step, n)
 
 
 def mlp_graph(M: int, H: int, I_local: int, *, group=None, copies: int = 4, device=None,

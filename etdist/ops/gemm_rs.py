@@ -29,7 +29,7 @@ class TileConfig:
 # TMA loads (us at M=128, qwen3_32b/llama31_70b: 75/108 against 177/198 for the LARGE tiles).
 # Candidate for M <= 64, timed but not yet checked for correctness on GPU (device time ran out):
 # 64,128,128,4,4 with one task per SM (ETDIST_GEMM_RS_SKINNY=64,128,128,4,4
-# ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM=1): us at M=16, qwen3_8b/llama31_70b/qwen3_32b, 47.5/88.7/65.3
+# ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM=1; launch/tune_decode.py 64,128,128,4,4,1): us at M=16, qwen3_8b/llama31_70b/qwen3_32b, 47.5/88.7/65.3
 # against 54.2/135.0/91.9 for the default (2x H200, same run; BENCHMARKS.md).
 SKINNY = TileConfig(64, 64, 128, 4, 4)
 SKINNY_128 = TileConfig(128, 64, 128, 4, 4)
@@ -63,15 +63,29 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Tasks per SM that the skinny split-K aims at, per size class (more slices: more tasks, each
-# shorter). Tuning knob: ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM sets it for both classes.
-_TPS = os.environ.get("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM")
-SKINNY_TASKS_PER_SM = {SKINNY: float(_TPS or 2), SKINNY_128: float(_TPS or 2)}
+# Tasks per SM that the skinny split-K aims at (more slices: more tasks, each shorter).
+# Tuning knob: ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM.
+SKINNY_TASKS_PER_SM = float(os.environ.get("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM", "2"))
 
 
 def skinny_splits(N: int, sms: int, block_n: int = SKINNY.block_n, tasks_per_sm: float = 2) -> int:
     """Contraction slices so that slices x column tiles gives every SM about `tasks_per_sm` tasks."""
     return max(1, min(8, round(tasks_per_sm * sms / -(-N // block_n))))
+
+
+def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int):
+    """What the op compiles for x [M, K] @ w [K, N] on a GPU of `sms` SMs: (tile config, split-K
+    slices, alignment, a builder of the graph). launch/trace_gemm_rs.py traces the same plan."""
+    cfg = tile_config(M)
+    skinny = cfg is not LARGE
+    if dtype == torch.float32:
+        cfg = fp32_config(cfg)
+    align = 16 if K % 16 == 0 and N % 16 == 0 else 1  # aligned rows vectorise
+    if not skinny:
+        return cfg, 1, align, lambda: gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
+    splits = skinny_splits(N, sms, cfg.block_n, SKINNY_TASKS_PER_SM)
+    return cfg, splits, align, lambda: gemm_rs.gemm_reduce_scatter_skinny(cfg.block_m, cfg.block_n, dtype,
+                                                                          cfg.block_k, splits, align)
 
 
 def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: str = "static",
@@ -85,18 +99,7 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     in fp32 across ranks (partials travel in x's dtype; fp32 inputs multiply as TF32 on tensor cores).
     """
     mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
-    cfg = tile = tile_config(x.shape[0])
-    skinny = cfg is not LARGE
-    if x.dtype == torch.float32:
-        cfg = fp32_config(cfg)
-    align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1  # aligned rows vectorise
-    splits = (skinny_splits(w.shape[1], _sm_count(mesh.device.index), cfg.block_n, SKINNY_TASKS_PER_SM[tile])
-              if skinny else 1)
-    if skinny:
-        build = lambda: gemm_rs.gemm_reduce_scatter_skinny(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k,  # noqa: E731
-                                                           splits, align)
-    else:
-        build = lambda: gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)  # noqa: E731
+    cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index))
     kernel = cached_kernel(_KERNELS, (x.dtype, cfg, schedule, align, splits), cfg, schedule, build)
     return kernel(mesh, x=x, w=w, out=None if out is None else {"y": out})["y"]
 
