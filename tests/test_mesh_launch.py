@@ -1,5 +1,8 @@
 """Launcher detection and init_mesh's checks: no processes, no GPU."""
 import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -94,3 +97,32 @@ def test_single_process_mesh_api():
 def test_watchdog_must_be_positive():
     with pytest.raises(MeshError, match="watchdog_s"):
         init_mesh(backend="cpu", watchdog_s=0)
+
+
+def test_host_group_is_destroyed_at_exit_when_nobody_closed_it(tmp_path):
+    """A gloo group left alive at interpreter teardown aborts the process about one exit in three
+    (SIGABRT, 'terminate called without an active exception': a flaky CI failure of the torchrun
+    sweep, whose host communicator lives for the whole -m sweep). The exit handlers destroy it."""
+    script = tmp_path / "leave_open.py"
+    script.write_text(
+        "import atexit, torch.distributed as dist\n"
+        "from etdist.mesh.hostcomm import make_host_comm\n"
+        "from etdist.mesh.launch import resolve_launch, detect_launch\n"
+        "launch = resolve_launch(detect_launch({}), world_size=2, rank=0)\n"
+        "comm = make_host_comm(launch, timeout_s=30)\n"
+        "assert type(comm).__name__ == 'TorchComm' and dist.is_initialized()\n"
+        "atexit._run_exitfuncs()\n"
+        "print('destroyed' if not dist.is_initialized() else 'still alive')\n")
+    # one rank makes no group (LocalComm): a second process joins as rank 1 and leaves
+    peer = tmp_path / "peer.py"
+    peer.write_text("import torch.distributed as dist\ndist.init_process_group('gloo', rank=1, world_size=2)\n"
+                    "dist.destroy_process_group()\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    p1 = subprocess.Popen([sys.executable, str(peer)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    p0 = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    p1.wait(timeout=120)
+    assert p0.returncode == 0, p0.stdout + p0.stderr
+    assert "destroyed" in p0.stdout

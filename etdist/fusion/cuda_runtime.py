@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import importlib.util
+import itertools
 import math
 import os
 import pathlib
@@ -38,6 +39,9 @@ from .expr import RANK_NAME, evaluate
 from .ir import Role
 
 DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
+# Keys of kernels' state in mesh.cache. Not id(kernel): a freed kernel's id is reused by a new one,
+# which then found the old state on some ranks and not on others (their collectives desynchronised).
+_KERNEL_IDS = itertools.count()
 
 
 def _sync(mesh) -> None:
@@ -182,7 +186,7 @@ class CudaKernel:
         self.module = load_module(self.ir, self.source)
         self.params = kernel_params(self.ir, trace, self.dynamic)
         self.output_names = frozenset(s.name for s in self.ir.tensors if s.role is Role.OUTPUT)
-        self._key = ("megakernel", id(self))
+        self._key = ("megakernel", next(_KERNEL_IDS))
 
     def __repr__(self) -> str:
         return f"CudaKernel({self.ir.name!r}, schedule={self.schedule!r}{', trace=True' if self.trace_on else ''})"

@@ -2,11 +2,12 @@
 
 Used only to set a mesh up and to check agreement (run ids, NVSHMEM's unique id, device ids,
 shapes); data never moves through here. Under torchrun/srun it is torch.distributed (gloo for
-objects; a process group created here is destroyed at close), under mpirun mpi4py, and a
-single process needs nothing.
+objects; a process group created here is destroyed at close, or at exit if nobody closed it),
+under mpirun mpi4py, and a single process needs nothing.
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from typing import Any, List
@@ -42,7 +43,7 @@ class TorchComm(HostComm):
 
         self.dist = dist
         self.rank, self.world_size = launch.rank, launch.world_size
-        self.owns_group = not dist.is_initialized()
+        self.owns_group, self._closed = not dist.is_initialized(), False
         if self.owns_group:
             missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
             if missing:
@@ -52,6 +53,10 @@ class TorchComm(HostComm):
             backend = "cpu:gloo,cuda:nccl" if want_nccl else "gloo"
             dist.init_process_group(backend, rank=self.rank, world_size=self.world_size,
                                     timeout=datetime.timedelta(seconds=max(timeout_s, 1.0)))
+            # A gloo group still alive when the interpreter tears down aborts the process about
+            # one exit in three ("terminate called without an active exception", SIGABRT, seen
+            # with torch 2.13): destroy it at exit if the owner did not close it.
+            atexit.register(self.close)
         elif dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
             raise MeshError(f"torch.distributed is initialised as rank {dist.get_rank()} of "
                             f"{dist.get_world_size()} but the mesh is rank {self.rank} of {self.world_size}")
@@ -72,8 +77,9 @@ class TorchComm(HostComm):
         self.dist.barrier(group=self.group)
 
     def close(self):
-        if self.owns_group and self.dist.is_initialized():
+        if self.owns_group and not self._closed and self.dist.is_initialized():
             self.dist.destroy_process_group()
+        self._closed = True
 
 
 class MpiComm(HostComm):
