@@ -6,6 +6,8 @@ For each config: ag_gemm and mlp (the whole-gather variants: etdist.ops.ag_gemm.
 gemm_rs (the skinny split-K variant: etdist.ops.gemm_rs.SKINNY_CLASSES, M <= its block_m) at M in
 {16, 128} on two shapes; us per call (batched, slowest rank). Pick by the geometric mean. Configs
 are block_m,block_n,block_k,warps,stages and, for gemm_rs, the split-K tasks per SM (last field).
+Every cell is first checked against a float32 reference (relative error, worst rank): a config
+whose error exceeds 2e-2 anywhere is printed as WRONG and left out of the ranking.
 """
 import itertools
 import math
@@ -16,6 +18,8 @@ import triton
 import torch.distributed as dist
 
 import etdist as et
+from etdist.bench_gpu import _chunk, _gather_rows, _max_over_ranks, _rel_err
+from etdist.measure.baselines import swiglu
 from etdist.measure.shapes import MLP_SHAPES
 from etdist.measure.timing import time_ranks
 from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op
@@ -34,20 +38,35 @@ R, dev, bf16 = mesh.world_size, mesh.device, torch.bfloat16
 
 
 def cell(op, model, M):
+    """(a call of the op that rotates 4 weight copies, its output's relative error against float32
+    on copy 0, worst rank)."""
     H, I = MLP_SHAPES[model].hidden, MLP_SHAPES[model].intermediate
-    C = -(-M // R)
-    rows = max(0, min(C, M - mesh.rank * C))
+    lo, hi = _chunk(M, R, mesh.rank)
     x_rs = torch.randn(M, I // R, device=dev, dtype=bf16)
-    x = torch.randn(rows, H, device=dev, dtype=bf16)
+    x = torch.randn(hi - lo, H, device=dev, dtype=bf16)
     if op == "gemm_rs":
-        ws = itertools.cycle([torch.randn(I // R, H, device=dev, dtype=bf16) for _ in range(4)])
-        return lambda: et.ops.gemm_reduce_scatter(x_rs, next(ws), mesh=mesh)
-    if op == "ag_gemm":
-        ws = itertools.cycle([torch.randn(H, 2 * I // R, device=dev, dtype=bf16) for _ in range(4)])
-        return lambda: et.ops.all_gather_gemm(x, next(ws), mesh=mesh, total_rows=M)
-    ws = itertools.cycle([(torch.randn(H, 2 * I // R, device=dev, dtype=bf16),
-                           torch.randn(I // R, H, device=dev, dtype=bf16)) for _ in range(4)])
-    return lambda: et.ops.tensor_parallel_mlp(x, *next(ws), mesh=mesh, total_rows=M)
+        ws = [torch.randn(I // R, H, device=dev, dtype=bf16) for _ in range(4)]
+        full = x_rs.float() @ ws[0].float()
+        dist.all_reduce(full)
+        got, want = et.ops.gemm_reduce_scatter(x_rs, ws[0], mesh=mesh), full[lo:hi]
+        ws = itertools.cycle(ws)
+        call = lambda: et.ops.gemm_reduce_scatter(x_rs, next(ws), mesh=mesh)  # noqa: E731
+    elif op == "ag_gemm":
+        ws = [torch.randn(H, 2 * I // R, device=dev, dtype=bf16) for _ in range(4)]
+        got = et.ops.all_gather_gemm(x, ws[0], mesh=mesh, total_rows=M)
+        want = _gather_rows(x, M, R) @ ws[0].float()
+        ws = itertools.cycle(ws)
+        call = lambda: et.ops.all_gather_gemm(x, next(ws), mesh=mesh, total_rows=M)  # noqa: E731
+    else:
+        ws = [(torch.randn(H, 2 * I // R, device=dev, dtype=bf16), torch.randn(I // R, H, device=dev, dtype=bf16))
+              for _ in range(4)]
+        got = et.ops.tensor_parallel_mlp(x, *ws[0], mesh=mesh, total_rows=M)
+        full = swiglu(_gather_rows(x, M, R) @ ws[0][0].float()) @ ws[0][1].float()
+        dist.all_reduce(full)
+        want = full[lo:hi]
+        ws = itertools.cycle(ws)
+        call = lambda: et.ops.tensor_parallel_mlp(x, *next(ws), mesh=mesh, total_rows=M)  # noqa: E731
+    return call, _max_over_ranks(_rel_err(got, want), dev)
 
 
 rows = []
@@ -56,17 +75,23 @@ for cfg, tasks_per_sm in zip(CONFIGS, TASKS_PER_SM):
     rs_op.SKINNY_CLASSES = (cfg,)
     rs_op.SKINNY_TASKS_PER_SM = tasks_per_sm
     label = f"{cfg.block_m},{cfg.block_n},{cfg.block_k},{cfg.num_warps},{cfg.num_stages},{tasks_per_sm:g}"
-    times = {}
+    times, worst = {}, 0.0
     for op, model, M in itertools.product(("gemm_rs", "ag_gemm", "mlp"), ("qwen3_8b", "llama31_70b"), (16, 128)):
         if op == "gemm_rs" and M > cfg.block_m:
             continue
         try:
-            times[op, model, M] = time_ranks(cell(op, model, M), device=dev)
+            call, err = cell(op, model, M)
         except triton.runtime.errors.OutOfResources:   # same on every rank: all skip together
             break
-    rows.append((label, times))
+        worst = max(worst, err)
+        times[op, model, M] = time_ranks(call, device=dev)
+    if not worst <= 2e-2:   # bf16 over K of thousands: ~5e-3 when right
+        label += " WRONG"
+    else:
+        rows.append((label, times))
     if mesh.rank == 0:
-        print(f"{label}: " + "  ".join(f"{o}/{m[:6]}/{M} {t:.0f}" for (o, m, M), t in times.items()), flush=True)
+        print(f"{label} (rel err <= {worst:.1e}): " + "  ".join(f"{o}/{m[:6]}/{M} {t:.0f}"
+                                                         for (o, m, M), t in times.items()), flush=True)
 if mesh.rank == 0:
     for op in ("gemm_rs", "ag_gemm", "mlp"):
         for M in (16, 128):
