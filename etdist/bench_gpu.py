@@ -71,11 +71,11 @@ def _time(fn: Callable[[], object], mesh) -> float:
     return time_ranks(fn, device=mesh.device)
 
 
-def _time_graphed(step: Callable[[int], object], mesh) -> float:
+def _time_graphed(step: Callable[[int], object], mesh, copies: int = 4) -> float:
     """Our op with weight copy i captured in a CUDA graph per copy, replayed like the `graph`
     baseline: what a server that captures its decode step gets (no host time per call). The first
     replay is checked against an eager call on the same operands before anything is timed."""
-    replay = B.graphed(step, 4, mesh.device)
+    replay = B.graphed(step, copies, mesh.device)
     got = replay().clone()          # graph 0: weight copy 0
     err = _max_over_ranks(_rel_err(got, step(0).float()), mesh.device)
     if not err < 1e-3:
@@ -154,8 +154,9 @@ def mlp_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
 
 
 def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "dynamic") -> CellResult:
-    """M tokens per rank through et.nn.MoE vs the torch layer (tokens sorted by expert, one mm pair
-    per expert, NCCL all_to_all_single across ranks; eager: routing makes shapes data-dependent)."""
+    """M tokens per rank through et.nn.MoE vs the torch layer (etdist.measure.moe_baseline): `eager`
+    = grouped experts (torch._grouped_mm) with exchanged split sizes, `graph` = grouped experts with
+    fixed padded all_to_all blocks captured in a CUDA graph, `loop` = one mm pair per expert."""
     from .measure.moe_baseline import torch_moe
     R, H, I, E, k = mesh.world_size, model.hidden, model.expert_intermediate, model.num_experts, model.top_k
     el, dev, bf16 = E // R, mesh.device, torch.bfloat16
@@ -174,25 +175,32 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
         layer.router.data, layer.w_gate_up[0].data, layer.w_down[0].data = router, a, b
         layers.append(layer)
     y = layers[0](x)
-    want = torch_moe(x.float(), router.float(), wgu[0].float(), wd[0].float(), k)
+    want = torch_moe(x.float(), router.float(), wgu[0].float(), wd[0].float(), k, experts="loop")
     err = _max_over_ranks(_rel_err(y, want), dev)
-    n = [0]
 
-    def ours():
-        n[0] += 1
-        return layers[n[0] % 2](x)
+    def torch_layer(experts, dispatch="exact"):
+        return lambda i: torch_moe(x, router, wgu[i], wd[i], k, experts=experts, dispatch=dispatch)
 
-    def torch_layer():
-        n[0] += 1
-        return torch_moe(x, router, wgu[n[0] % 2], wd[n[0] % 2], k)
-
-    ours_us, eager_us = _time(ours, mesh), _time(torch_layer, mesh)
+    grouped, padded = torch_layer("grouped"), torch_layer("grouped", "padded")
+    base_err = _max_over_ranks(max(_rel_err(grouped(0), want), _rel_err(padded(0), want)), dev)
+    if not base_err < REL_ERR_LIMIT["moe"]:
+        raise RuntimeError(f"the grouped torch MoE baseline is off its float32 loop (rel err {base_err:.1e})")
+    ours = lambda i: layers[i](x)  # noqa: E731
+    ours_us, ours_graph_us = _time(B.rotating(ours, 2), mesh), _time_graphed(ours, mesh, copies=2)
+    baselines = {"eager": _time(B.rotating(grouped, 2), mesh), "loop": _time(B.rotating(torch_layer("loop"), 2), mesh)}
+    replay = B.graphed(padded, 2, dev)
+    graph_err = _max_over_ranks(_rel_err(replay(), want), dev)   # graph 0: weight copy 0
+    if not graph_err < REL_ERR_LIMIT["moe"]:
+        raise RuntimeError(f"the torch MoE baseline replayed from a CUDA graph is off (rel err {graph_err:.1e})")
+    baselines["graph"] = _time(replay, mesh)
     touched = min(el, M * R * k)                               # local experts a call can touch, at most
     floor = max(touched * 3 * H * I * 2 / (ceil.copy_TBps * 1e12),    # their weights read once (bf16)
                 2 * 3 * H * I * M * k / (ceil.mm_TFps * 1e12)) * 1e6  # the expert FLOPs of M*k slots
-    return CellResult(ours_us, {"eager": eager_us}, floor, err,
-                      "graph skipped: routing makes the shapes data-dependent; floor: the weights of "
-                      "min(local experts, slots) read once, or the FLOPs of M*k slots")
+    return CellResult(ours_us, baselines, floor, err,
+                      "ours graph: the layer captured in a CUDA graph (routing runs in the kernel); "
+                      "torch layer: eager = torch._grouped_mm experts + exact all_to_all; graph = the same with "
+                      "padded all_to_all blocks in a CUDA graph; loop = one mm pair per expert; floor: the weights "
+                      "of min(local experts, slots) read once, or the FLOPs of M*k slots", ours_graph_us)
 
 
 CELLS = {"gemm_rs": gemm_rs_cell, "ag_gemm": ag_gemm_cell, "mlp": mlp_cell, "moe": moe_cell}
