@@ -75,6 +75,8 @@ def test_llama_with_tensor_parallel_mlps_matches_dense():
 def test_moe_layer_both_schedules():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
+    """Both schedules eagerly and replayed from a CUDA graph with new tokens; the torch baselines."""
     _, out = torchrun(2, worker=pathlib.Path(__file__).with_name("moe_worker.py"))
-    for schedule in ("static", "dynamic"):
-        assert out.count(f"OK moe {schedule}") == 2, out[-5000:]
+    for check in ("OK moe static", "OK moe dynamic", "OK moe-graph static", "OK moe-graph dynamic",
+                  "OK moe-baselines"):
+        assert out.count(check) == 2, out[-5000:]
