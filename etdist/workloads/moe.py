@@ -70,7 +70,12 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     g.scratch("back", (R, S, H), dtype, symmetric=True)            # on the token's rank: [owner, slot]
     g.output("y", (T, H), dtype)
 
-    routed = g.event("routed", (1,), count=et.cdiv(T, block))
+    # The router's logits are an IEEE fp32 dot (CUDA cores, not tensor cores: it must pick the
+    # experts a float32 reference picks), tl.dot's minimum of 16 rows per task: at decode a
+    # 64-row block did 64x the work of one token (~0.1 ms of CUDA-core FMAs for a 128-expert
+    # router), and at 4096 tokens 16-row blocks give 4x the tasks to spread over the SMs.
+    BT = 16
+    routed = g.event("routed", (1,), count=et.cdiv(T, BT))
     dispatched = g.event("dispatched", (R,), count=R * slot_blocks, distributed=True)   # per source block
     planned = g.event("planned", (1,), count=EL)
     tiled = g.event("tiled", (1,))
@@ -78,10 +83,10 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BN) + 1)
     returned = g.event("returned", (R,), count=R * slot_blocks, distributed=True)
 
-    @g.task(grid=(et.cdiv(T, block),), notify=lambda i: routed[0], triton=moe_tiles.moe_route,
-            constexprs=dict(TOP_K=top_k, BT=block, BE=BE, BK=block))
+    @g.task(grid=(et.cdiv(T, BT),), notify=lambda i: routed[0], triton=moe_tiles.moe_route,
+            constexprs=dict(TOP_K=top_k, BT=BT, BE=BE, BK=block))
     def route(t, i):
-        rows = et.block(i, block, t.T)
+        rows = et.block(i, BT, t.T)
         probs = torch.softmax(t.x[rows] @ t.wg, dim=-1)
         w, ids = probs.topk(top_k, dim=-1)
         t.topk_ids[rows] = ids

@@ -23,6 +23,12 @@ def main(args):
             y = kernel(mesh, **ranks[r])["y"]
             err = ((y.double() - want).abs().max() / want.abs().max()).item()
             assert err < 1e-4, (schedule, T, skew, err)
+    # blocks of 32 (the router keeps 16-token blocks: three route tasks here, each over 32-wide K steps)
+    wide = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block=32), schedule=schedule, target="cuda")
+    ranks, (wg, w1, w2) = moe.make_inputs(R, 37, H=40, I=20, E=4 * R, seed=5, skew=1.0)
+    want = moe.reference([i["x"] for i in ranks], wg, w1, w2, top_k=2)[r]
+    y = wide(mesh, **ranks[r])["y"]
+    assert ((y.double() - want).abs().max() / want.abs().max()).item() < 1e-4, ("block 32", schedule)
     # sizes promised multiples of 16 (nn.MoE's GPU graph when H and I allow it: vectorised loads)
     aligned = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, align=16), schedule=schedule,
                          target="cuda")
