@@ -154,8 +154,10 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         mine = t.recv_expert[dst][s] >= 0
         t.peer(dst).back[t.rank][s][mine] = t.expert_out[dst][s][mine]
 
+    # block-wide columns: 4 * block made the [BM, BH] accumulator and its top_k unrolled loads
+    # spill (1.8 KB per thread at top-8, 64 rows), and the whole megakernel shares one allocation
     @g.task(grid=(et.cdiv(T, block_m),), wait=lambda i: returned[me], triton=moe_tiles.moe_combine,
-            constexprs=dict(TOP_K=top_k, BM=block_m, BH=4 * block))
+            constexprs=dict(TOP_K=top_k, BM=block_m, BH=block))
     def combine(t, i):
         rows = et.block(i, block_m, t.T)
         owner = t.topk_ids[rows] // t.E_local                            # [rows, k]
