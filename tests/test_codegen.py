@@ -246,11 +246,27 @@ def _spill_bytes(ptx: str) -> int:
     return int(re.search(r"(\d+) bytes spill stores", info).group(1))
 
 
-def test_moe_megakernel_does_not_spill():
-    """nn.MoE's decode-size kernel (64-row tiles, Qwen3-30B-A3B's top-8 of 128): the combine's
-    [64, 256] accumulator over 8 unrolled expert loads spilled 1.8 KB per thread, and with one
-    register allocation for the whole megakernel the expert GEMM loops spilled too."""
+def _op_kernels():
+    """(name, graph, warps, stages) of the kernels the fused ops and nn.MoE compile, bf16, aligned."""
+    from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op, mlp as mlp_op
     from etdist.workloads import moe
-    ir = moe.moe_layer(top_k=8, block_m=64, dtype=torch.bfloat16, max_experts=128, block=64, block_n=128,
-                       align=16).to_ir()
-    assert _spill_bytes(compile_ptx(ir, num_warps=8)) <= 64
+    bf = torch.bfloat16
+    for M in (16, 128, 8192):
+        cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132)
+        yield f"gemm_rs M={M}", build, cfg.num_warps, cfg.num_stages
+    W, L, T = ag_op.WHOLE, rs_op.LARGE, mlp_op.TILES
+    yield "ag_gemm_whole", lambda: ag_gemm.all_gather_gemm_whole(W.block_m, W.block_n, bf, W.block_k, 16), \
+        W.num_warps, W.num_stages
+    yield "ag_gemm", lambda: ag_gemm.all_gather_gemm(L.block_m, L.block_n, bf, L.block_k, 16), L.num_warps, L.num_stages
+    yield "mlp_whole", lambda: mlp.tp_mlp_whole(W.block_m, W.block_n, bf, W.block_k, 16), W.num_warps, W.num_stages
+    yield "mlp", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16), T.num_warps, T.num_stages
+    # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]
+    # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the
+    # megakernel has one register allocation, the expert GEMM loops spilled too.
+    yield "moe", lambda: moe.moe_layer(top_k=8, block_m=64, dtype=bf, max_experts=128, block=64, block_n=128,
+                                       align=16), 8, 3
+
+
+@pytest.mark.parametrize("name,build,warps,stages", list(_op_kernels()), ids=lambda v: v if isinstance(v, str) else "")
+def test_op_megakernels_do_not_spill(name, build, warps, stages):
+    assert _spill_bytes(compile_ptx(build().to_ir(), num_warps=warps, num_stages=stages)) <= 64, name
