@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 import etdist as et
-from etdist.fusion.codegen_triton import compile_ptx, decode_event_code, event_code, generate, kernel_params
+from etdist.fusion.codegen_triton import compile_for, compile_ptx, decode_event_code, event_code, generate, kernel_params
 from etdist.workloads import ag_gemm, gemm_rs, mlp
 
 
@@ -254,6 +254,10 @@ def _op_kernels():
     for M in (16, 128, 8192):
         cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132)
         yield f"gemm_rs M={M}", build, cfg.num_warps, cfg.num_stages
+    # the decode candidates launch/tune_decode.py A/Bs (BENCHMARKS.md, sixth session)
+    yield "gemm_rs skinny 64x128x128", lambda: gemm_rs.gemm_reduce_scatter_skinny(64, 128, bf, 128, 4, 16), 4, 4
+    yield "gemm_rs skinny swap 16x128x128", \
+        lambda: gemm_rs.gemm_reduce_scatter_skinny(16, 128, bf, 128, 4, 16, swap_ab=True), 4, 6
     W, L, T = ag_op.WHOLE, rs_op.LARGE, mlp_op.TILES
     yield "ag_gemm_whole", lambda: ag_gemm.all_gather_gemm_whole(W.block_m, W.block_n, bf, W.block_k, 16), \
         W.num_warps, W.num_stages
@@ -269,4 +273,19 @@ def _op_kernels():
 
 @pytest.mark.parametrize("name,build,warps,stages", list(_op_kernels()), ids=lambda v: v if isinstance(v, str) else "")
 def test_op_megakernels_do_not_spill(name, build, warps, stages):
-    assert _spill_bytes(compile_ptx(build().to_ir(), num_warps=warps, num_stages=stages)) <= 64, name
+    """...and fit in one SM's shared memory (Triton compiles an oversized kernel; the launch fails)."""
+    kernel = compile_for(build().to_ir(), num_warps=warps, num_stages=stages)
+    assert kernel.metadata.shared <= 232448, (name, kernel.metadata.shared)   # sm_90: 227 KiB per block
+    assert _spill_bytes(kernel.asm["ptx"]) <= 64, name
+
+
+def test_swap_ab_skinny_tile_multiplies_transposed():
+    """The weights on the wgmma's M side (64 rows) and 16 token rows on its N side, the weight
+    tile read transposed from shared memory; the plain tile pads the rows to a 64-row M side."""
+    swap = compile_ptx(gemm_rs.gemm_reduce_scatter_skinny(16, 128, torch.bfloat16, 128, 4, 16, swap_ab=True).to_ir(),
+                       num_warps=4, num_stages=6)
+    plain = compile_ptx(gemm_rs.gemm_reduce_scatter_skinny(64, 128, torch.bfloat16, 128, 4, 16).to_ir(),
+                        num_warps=4, num_stages=4)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n16k16", swap)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", plain)
+    assert "cp.async.bulk.tensor" in swap

@@ -215,3 +215,13 @@ def test_a_new_kernel_never_finds_a_freed_kernels_state():
         del k
         gc.collect()
     assert stale == 0
+
+
+def test_tile_config_knob_format():
+    from etdist.ops.gemm_rs import TileConfig, fp32_config
+    assert TileConfig.parse("16,128,128,4,6,swap") == TileConfig(16, 128, 128, 4, 6, swap_ab=True)
+    assert TileConfig.parse("64, 64, 128, 4, 4") == TileConfig(64, 64, 128, 4, 4)
+    assert fp32_config(TileConfig(16, 128, 128, 4, 6, True)) == TileConfig(16, 128, 64, 4, 3, True)
+    for bad in ("64,64,128", "64,64,128,4,4,fast", "64,64,x,4,4", "64,64,128,4,4,swap,swap"):
+        with pytest.raises(ValueError, match="block_m,block_n,block_k,warps,stages"):
+            TileConfig.parse(bad)

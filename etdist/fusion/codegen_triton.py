@@ -372,9 +372,10 @@ def signature(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> dict[s
     return sig
 
 
-def compile_ptx(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps: int = 4,
-                trace: bool = False, dynamic: bool = False, num_stages: int = 3) -> str:
-    """PTX of the graph's megakernel for sm_`arch`, compiled on the host: no GPU needed."""
+def compile_for(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps: int = 4,
+                trace: bool = False, dynamic: bool = False, num_stages: int = 3):
+    """The graph's megakernel compiled for sm_`arch` on the host, no GPU needed: Triton's compiled
+    kernel (.asm["ptx"], .metadata.shared = bytes of shared memory per program)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -388,5 +389,11 @@ def compile_ptx(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps:
              if t.startswith("*") or n in aligned}
     src = triton.compiler.ASTSource(fn, sig, constexprs={"NUM_PROGRAMS": num_programs, "USE_ASM": True},
                                     attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps,
-                                                                           "num_stages": num_stages}).asm["ptx"]
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def compile_ptx(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps: int = 4,
+                trace: bool = False, dynamic: bool = False, num_stages: int = 3) -> str:
+    """PTX of the graph's megakernel for sm_`arch`, compiled on the host: no GPU needed."""
+    return compile_for(ir, num_programs, arch, num_warps, trace, dynamic, num_stages).asm["ptx"]

@@ -138,9 +138,15 @@ def gemm_rs_reduce(i, j, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr, B
 @triton.jit
 def gemm_rs_skinny_matmul(s, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          TMA: tl.constexpr, USE_ASM: tl.constexpr):
+                          TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
     """All M rows (M <= BLOCK_M) x K-slice s x column tile j; each owner's rows go to its
-    partial[RANK * SPLITS + s] in fp32 (peer stores). The weights are read once in total."""
+    partial[RANK * SPLITS + s] in fp32 (peer stores). The weights are read once in total.
+
+    SWAP_AB (with TMA): the tile is computed transposed, w_tile^T @ x^T, so the weights are the
+    MMA's M side and the few token rows its N side, which may be as small as 16 (a wgmma's M is
+    64): the x stage shrinks to BLOCK_M x BLOCK_K and the shared memory goes to deeper weight
+    stages (16x128x128 takes 6 stages, 160 KiB of weights in flight, against 48 KiB for 64x64x128
+    at 4 stages). A decode option, not yet timed on a GPU (launch/tune_decode.py A/Bs it)."""
     KB = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K) * BLOCK_K
     k_end = tl.minimum(K, (s + 1) * KB)
     offs_m = tl.arange(0, BLOCK_M)
@@ -154,8 +160,14 @@ def gemm_rs_skinny_matmul(s, j, x, w, partial, partial_peers, M, K, N, RANK, WOR
         a_d = tl.make_tensor_descriptor(x, shape=[tl.maximum(M, 1), K], strides=[K, 1],
                                         block_shape=[BLOCK_M, BLOCK_K])
         b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
-        for k in range(s * KB, k_end, BLOCK_K):
-            acc = tl.dot(a_d.load([0, k]), b_d.load([k, j * BLOCK_N]), acc)
+        if SWAP_AB:
+            acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for k in range(s * KB, k_end, BLOCK_K):
+                acc_t = tl.dot(tl.trans(b_d.load([k, j * BLOCK_N])), tl.trans(a_d.load([0, k])), acc_t)
+            acc = tl.trans(acc_t)
+        else:
+            for k in range(s * KB, k_end, BLOCK_K):
+                acc = tl.dot(a_d.load([0, k]), b_d.load([k, j * BLOCK_N]), acc)
     else:
         for k in range(s * KB, k_end, BLOCK_K):
             k_ok = offs_k < k_end - (k - s * KB)

@@ -14,7 +14,7 @@ from .gemm_rs import LARGE, TileConfig, cached_kernel, check_operands, fp32_conf
 WHOLE_MAX_M = int(os.environ.get("ETDIST_WHOLE_MAX_M", "128"))
 _text = os.environ.get("ETDIST_WHOLE_TILES")   # tuning knob: "block_m,block_n,block_k,warps,stages"
 # 64x128x64, 4 warps, 4 stages won launch/tune_decode.py on 2x H200 (BENCHMARKS.md)
-WHOLE = TileConfig(*(int(v) for v in _text.split(","))) if _text else TileConfig(64, 128, 64, 4, 4)  # read at import
+WHOLE = TileConfig.parse(_text) if _text else TileConfig(64, 128, 64, 4, 4)  # read at import
 _KERNELS: dict = {}
 
 

@@ -1,6 +1,7 @@
 """Tensor-parallel GEMM + reduce-scatter as one persistent kernel per GPU."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -21,6 +22,16 @@ class TileConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    swap_ab: bool = False   # skinny gemm_rs only: the tile multiplies transposed (gemm_tiles)
+
+    @classmethod
+    def parse(cls, text: str) -> "TileConfig":
+        """"block_m,block_n,block_k,warps,stages[,swap]" (the knobs' format)."""
+        fields = [f.strip() for f in text.split(",")]
+        swap = fields[5:] == ["swap"]
+        if len(fields) not in (5, 6) or (len(fields) == 6 and not swap) or not all(f.isdigit() for f in fields[:5]):
+            raise ValueError(f"tile config {text!r}: want block_m,block_n,block_k,warps,stages[,swap]")
+        return cls(*(int(f) for f in fields[:5]), swap_ab=swap)
 
 
 # Size classes, one compiled kernel for every M in each. Up to 128 rows, the skinny graph (all
@@ -37,9 +48,9 @@ LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BE
 
 
 def _override(name: str, default: TileConfig) -> TileConfig:
-    """Tuning knob: ETDIST_GEMM_RS_<NAME>="block_m,block_n,block_k,warps,stages"."""
+    """Tuning knob: ETDIST_GEMM_RS_<NAME>="block_m,block_n,block_k,warps,stages[,swap]"."""
     text = os.environ.get(f"ETDIST_GEMM_RS_{name}")
-    return TileConfig(*(int(v) for v in text.split(","))) if text else default
+    return TileConfig.parse(text) if text else default
 
 
 SKINNY, SKINNY_128, LARGE = _override("SKINNY", SKINNY), _override("SKINNY_128", SKINNY_128), _override("LARGE", LARGE)
@@ -48,7 +59,7 @@ SKINNY_CLASSES = (SKINNY, SKINNY_128)   # each serves M <= its block_m, in this 
 
 def fp32_config(cfg: TileConfig) -> TileConfig:
     """fp32 tiles take twice the shared memory per stage: halve the contraction step, <= 3 stages."""
-    return TileConfig(cfg.block_m, cfg.block_n, max(16, cfg.block_k // 2), cfg.num_warps, min(3, cfg.num_stages))
+    return dataclasses.replace(cfg, block_k=max(16, cfg.block_k // 2), num_stages=min(3, cfg.num_stages))
 
 _KERNELS: dict = {}
 
@@ -85,7 +96,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int):
         return cfg, 1, align, lambda: gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     splits = skinny_splits(N, sms, cfg.block_n, SKINNY_TASKS_PER_SM)
     return cfg, splits, align, lambda: gemm_rs.gemm_reduce_scatter_skinny(cfg.block_m, cfg.block_n, dtype,
-                                                                          cfg.block_k, splits, align)
+                                                                          cfg.block_k, splits, align, cfg.swap_ab)
 
 
 def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: str = "static",

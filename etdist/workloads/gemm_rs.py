@@ -65,10 +65,13 @@ def make_inputs(world: int, M: int, K: int, N: int, seed: int = 0, dtype=torch.f
 
 
 def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
-                               block_k: int = 128, splits: int = 4, align: int = 1) -> et.Graph:
+                               block_k: int = 128, splits: int = 4, align: int = 1,
+                               swap_ab: bool = False) -> et.Graph:
     """The decode-sized variant (M <= block_m): one tile holds every row, so each rank reads its
     weights once (the graph above reads them once per destination rank). The contraction is
-    split in `splits` slices to give every SM work; fp32 partials, summed by the owner."""
+    split in `splits` slices to give every SM work; fp32 partials, summed by the owner.
+    swap_ab: the GPU tile multiplies transposed (weights on the MMA's M side; aligned sizes only,
+    where the operands load through TMA: gemm_tiles.gemm_rs_skinny_matmul)."""
     g = et.Graph("gemm_rs_skinny")
     M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
     R, me = g.world, g.rank
@@ -86,7 +89,7 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
 
     @g.task(grid=(splits, n_tiles), notify=lambda s, j: arrived[et.every(0, R), j],
             triton=gemm_tiles.gemm_rs_skinny_matmul,
-            constexprs=dict(consts, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align)))
+            constexprs=dict(consts, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SWAP_AB=swap_ab))
     def matmul(t, s, j):                                 # every owner's rows of slice s, tile j
         cols, ks = et.block(j, block_n, t.N), et.block(s, t(KB), t.K)
         part = t.x[:, ks].float() @ t.w[ks, cols].float()
