@@ -4,10 +4,14 @@ Each case runs `python -m etdist.collectives.selfcheck` under a launcher as a su
 timeout; every rank prints one line and the exit code says whether the case behaved. The
 `triton` cases run the GPU exchange kernel itself under TRITON_INTERPRET=1 across processes.
 """
+import multiprocessing as mp
 import os
+import queue
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -95,3 +99,93 @@ def test_bad_arguments_say_what_to_fix(mesh):
         all_to_all(torch.ones(4, 2), [3])
     with pytest.raises(TypeError):
         all_reduce([1.0, 2.0])
+
+
+def test_triton_all_to_all_with_ranks_of_different_largest_segments():
+    """Both ends of a segment must cut it into the same chunks; sized by each rank's own largest
+    segment they did not, and the kernel waited on chunks never sent (PeerTimeoutError)."""
+    worker = os.path.join(os.path.dirname(__file__), "interp", "a2a_uneven_worker.py")
+    rc, out = _launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", worker],
+                      ETDIST_CPU_EXCHANGE="triton", TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="5")
+    assert rc == 0 and out.count("OK a2a uneven") == 2, out[-4000:]
+
+
+
+def _refused_call(rank, world, port, case, q):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        with init_mesh(backend="cpu", watchdog_s=1.5) as mesh:
+            if case == "rounds":   # rank 0: two rounds of the 0.05 MB workspace's 3264 floats, rank 1: one
+                t0 = time.monotonic()
+                try:
+                    all_reduce(torch.ones(6528 if rank == 0 else 3264), mesh=mesh)
+                    q.put((rank, "returned", time.monotonic() - t0))
+                except MeshError as e:
+                    q.put((rank, type(e).__name__, time.monotonic() - t0))
+                return
+            if case == "then-empty":
+                all_reduce(torch.ones(4), mesh=mesh)   # the workspace exists
+            t0 = time.monotonic()
+            try:   # the last rank passes a wrong `out`: refused before anything starts
+                all_reduce(torch.ones(4), torch.empty(5 if rank == world - 1 else 4), mesh=mesh)
+                outcome = "returned"
+            except MeshError as e:
+                outcome = type(e).__name__
+            if case == "then-empty":   # the other rank's error is recorded here, not yet raised
+                t0 = time.monotonic()
+                try:
+                    mesh.empty((16,), torch.float32)
+                    outcome = "returned"
+                except MeshError as e:
+                    outcome = type(e).__name__
+            q.put((rank, outcome, time.monotonic() - t0))
+    except Exception as e:  # report, never hang the parent
+        q.put((rank, "crash", repr(e)))
+
+
+def _spawn_refused(case, world=2):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [ctx.Process(target=_refused_call, args=(r, world, port, case, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        return sorted(q.get(timeout=30) for _ in procs)
+    except queue.Empty:
+        return "no answer from every rank within 30 s"
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.exitcode is None:
+                p.kill()
+
+
+def test_a_refused_first_collective_raises_within_the_watchdog():
+    """Arguments refused on one rank at the mesh's first collective: the peers, inside the workspace's
+    collective allocation (a host allgather, not the watchdog), waited for the gloo timeout (60 s)."""
+    out = _spawn_refused("first")
+    assert out[0][:2] == (0, "PeerTimeoutError") and out[0][2] < 10 and out[1][:2] == (1, "MeshError"), out
+
+
+def test_mesh_empty_after_a_fault_raises_on_every_rank():
+    """After a fault that rank 0 raised (PeerTimeoutError) and rank 1 had not seen yet (it refused its
+    own arguments first), mesh.empty refused at once on rank 0, alone, and rank 1 waited in its
+    allgather for the gloo timeout (60 s). Now rank 0 takes part, and both refuse."""
+    out = _spawn_refused("then-empty")
+    assert [o[:2] for o in out] == [(0, "MeshError"), (1, "MeshError")] and out[1][2] < 10, out
+
+
+@pytest.mark.parametrize("exchange", ["torch", "triton"])
+def test_calls_that_differ_in_rounds_raise_on_every_rank(exchange, monkeypatch):
+    """Shapes that differ only in their number of rounds (6528 vs 3264 floats through 3264-float
+    slots): every round both made agreed (same op, same count), so rank 1 returned its one-round
+    result without an error, and rank 0 timed out waiting for a second round."""
+    monkeypatch.setenv("ETDIST_WORKSPACE_MB", "0.05")
+    monkeypatch.setenv("ETDIST_CPU_EXCHANGE", exchange)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out = _spawn_refused("rounds")
+    assert [o[:2] for o in out] == [(0, "ShapeMismatchError"), (1, "ShapeMismatchError")], out

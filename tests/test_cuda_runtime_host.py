@@ -1,5 +1,7 @@
 """Host-side logic of the GPU runtime that needs no GPU: inputs refused on one rank make every
 rank raise before anything launches (a fake mesh stands in for the ranks' host exchange)."""
+import math
+
 import pytest
 import torch
 
@@ -225,3 +227,65 @@ def test_tile_config_knob_format():
     for bad in ("64,64,128", "64,64,128,4,4,fast", "64,64,x,4,4", "64,64,128,4,4,swap,swap"):
         with pytest.raises(ValueError, match="block_m,block_n,block_k,warps,stages"):
             TileConfig.parse(bad)
+
+
+def test_a_failed_growth_leaves_no_layout_over_freed_buffers(monkeypatch):
+    """A new shape grows the symmetric scratch: free the old buffer, then allocate (collective). When
+    the allocation fails (symmetric heap exhausted, on every rank alike) and the caller carries on at
+    the old shape, the kernel launched with the freed buffer still in its arguments (NVSHMEM hands
+    that memory to the next allocation)."""
+    from etdist.fusion import cuda_runtime as cr
+    ir = gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
+    kernel = CudaKernel(MapTable.build(ir), "static")
+    rec = LaunchRecorder()
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
+    monkeypatch.setattr(cr, "hooks_active", lambda: False)
+    monkeypatch.setattr(kernel, "module", rec)
+    word = torch.zeros(1, dtype=torch.int32)
+    monkeypatch.setattr(kernel, "_new_state", lambda mesh: cr._MeshState(
+        programs=4, error_word=word, error_np=word.numpy(), compiled=rec))
+
+    class Exhausting(PreparingMesh):
+        limit, freed = None, []
+
+        def empty(self, shape, dtype):
+            if self.limit is not None and math.prod(shape) > self.limit:
+                raise RuntimeError("symmetric heap exhausted")
+            return super().empty(shape, dtype)
+
+        def free(self, t):   # keeps t alive: its address is not handed out again here
+            self.freed.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), t))
+
+    mesh = Exhausting()
+    w = torch.randn(32, 48, dtype=torch.bfloat16)
+    small, big = torch.randn(24, 32, dtype=torch.bfloat16), torch.randn(512, 32, dtype=torch.bfloat16)
+    kernel(mesh, x=small, w=w)
+    mesh.limit = 24 * 48 + 1     # room for the small shape's partial buffer, not for the big one's
+    with pytest.raises(RuntimeError, match="exhausted"):
+        kernel(mesh, x=big, w=w)
+    assert mesh.freed             # the small shape's buffer went back before the allocation failed
+    for _ in range(2):            # back at the old shape, then again
+        kernel(mesh, x=small, w=w)
+        args = [a for a in rec.direct[-1] if isinstance(a, int) and a > 1 << 16]
+        assert not [a for a in args for lo, hi, _ in mesh.freed if lo <= a < hi], "a freed buffer was launched"
+
+
+def test_symmetric_scratch_sized_by_rank_is_refused():
+    """Symmetric buffers are allocated and grown collectively. One sized by RANK (here the rows a
+    rank owns) passed the first call where every rank owned as many rows (M=4 on 2 ranks), then at
+    M=5 grew on rank 0 only: rank 0 sat in mesh.empty's allgather, rank 1 in the barrier."""
+    g = et.Graph("rank_sized")
+    M = g.size("M")
+    C, owned = et.row_chunks(M, g.world)
+    g.input("x", (M,), torch.float32)
+    g.output("y", (M,), torch.float32)
+    g.scratch("mine", (owned(g.rank),), torch.float32, symmetric=True)
+    g.scratch("local", (owned(g.rank),), torch.float32)          # not symmetric: each rank its own
+    g.scratch("chunk", (C,), torch.float32, symmetric=True)      # the same everywhere
+
+    @g.task(grid=(1,))
+    def copy(t, _):
+        t.y[:] = t.x
+
+    with pytest.raises(et.GraphError, match="symmetric tensor 'mine': .* depends on RANK"):
+        CudaKernel(MapTable.build(g.to_ir()), "static")

@@ -15,7 +15,7 @@ from ..kernels.exchange import exchange_kernel
 from ..kernels.interpret import patch_interpreter
 from ..kernels.launch_hooks import hooks_active
 from ..mesh import Mesh, MeshError
-from .plan import Plan
+from .plan import Op, Plan
 from .workspace import MAX_CHUNKS, Workspace
 
 # Defaults from the sweep on 2x H200 (BENCHMARKS.md); each can be overridden by ETDIST_<NAME>.
@@ -37,6 +37,14 @@ def choose_chunk(max_count: int, programs: int, align: int, block: int) -> int:
     chunk = max(-(-max_count // (per_program * programs)), -(-max_count // MAX_CHUNKS), min(block, max_count), 1)
     step = block if chunk >= block else align
     return -(-chunk // step) * step
+
+
+def plan_chunk(plan: Plan, slot_elems: int, programs: int, align: int, block: int) -> int:
+    """choose_chunk for `plan`, from a count every rank shares: both ends of a segment must cut it
+    into the same chunks (the receiver waits on the sender's chunk lanes). all_to_all ranks' largest
+    segments differ, so its chunks are sized for the slot, the most any rank may send."""
+    basis = slot_elems if plan.op is Op.ALL_TO_ALL else plan.max_count
+    return choose_chunk(max(basis, 1), programs, align, block)
 
 
 def _knob(name: str, default: int) -> int:
@@ -84,7 +92,7 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
         align = 1
     block, num_warps = _knob("ETDIST_BLOCK", BLOCK), _knob("ETDIST_NUM_WARPS", NUM_WARPS)
     lay = mesh.layout
-    packed = torch.zeros(4 * w + 2, dtype=torch.int64, device=mesh.device)
+    packed = torch.zeros(4 * w + 3, dtype=torch.int64, device=mesh.device)
     args = dict(x_ptr=x, out_ptr=out, plan_ptr=packed, scratch_ptr=ws.scratch.view(x.dtype),
                 scratch_table=ws.scratch_table, sig_ptr=ws.signals, sig_table=ws.signals_table, ctrl_ptr=mesh.ctrl,
                 ctrl_table=ws.ctrl_table, out_table=mesh.peer_ptrs(out) if direct else ws.scratch_table,
@@ -95,10 +103,11 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
                       PALIGN=align * es)
     kernel = _compiled(mesh, args, constexprs, num_warps)
     cap = _resident_programs(mesh, kernel, num_warps)
-    chunk = choose_chunk(max(plan.max_count, 1), cap, align, block)
+    chunk = plan_chunk(plan, ws.slot_elems(x.dtype), cap, align, block)
     nchunks = -(-plan.max_count // chunk)
     programs = max(1, min(nchunks, cap))
-    vals = list(plan.send_off + plan.send_cnt + plan.recv_off + plan.recv_cnt) + [chunk, ws.slot_elems(x.dtype)]
+    vals = list(plan.send_off + plan.send_cnt + plan.recv_off + plan.recv_cnt) + [chunk, ws.slot_elems(x.dtype),
+                                                                                plan.rest]
     packed.copy_(torch.tensor(vals, dtype=torch.int64))
     args["nchunks"] = nchunks
     # Pointers go to the launcher as plain ints (no per-call tensor attribute lookups).
@@ -128,9 +137,10 @@ def exchange_interpreted(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.
     """The same kernel under TRITON_INTERPRET=1 on the cpu backend (atomic polls, no inline asm)."""
     patch_interpreter()
     w, es = mesh.world_size, x.element_size()
-    chunk = choose_chunk(max(plan.max_count, 1), 4, 1, BLOCK)
+    chunk = plan_chunk(plan, ws.slot_elems(x.dtype), 4, 1, BLOCK)
     nchunks = -(-plan.max_count // chunk)
-    vals = list(plan.send_off + plan.send_cnt + plan.recv_off + plan.recv_cnt) + [chunk, ws.slot_elems(x.dtype)]
+    vals = list(plan.send_off + plan.send_cnt + plan.recv_off + plan.recv_cnt) + [chunk, ws.slot_elems(x.dtype),
+                                                                                plan.rest]
     packed = torch.tensor(vals, dtype=torch.int64)
     lay = mesh.layout
     exchange_kernel[(max(1, min(nchunks, 4)),)](

@@ -37,7 +37,11 @@ _RENDEZVOUS = None if os.environ.get("ETDIST_RENDEZVOUS") is None else os.enviro
 
 
 def _mesh(mesh: Optional[Mesh]) -> Mesh:
-    return current_mesh() if mesh is None else mesh
+    mesh = current_mesh() if mesh is None else mesh
+    # The workspace is a collective allocation (host allgather, no watchdog): make it before the
+    # checks that may refuse this rank's arguments, or a refused first call left the peers in it
+    get_workspace(mesh)
+    return mesh
 
 
 def _check_input(mesh: Mesh, x: torch.Tensor, op: Op) -> torch.Tensor:

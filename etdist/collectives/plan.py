@@ -1,7 +1,7 @@
 """Per-peer plans: which elements of x go to which rank, and where each rank's elements land.
 
 A plan is plain Python (no torch, no device): the CPU exchange reads it directly and the GPU kernel
-gets it packed as int64 [send_off | send_cnt | recv_off | recv_cnt | chunk, slot_elems]. Offsets
+gets it packed as int64 [send_off | send_cnt | recv_off | recv_cnt | chunk, slot_elems, rest]. Offsets
 and counts are in elements of x's dtype over the flattened tensors.
 """
 from __future__ import annotations
@@ -32,14 +32,18 @@ class Plan:
     send_cnt: Tuple[int, ...]
     recv_off: Tuple[int, ...]
     recv_cnt: Tuple[int, ...]
+    # Elements of each segment that later rounds of the call move. In the signature, so that calls
+    # that differ in their number of rounds disagree in the first (they agreed on every round that
+    # both made, and the rank with fewer rounds returned without an error)
+    rest: int = 0
 
     @property
     def max_count(self) -> int:
         return max(max(self.send_cnt), max(self.recv_cnt))
 
     def signature(self, count: int) -> int:
-        """What a sender writes into the receiver's meta lane: op << 28 | count mod 2**28."""
-        return int(self.op) << 28 | (count & ((1 << 28) - 1))
+        """What a sender writes into the receiver's meta lane: op << 28 | (count + rest) mod 2**28."""
+        return int(self.op) << 28 | ((count + self.rest) & ((1 << 28) - 1))
 
     def aligned(self, elems: int) -> bool:
         return all(v % elems == 0 for v in self.send_off + self.send_cnt + self.recv_off + self.recv_cnt)
@@ -49,20 +53,20 @@ def reduce_scatter(world: int, n: int, k0: int = 0, k1: int = None) -> Plan:
     """x [world * n] -> out [n]; this call moves elements [k0, k1) of every segment."""
     k1 = n if k1 is None else k1
     return Plan(Op.REDUCE_SCATTER, tuple(d * n + k0 for d in range(world)), (k1 - k0,) * world,
-                (k0,) * world, (k1 - k0,) * world)
+                (k0,) * world, (k1 - k0,) * world, n - k1)
 
 
 def all_gather(world: int, n: int, k0: int = 0, k1: int = None) -> Plan:
     """x [n] -> out [world * n]."""
     k1 = n if k1 is None else k1
     return Plan(Op.ALL_GATHER, (k0,) * world, (k1 - k0,) * world, tuple(s * n + k0 for s in range(world)),
-                (k1 - k0,) * world)
+                (k1 - k0,) * world, n - k1)
 
 
 def all_reduce(world: int, n: int, k0: int = 0, k1: int = None) -> Plan:
     """x [n] -> out [n] (one shot: every rank sends all of x to every peer)."""
     k1 = n if k1 is None else k1
-    return Plan(Op.ALL_REDUCE, (k0,) * world, (k1 - k0,) * world, (k0,) * world, (k1 - k0,) * world)
+    return Plan(Op.ALL_REDUCE, (k0,) * world, (k1 - k0,) * world, (k0,) * world, (k1 - k0,) * world, n - k1)
 
 
 def all_to_all(send_counts: Sequence[int], recv_counts: Sequence[int]) -> Plan:

@@ -169,6 +169,13 @@ class CudaKernel:
             if e.count.is_data_dependent and e.distributed:
                 raise GraphError(f"event {e.name!r}: counts that read runtime tensors are supported on "
                                  "target='cuda' for local events only (this one is distributed)")
+        for s in table.ir.tensors:
+            # Symmetric buffers are allocated (and grown) collectively, so every rank must need the
+            # same size: one sized by RANK grew on some ranks only and their allocations desynchronised
+            if s.symmetric and any(RANK_NAME in d.symbols() for d in s.shape):
+                raise GraphError(f"symmetric tensor {s.name!r}: its shape {list(s.shape)} depends on RANK; "
+                                 "on target='cuda' every rank holds the same symmetric buffers (size it "
+                                 "for the largest rank, e.g. with the chunk size)")
         self.table, self.ir, self.schedule = table, table.ir, schedule
         self.programs, self.num_warps, self.num_stages = programs, num_warps, num_stages
         self.trace_on = trace
@@ -328,6 +335,9 @@ class CudaKernel:
 
     def _prepare(self, mesh, st: _MeshState, bound: dict) -> None:
         """New sizes (agreed by every rank): (re)allocate, zero the counters, barrier."""
+        # No layout until this completes: growing frees buffers first, and if an allocation then
+        # fails (heap exhausted) a call at the old sizes would launch over the freed ones
+        st.shape = st.bind_key = None
         world = mesh.world_size
         scratch = {}
         for s in self.ir.tensors:
@@ -344,6 +354,7 @@ class CudaKernel:
             _sync(mesh)
             if st.arena is not None:
                 mesh.free(st.arena)
+                st.arena = None
             st.arena = mesh.empty((max(at, 4096),), torch.int32)
             st.arena_head = st.arena[:1]
             st.arena_peers = mesh.peer_ptrs(st.arena)
@@ -408,6 +419,7 @@ class CudaKernel:
             _sync(mesh)
             if st.rq is not None:
                 mesh.free(st.rq)
+                st.rq = None
             st.rq = mesh.empty((n,), torch.int64)
             st.rq_peers = mesh.peer_ptrs(st.rq)
         st.rq[:n].copy_(host)
@@ -420,6 +432,7 @@ class CudaKernel:
             cap = max(n, 1) if have is None else max(n, 2 * have.numel())
             _sync(mesh)
             if have is not None and spec.symmetric:
+                del st.buffers[spec.name]   # freed: not to be reused if the allocation below fails
                 mesh.free(have)
             have = (mesh.empty((cap,), spec.dtype) if spec.symmetric
                     else torch.empty(cap, dtype=spec.dtype, device=mesh.device))

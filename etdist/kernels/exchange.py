@@ -15,7 +15,8 @@ The epoch lives on the device (control block), so launches replayed from a CUDA 
 Scratch layout (elements of x's dtype): [(parity * W + src) * slot_elems + i].
 Signal lanes (int32): [chunk * W + src].
 DIRECT (all_gather into a symmetric `out`): chunks go straight into the peer's out, no scratch and no
-copy on the receiver; writers first wait for the peer's entry lane (it has entered this call). Plan (int64): [send_off | send_cnt | recv_off | recv_cnt] (W each), chunk, slot_elems.
+copy on the receiver; writers first wait for the peer's entry lane (it has entered this call). Plan (int64): [send_off | send_cnt | recv_off | recv_cnt] (W each), chunk, slot_elems, rest
+(elements later rounds move: signatures carry count + rest).
 """
 import triton
 import triton.language as tl
@@ -60,13 +61,14 @@ def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_pt
     my_off = tl.multiple_of(tl.load(plan_ptr + rank), ALIGN)
     my_cnt = tl.multiple_of(tl.load(plan_ptr + world + rank), ALIGN)
     my_out = tl.multiple_of(tl.load(plan_ptr + 2 * world + rank), ALIGN)
+    rest = tl.load(plan_ptr + 4 * world + 2)
     if poisoned == 0:
         # Header for every peer: what we are about to send it (released by our chunk notifies).
         for d in range(world):
             if d != rank:
                 meta = peer_base(ctrl_table, d, ctrl_ptr) + meta_off + rank * 4 + parity * 2
                 tl.store(meta, epoch)
-                tl.store(meta + 1, op_sig | (tl.load(plan_ptr + world + d).to(tl.int32) & SIG_MASK))
+                tl.store(meta + 1, op_sig | ((tl.load(plan_ptr + world + d) + rest).to(tl.int32) & SIG_MASK))
         if DIRECT:  # we write into peers' `out` itself: only once they entered this call
             rendezvous(ctrl_ptr, ctrl_table, entry_off, epoch, rank, world, max_spins, EVENT_ENTRY, USE_ASM)
         nmine = tl.cdiv(nchunks - pid, nprog)
@@ -98,9 +100,9 @@ def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_pt
                         if got != 0:
                             m = ctrl_ptr + meta_off + s * 4 + parity * 2
                             their = tl.load(m + 1, volatile=True)
-                            mine = op_sig | (cnt_s.to(tl.int32) & SIG_MASK)
+                            mine = op_sig | ((cnt_s + rest).to(tl.int32) & SIG_MASK)
                             if REDUCE:
-                                mine = op_sig | (my_cnt.to(tl.int32) & SIG_MASK)
+                                mine = op_sig | ((my_cnt + rest).to(tl.int32) & SIG_MASK)
                             if (tl.load(m, volatile=True) != epoch) | (their != mine):
                                 record_error(ctrl_ptr, ctrl_table, rank, world, ERR_SHAPE, EVENT_CHUNK + c,
                                              their, mine, s, epoch)

@@ -6,7 +6,8 @@ One definition of the layout, used by the host (to read errors) and passed to ke
     [8, 8+W)          barrier lanes: lane s holds the last barrier epoch rank s reached
     [8+W, 8+2W)       exit lanes: lane s holds the last collective epoch rank s finished
     [8+2W, 8+6W)      meta: 4 words per source rank s: (epoch, signature) for even and odd epochs;
-                      signature = op << 28 | count mod 2**28 (what the sender sent us)
+                      signature = op << 28 | count mod 2**28 (what the sender sent us; in a call of
+                      several rounds, the count of this round and the later ones)
     [8+6W]            grid counter (local): programs of one launch that have finished
     [8+6W+1]          device epoch (local): the last collective epoch this GPU ran; kernels read it
                       and bump it themselves, so a launch replayed from a CUDA graph stays correct

@@ -65,12 +65,20 @@ class Mesh:
     # ---- symmetric memory -------------------------------------------------------------------
     def empty(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Collective: a tensor of `shape` in symmetric memory (zero-filled). Same shape on all ranks."""
-        self._check_usable()
+        if self._closed:
+            raise MeshError("the mesh is closed")
         shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+        mine = (shape, str(dtype))
+        # A rank whose mesh failed still takes part and says so, and every rank refuses: refusing
+        # alone left the peers that had not seen the fault yet waiting here (gloo timeout, or forever)
+        told = self.comm.allgather((mine, None if self._failed is None else str(self._failed)))
+        self._check_usable()
+        failed = [(r, f) for r, (_, f) in enumerate(told) if f is not None]
+        if failed:
+            raise MeshError(f"rank {failed[0][0]}'s mesh failed earlier and cannot be used: {failed[0][1]}")
         if any(s < 0 for s in shape):
             raise MeshError(f"mesh.empty: negative size in shape {shape}")
-        mine = (shape, str(dtype))
-        everyone = self.comm.allgather(mine)
+        everyone = [e for e, _ in told]
         if any(e != mine for e in everyone):
             listing = ", ".join(f"rank {r}: {s} {d}" for r, (s, d) in enumerate(everyone))
             raise ShapeMismatchError(f"mesh.empty called with different shapes across ranks ({listing}): "
