@@ -74,8 +74,33 @@ def cells(cfg: Config):
                     yield name, _value(s), int(world), int(M)
 
 
+def check_config(cfg: Config) -> None:
+    """Values the config's types let through but no cell can run with (a negative token count, no
+    ranks, no interleaving...): refused before any cell runs, naming the override to fix."""
+    bad = []
+
+    def need(ok: bool, key: str, value, want: str) -> None:
+        if not ok:
+            bad.append(f"{key}={value}: {want}")
+
+    need(all(int(M) >= 1 for M in cfg.bench.tokens), "bench.tokens", list(cfg.bench.tokens), "token counts must be >= 1")
+    need(all(int(w) >= 1 for w in cfg.mesh.worlds), "mesh.worlds", list(cfg.mesh.worlds), "world sizes must be >= 1")
+    for key in ("interleavings", "programs", "block_m", "block_n"):
+        need(getattr(cfg.bench, key) >= 1, f"bench.{key}", getattr(cfg.bench, key), "must be >= 1")
+    m = cfg.model
+    for key in ("hidden", "intermediate"):
+        need(getattr(m, key) >= 1, f"model.{key}", getattr(m, key), "must be >= 1")
+    need(m.num_experts >= 0, "model.num_experts", m.num_experts, "must be >= 0 (0: a dense model)")
+    if m.num_experts > 0:
+        need(1 <= m.top_k <= m.num_experts, "model.top_k", m.top_k, f"must be between 1 and model.num_experts={m.num_experts}")
+        need(m.expert_intermediate >= 1, "model.expert_intermediate", m.expert_intermediate, "must be >= 1")
+    if bad:
+        raise SystemExit("bad config: " + "; ".join(bad))
+
+
 def run(cfg: Config, console: Optional[Console] = None, part: tuple[int, int] = (0, 1)) -> list[Row]:
     """Run the cells of this process's part (index, count) of the sweep; returns their rows."""
+    check_config(cfg)
     todo = list(cells(cfg))
     if not todo:
         raise SystemExit("no cells to run: check workload/schedule/mesh.worlds/bench.tokens "
@@ -175,6 +200,7 @@ def gpu_main(cfg: Config, console: Console) -> None:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: Config) -> None:
     console = Console(width=None if os.isatty(1) else 140)
+    check_config(cfg)
     if on_gpus(cfg):
         return gpu_main(cfg, console)
     rank, nprocs, comm = _host_comm()

@@ -49,6 +49,24 @@ def test_bad_overrides_fail_at_compose(bad):
     assert value in text or "no_such_model" in text or "typo" in text, text
 
 
+@pytest.mark.parametrize("bad, message", [
+    ("bench.tokens=[-3]", r"bench.tokens=\[-3\]: token counts must be >= 1"),   # was torch's negative-dimension error
+    ("bench.tokens=[0,1]", r"bench.tokens=\[0, 1\]: token counts must be >= 1"),  # was ZeroDivisionError in the plots
+    ("mesh.worlds=[0]", r"mesh.worlds=\[0\]: world sizes must be >= 1"),          # was ZeroDivisionError
+    ("mesh.worlds=[-2]", r"mesh.worlds=\[-2\]: world sizes must be >= 1"),        # was AttributeError
+    ("bench.interleavings=0", "bench.interleavings=0: must be >= 1"),            # was AttributeError on None
+    ("bench.programs=0", "bench.programs=0: must be >= 1"),
+    ("bench.block_m=0", "bench.block_m=0: must be >= 1"),                        # was a ValueError from an index map
+    ("model.hidden=-5", "model.hidden=-5: must be >= 1"),
+    ("model.top_k=0", "model.top_k=0: must be between 1 and model.num_experts=8"),  # was a tile body's reshape error
+    ("model.expert_intermediate=0", "model.expert_intermediate=0: must be >= 1"),   # was a DeadlockError
+])
+def test_bad_values_fail_before_any_cell_runs(bad, message, monkeypatch):
+    monkeypatch.setattr(bench, "cells", lambda cfg: pytest.fail("a cell was planned"))
+    with pytest.raises(SystemExit, match=message):
+        bench.run(cfg(bad, "mesh.worlds=[1]" if "mesh.worlds" not in bad else "bench.seed=0"))
+
+
 def test_run_returns_accurate_rows():
     rows = bench.run(cfg("mesh.worlds=[1,2]", "bench.tokens=[9]", "bench.interleavings=2"))
     assert {r.workload for r in rows} == {"gemm_rs", "ag_gemm", "mlp", "moe", "collectives"}

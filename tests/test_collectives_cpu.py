@@ -55,6 +55,7 @@ def test_mpiexec(n, workspace_mb):
 
 @pytest.mark.parametrize("n, case, error", [(4, "skip-notify", "PeerTimeoutError"),
                                             (2, "shape", "ShapeMismatchError"),
+                                            (2, "dtype", "ShapeMismatchError"),
                                             (2, "empty-shape", "ShapeMismatchError")])
 def test_faults_raise_on_every_rank(n, case, error):
     rc, out = torchrun(n, "--case", case, "--watchdog", "1")
@@ -69,7 +70,7 @@ def test_mpiexec_missing_notify():
     assert "Rank 1 never notified" in out
 
 
-@pytest.mark.parametrize("case", ["ok", "skip-notify", "shape"])
+@pytest.mark.parametrize("case", ["ok", "skip-notify", "shape", "dtype"])
 def test_triton_kernel_interpreted(case):
     rc, out = torchrun(2, "--case", case, "--small", "--watchdog", "2", ETDIST_CPU_EXCHANGE="triton",
                        TRITON_INTERPRET="1")
@@ -189,3 +190,19 @@ def test_calls_that_differ_in_rounds_raise_on_every_rank(exchange, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     out = _spawn_refused("rounds")
     assert [o[:2] for o in out] == [(0, "ShapeMismatchError"), (1, "ShapeMismatchError")], out
+
+
+def test_arguments_of_the_wrong_kind_are_named(mesh):
+    """out, send_counts and mesh of the wrong kind: AttributeError / TypeError from inside the ops
+    before; the next good call still works."""
+    x = torch.randn(6, 4)
+    with pytest.raises(MeshError, match=r"out must be a \(6, 4\) torch.float32 tensor on cpu \(or None\), got list"):
+        all_reduce(x, out=[0])
+    for bad in (None, "6", [5.5], [True]):
+        with pytest.raises(MeshError, match="send_counts must be 1 int row counts"):
+            all_to_all(x, bad)
+    with pytest.raises(MeshError, match="recv_counts must be 1 int row counts"):
+        all_to_all(x, [6], "6")
+    with pytest.raises(MeshError, match="mesh must be the Mesh from etdist.init_mesh"):
+        all_reduce(x, mesh="cpu")
+    assert torch.equal(all_to_all(x, torch.tensor([6])), x) and torch.equal(all_reduce(x), x)

@@ -142,6 +142,35 @@ def test_bad_inputs_raise_before_running_and_leave_inputs_untouched():
         assert all(torch.equal(b[k], a[k]) for k in b)
 
 
+def test_inputs_by_rank_and_sizes_of_the_wrong_kind():
+    """{rank: dict} inputs must name every rank from 0 (KeyError from deep in run() before), sizes=
+    must be a dict (AttributeError before); the next good call is right."""
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter())
+    ins = gemm_rs.make_inputs(2, 9, 4, 6)
+    want = gemm_rs.reference([i["x"] for i in ins], [i["w"] for i in ins])
+    for bad in ({1: ins[1]}, {0: ins[0], 2: ins[1]}):
+        with pytest.raises(et.InputError, match=r"needs inputs for ranks 0\.\.\d; got ranks"):
+            kernel.run(bad)
+    for bad in ("M", [("M", 9)]):
+        with pytest.raises(et.InputError, match="sizes= takes a dict of size name -> int"):
+            kernel.run(ins, sizes=bad)
+    for got in (kernel.run(ins), kernel.run({0: ins[0], 1: ins[1]})):
+        assert all(rel_err(g["y"], w) < 1e-5 for g, w in zip(got, want))
+
+
+def test_compile_arguments_of_the_wrong_kind():
+    with pytest.raises(et.GraphError, match="compile takes an et.Graph"):
+        et.compile("gemm_rs")
+    with pytest.raises(et.GraphError, match="programs must be a positive int, got True"):
+        et.compile(gemm_rs.gemm_reduce_scatter(), programs=True)
+    g = gemm_rs.gemm_reduce_scatter()
+    with pytest.raises(et.GraphError, match="samples= takes a list of dicts of sizes"):
+        et.compile(g, samples={"M": 3, "K": 2, "N": 2})
+    for sample, bad in (({"M": -3, "K": 2, "N": 2}, "M=-3"), ({"M": 3, "K": 2, "N": 2, "WORLD": 0}, "WORLD=0")):
+        with pytest.raises(et.GraphError, match=f"sizes must be non-negative ints \\(WORLD >= 1\\), got {bad}"):
+            et.compile(g, samples=[sample])
+
+
 def test_missing_size_and_failed_check():
     from etdist.workloads import ag_gemm, moe
     kernel = et.compile(ag_gemm.all_gather_gemm())

@@ -62,6 +62,31 @@ def test_own_refusal_is_shared_before_raising(kernel):
     assert seen and isinstance(seen[0], str)  # the peers were told, so they raise too
 
 
+def test_wrong_out_is_refused_on_every_rank_before_launch(kernel, monkeypatch):
+    """A wrong out= on one rank is part of what the ranks agree on, like a wrong input: refused after
+    the agreement, the peers launched anyway and their launch waited for (and took) this rank's next
+    call's data (seen under TRITON_INTERPRET=1 with 2 ranks)."""
+    from etdist.fusion.cuda_runtime import _MeshState
+    seen = []
+
+    class Recording(FakeComm):
+        def allgather(self, obj):
+            seen.append(obj)
+            return super().allgather(obj)
+
+    mesh = FakeMesh([[("K", 16), ("M", 8), ("N", 32), ("WORLD", 2)]])
+    mesh.comm = Recording(mesh.comm.others)
+    monkeypatch.setattr(kernel, "_new_state", lambda m: _MeshState(programs=1, device=m.device))
+    monkeypatch.setattr(kernel, "_prepare", lambda *a: pytest.fail("prepared a launch for a refused call"))
+    x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
+    with pytest.raises(et.InputError, match=r"out\['y'\]: need a contiguous torch.bfloat16 tensor of shape "
+                                            r"\[4, 32\] on cpu, got \[3, 3\] torch.bfloat16"):
+        kernel(mesh, x=x, w=w, out={"y": torch.empty(3, 3, dtype=torch.bfloat16)})
+    assert seen and isinstance(seen[0], str)  # the peers were told, so they raise too
+    with pytest.raises(et.InputError, match="out= takes a dict of output tensors by name"):
+        kernel(mesh, x=x, w=w, out=torch.empty(4, 32, dtype=torch.bfloat16))
+
+
 def test_cpu_mesh_is_refused(kernel):
     mesh = FakeMesh([])
     mesh.backend = "cpu"
@@ -85,6 +110,30 @@ def test_op_operand_checks_before_launch():
     mesh.backend = "cpu"
     with pytest.raises(et.InputError, match="et.ops.op runs on GPUs"):
         check_operands("op", "g", x, w, mesh)
+
+
+def test_op_arguments_beyond_x_and_w_are_checked_before_launch(monkeypatch):
+    """w_down, total_rows and mesh of the wrong kind: AttributeError / IndexError / TypeError from
+    inside the ops before; now an InputError naming the argument, before any kernel is built."""
+    import etdist.ops.ag_gemm as ag_op
+    import etdist.ops.mlp as mlp_op
+    for mod in (ag_op, mlp_op):
+        monkeypatch.setattr(mod, "cached_kernel", lambda *a: pytest.fail("built a kernel for a refused call"))
+    mesh = FakeMesh([])
+    bf = torch.bfloat16
+    x, w_gate_up = torch.randn(8, 16, dtype=bf), torch.randn(16, 64, dtype=bf)
+    for w_down, got in (([[1.0]], "got list"), (torch.randn(32, dtype=bf), r"got torch.Size\(\[32\]\)")):
+        with pytest.raises(et.InputError, match=rf"w_down must be a 2-D tensor \[I, 16\], {got}"):
+            et.ops.tensor_parallel_mlp(x, w_gate_up, w_down, mesh=mesh)
+    with pytest.raises(et.InputError, match=r"w_down must be a contiguous torch.bfloat16 tensor on cpu, got torch.float32"):
+        et.ops.tensor_parallel_mlp(x, w_gate_up, torch.randn(32, 16), mesh=mesh)
+    for bad in (-1, "15", 15.0, True):
+        with pytest.raises(et.InputError, match="total_rows must be a non-negative int"):
+            et.ops.all_gather_gemm(x, w_gate_up, mesh=mesh, total_rows=bad)
+        with pytest.raises(et.InputError, match="total_rows must be a non-negative int"):
+            et.ops.tensor_parallel_mlp(x, w_gate_up, torch.randn(32, 16, dtype=bf), mesh=mesh, total_rows=bad)
+    with pytest.raises(et.InputError, match="mesh must be the Mesh from et.init_mesh"):
+        et.ops.all_gather_gemm(x, w_gate_up, mesh="nvshmem")
 
 
 def test_direct_launch_is_not_blocked_by_triton_default_hooks():

@@ -99,6 +99,29 @@ def test_watchdog_must_be_positive():
         init_mesh(backend="cpu", watchdog_s=0)
 
 
+def test_watchdog_must_be_a_finite_number(monkeypatch):
+    """NaN compares false with every deadline: a wait on a peer that never comes spun forever."""
+    for bad in (float("nan"), float("inf"), "10"):
+        with pytest.raises(MeshError, match="watchdog_s must be a finite number of seconds > 0"):
+            init_mesh(backend="cpu", watchdog_s=bad)
+    for text, match in (("nan", "finite number"), ("ten", r"ETDIST_WATCHDOG_S='ten' is not a number")):
+        monkeypatch.setenv("ETDIST_WATCHDOG_S", text)
+        with pytest.raises(MeshError, match=match):
+            init_mesh(backend="cpu")
+    monkeypatch.setenv("ETDIST_WATCHDOG_S", "5")
+    with init_mesh(backend="cpu") as mesh:   # nothing was left behind by the refused calls
+        assert mesh.watchdog_s == 5 and current_mesh() is mesh
+
+
+def test_arguments_of_the_wrong_type_are_named(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(MeshError, match=r"init_mesh\(world_size='2'\): world_size must be an int"):
+        init_mesh(backend="cpu", world_size="2")
+    with pytest.raises(MeshError, match=r"device cuda:0 with backend 'cpu'"):
+        init_mesh(backend="cpu", device="cuda:0")
+
+
 def test_host_group_is_destroyed_at_exit_when_nobody_closed_it(tmp_path):
     """A gloo group left alive at interpreter teardown aborts the process about one exit in three
     (SIGABRT, 'terminate called without an active exception': a flaky CI failure of the torchrun

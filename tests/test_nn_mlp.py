@@ -59,3 +59,53 @@ def test_bad_modules_and_inputs_are_refused():
         mlp(torch.randn(3, 32))
     with pytest.raises(et.MeshError, match="call etdist.init_mesh"):
         et.nn.TensorParallelMLP(64, 128)  # no mesh and nothing simulated
+
+
+def test_from_dense_refuses_mismatched_projections():
+    """A down_proj wider than gate/up was silently cut to their width (wrong weights, no error); an
+    up_proj or down_proj of another size failed inside torch.cat."""
+    class Dense(nn.Module):
+        def __init__(self, H=16, I=32, up_out=None, down_in=None, down_out=None):
+            super().__init__()
+            self.gate_proj = nn.Linear(H, I, bias=False)
+            self.up_proj = nn.Linear(H, up_out or I, bias=False)
+            self.down_proj = nn.Linear(down_in or I, down_out or H, bias=False)
+    for bad in (dict(down_in=48), dict(up_out=24), dict(down_out=8)):
+        with pytest.raises(et.InputError, match=r"from_dense: gate_proj.weight is \[32, 16\].*a SwiGLU MLP has "
+                                                r"\[32, 16\], \[32, 16\], \[16, 32\]"):
+            et.nn.TensorParallelMLP.from_dense(Dense(**bad), simulate_world=2)
+    dense = Dense()
+    mlp = et.nn.TensorParallelMLP.from_dense(dense, simulate_world=2)
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        want = dense.down_proj(nn.functional.silu(dense.gate_proj(x)) * dense.up_proj(x))
+        assert ((mlp(x) - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
+def test_bad_sizes_dtypes_and_inputs_are_refused_before_running():
+    """simulate_world=0 was a ZeroDivisionError, a negative one built a layer with no weights,
+    non-positive sizes failed in torch.empty, an int dtype inside a tile body, a list or 0-d x with
+    AttributeError / IndexError; a following good call is right."""
+    TP = et.nn.TensorParallelMLP
+    for kwargs, msg in ((dict(simulate_world=0), "simulate_world must be a positive int, got 0"),
+                        (dict(simulate_world=-2), "simulate_world must be a positive int, got -2"),
+                        (dict(simulate_world=2, dtype=torch.int32), "dtype must be a floating-point torch.dtype")):
+        with pytest.raises(et.InputError, match=msg):
+            TP(64, 128, **kwargs)
+    for hidden, intermediate, name in ((0, 128, "hidden"), (64, -4, "intermediate")):
+        with pytest.raises(et.InputError, match=f"{name} must be a positive int"):
+            TP(hidden, intermediate, simulate_world=2)
+    mlp = TP(64, 128, simulate_world=2, dtype=torch.float32)
+    for p in mlp.parameters():
+        nn.init.normal_(p, std=0.1)
+    x = torch.randn(5, 64)
+    want = mlp(x)
+    for bad, msg in (([0.0] * 64, r"x must be a tensor \[..., 64\], got list"),
+                     (torch.tensor(1.0), "got a 0-d tensor"),
+                     (x.long(), "x is torch.int64; pass the hidden states as a floating-point tensor"),
+                     (x.double(), r"x is torch.float64, the layer's weights torch.float32: pass x.to\(torch.float32\)")):
+        with pytest.raises(et.InputError, match=msg):
+            mlp(bad)
+    with pytest.raises(et.InputError, match="total_rows=17 but x has 5 rows"):
+        mlp(x, total_rows=17)
+    torch.testing.assert_close(mlp(x), want)

@@ -56,6 +56,46 @@ def test_bad_configs_and_inputs_are_refused():
         moe.load_experts(*(torch.randn(2, 2) for _ in range(4)))
 
 
+def test_bad_sizes_and_inputs_are_refused_before_running():
+    """simulate_world=0 (ZeroDivisionError), hidden or expert_intermediate 0 (ZeroDivisionError in
+    the weight scale), an int dtype (a tile body's softmax error), a list or 0-d x, an int x
+    (silently cast to floats) and a meta x: all InputErrors; a following good call is unchanged."""
+    for args, kwargs, msg in (((H, I, E, K), dict(simulate_world=0), "simulate_world must be a positive int"),
+                              ((0, I, E, K), {}, "hidden must be a positive int, got 0"),
+                              ((H, 0, E, K), {}, "expert_intermediate must be a positive int, got 0"),
+                              ((H, I, E, 2.5), {}, "top_k must be a positive int, got 2.5"),
+                              ((H, I, E, K), dict(dtype=torch.int32), "dtype must be a floating-point torch.dtype")):
+        with pytest.raises(et.InputError, match=msg):
+            et.nn.MoE(*args, **{"simulate_world": 2, **kwargs})
+    moe = et.nn.MoE(H, I, E, K, simulate_world=2, dtype=torch.float32)
+    x = torch.randn(7, H)
+    want = moe(x)
+    for bad, msg in (([0.0] * H, r"x must be a tensor \[..., 24\], got list"), (torch.tensor(1.0), "0-d tensor"),
+                     (torch.ones(3, H, dtype=torch.int64), "x is torch.int64; pass the hidden states as a floating"),
+                     (torch.randn(3, H, device="meta"), "simulated ranks run on the CPU runtime")):
+        with pytest.raises(et.InputError, match=msg):
+            moe(bad)
+    torch.testing.assert_close(moe(x), want)
+
+
+def test_refused_load_leaves_the_layer_as_it_was():
+    """load_experts copied the router and some experts before a later weight failed to copy (on the
+    meta device, say): the layer was left half loaded. Every weight is checked first now."""
+    moe = et.nn.MoE(H, I, E, K, simulate_world=2, dtype=torch.float32)
+    x = torch.randn(7, H)
+    want = moe(x)
+    gate, up, down, router = dense_weights(seed=1)
+    for args, msg in (((gate, up, down.to("meta"), router), "down is a torch.float32 tensor on meta"),
+                      ((gate, up, down.tolist(), router), r"down must be a tensor \[8, 20, 24\], got list"),
+                      ((gate.to(torch.complex64), up, down, router), "gate is a torch.complex64 tensor"),
+                      ((gate, up, down, None), "router must be a tensor")):
+        with pytest.raises(et.InputError, match=msg):
+            moe.load_experts(*args)
+        torch.testing.assert_close(moe(x), want)
+    moe.load_experts(gate, up, down, router)
+    assert ((moe(x).double() - torch_moe(x, gate, up, down, router)).abs().max()).item() < 1e-4
+
+
 def test_gpu_tile_knob(monkeypatch):
     from etdist.nn.moe import GpuTiles, gpu_tiles
     monkeypatch.delenv("ETDIST_MOE_TILES", raising=False)

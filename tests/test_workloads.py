@@ -127,6 +127,22 @@ def test_moe_tasks_follow_routing():
     assert kernel.last_stats.tasks_skipped == world * max_tiles - tiles
 
 
+def test_moe_degenerate_sizes_are_refused_before_running(schedule):
+    """I = 0 leaves no gate/up tiles, which are what order the down tiles after the routing: it
+    deadlocked (a hang until the watchdog on GPUs); H = 0 and top_k = 0 failed inside tile bodies.
+    All are refused before anything runs, and the next good call is right."""
+    kernel = et.compile(moe.moe_layer(top_k=2, block_m=4), schedule=schedule)
+    for H, I in ((8, 0), (0, 4)):
+        bad, _ = moe.make_inputs(2, 5, H, I, E=4)
+        with pytest.raises(et.InputError, match=r"H \(the hidden size.* must be >= 1"):
+            kernel.run(bad)
+    inputs, (wg, w1, w2) = moe.make_inputs(2, 5, 8, 4, E=4)
+    want = moe.reference([i["x"] for i in inputs], wg, w1, w2, top_k=2)
+    assert all(rel_err(g["y"], w) < TOL for g, w in zip(kernel.run(inputs), want))
+    with pytest.raises(et.GraphError, match="top_k must be a positive int, got 0"):
+        moe.moe_layer(top_k=0)
+
+
 def test_one_compile_serves_every_size():
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8))
     for M in (1, 2, 9, 64, 65):

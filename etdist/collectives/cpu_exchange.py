@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..mesh import ErrorKind, Event, Mesh
+from ..mesh.control import signature_dtype
 from .plan import Plan
 from .workspace import Workspace
 
@@ -18,13 +19,14 @@ def exchange_cpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, 
     ctrl, peers = mesh._ctrl_np, mesh._ctrl_peers_np
     xf, of = x.reshape(-1), out.reshape(-1)
     skip = mesh.fault_skip_notify_rank == r
+    dt = signature_dtype(str(x.dtype).removeprefix("torch."))
     if int(ctrl[0]) == 0:
         for d in range(w):  # push
             if d == r:
                 continue
             cnt = plan.send_cnt[d]
             peers[d][lay.meta + 4 * r + 2 * parity] = epoch
-            peers[d][lay.meta + 4 * r + 2 * parity + 1] = plan.signature(cnt)
+            peers[d][lay.meta + 4 * r + 2 * parity + 1] = plan.signature(cnt, dt)
             if cnt:
                 ws.slot(d, parity, r, x.dtype)[:cnt].copy_(xf[plan.send_off[d]:][:cnt])
                 if not skip:
@@ -39,7 +41,7 @@ def exchange_cpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, 
                 ok = False
                 break
             m_epoch, m_sig = int(ctrl[lay.meta + 4 * s + 2 * parity]), int(ctrl[lay.meta + 4 * s + 2 * parity + 1])
-            want = plan.signature(plan.send_cnt[r] if plan.op.reduces else cnt)
+            want = plan.signature(plan.send_cnt[r] if plan.op.reduces else cnt, dt)
             if m_epoch != epoch or m_sig != want:
                 mesh.record_error(ErrorKind.SHAPE, Event.encode(Event.CHUNK, 0), m_sig, want, s, epoch)
                 ok = False

@@ -15,6 +15,7 @@ Sums accumulate in fp32.
 from __future__ import annotations
 
 import math
+import operator
 import os
 from typing import Optional, Sequence
 
@@ -37,6 +38,9 @@ _RENDEZVOUS = None if os.environ.get("ETDIST_RENDEZVOUS") is None else os.enviro
 
 
 def _mesh(mesh: Optional[Mesh]) -> Mesh:
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise MeshError(f"mesh must be the Mesh from etdist.init_mesh() (or None for the current one), "
+                        f"got {type(mesh).__name__}")
     mesh = current_mesh() if mesh is None else mesh
     # The workspace is a collective allocation (host allgather, no watchdog): make it before the
     # checks that may refuse this rank's arguments, or a refused first call left the peers in it
@@ -59,6 +63,9 @@ def _check_input(mesh: Mesh, x: torch.Tensor, op: Op) -> torch.Tensor:
 def _check_out(out: Optional[torch.Tensor], shape, x: torch.Tensor, op: Op) -> torch.Tensor:
     if out is None:
         return torch.empty(shape, dtype=x.dtype, device=x.device)
+    if not isinstance(out, torch.Tensor):
+        raise MeshError(f"{OP_NAMES[op]}: out must be a {tuple(shape)} {x.dtype} tensor on {x.device} (or None), "
+                        f"got {type(out).__name__}")
     if tuple(out.shape) != tuple(shape) or out.dtype != x.dtype or out.device != x.device:
         raise MeshError(f"{OP_NAMES[op]}: out must be {tuple(shape)} {x.dtype} on {x.device}, got "
                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
@@ -140,6 +147,16 @@ def all_reduce(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Opt
         plans.all_reduce(w, n, a, b) for a, b in plans.rounds(n, per)), check)
 
 
+def _counts(name: str, counts, w: int) -> list[int]:
+    """Row counts per rank as ints: a sequence (or 1-D tensor) of whole numbers."""
+    try:
+        if isinstance(counts, (str, bytes)) or any(isinstance(c, bool) for c in counts):
+            raise TypeError
+        return [operator.index(c.item() if isinstance(c, torch.Tensor) else c) for c in counts]
+    except (TypeError, RuntimeError):  # not iterable, not whole numbers, a tensor of several values
+        raise MeshError(f"all_to_all: {name} must be {w} int row counts (one per rank), got {counts!r}") from None
+
+
 def all_to_all(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Optional[Sequence[int]] = None,
                out: Optional[torch.Tensor] = None, *, mesh: Optional[Mesh] = None, check: bool = True) -> torch.Tensor:
     """Rows x[sum(send_counts[:d]):][:send_counts[d]] go to rank d; out holds the rows every rank sent
@@ -147,7 +164,7 @@ def all_to_all(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Optiona
     mesh = _mesh(mesh)
     x = _check_input(mesh, x, Op.ALL_TO_ALL)
     w, r = mesh.world_size, mesh.rank
-    send = [int(c) for c in send_counts]
+    send = _counts("send_counts", send_counts, w)
     if len(send) != w or any(c < 0 for c in send) or x.dim() == 0 or sum(send) != x.shape[0]:
         raise MeshError(f"all_to_all: send_counts must be {w} non-negative row counts summing to x.shape[0]="
                         f"{x.shape[0] if x.dim() else 'scalar'}, got {send}")
@@ -155,7 +172,7 @@ def all_to_all(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Optiona
         table = all_gather(torch.tensor(send, dtype=torch.int64, device=x.device), mesh=mesh).tolist()
         recv = [int(table[s * w + r]) for s in range(w)]
     else:
-        recv = [int(c) for c in recv_counts]
+        recv = _counts("recv_counts", recv_counts, w)
         if len(recv) != w or any(c < 0 for c in recv):
             raise MeshError(f"all_to_all: recv_counts must be {w} non-negative row counts, got {recv}")
     if recv[r] != send[r]:

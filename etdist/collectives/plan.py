@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass
 from typing import Sequence, Tuple
 
+from ..mesh.control import SIG_COUNT_BITS
+
 
 class Op(enum.IntEnum):
     REDUCE_SCATTER = 1
@@ -41,9 +43,14 @@ class Plan:
     def max_count(self) -> int:
         return max(max(self.send_cnt), max(self.recv_cnt))
 
-    def signature(self, count: int) -> int:
-        """What a sender writes into the receiver's meta lane: op << 28 | (count + rest) mod 2**28."""
-        return int(self.op) << 28 | ((count + self.rest) & ((1 << 28) - 1))
+    def op_signature(self, dtype: int = 0) -> int:
+        """The op and dtype fields of a signature (dtype: mesh.control.signature_dtype(name))."""
+        return int(self.op) << 28 | dtype << SIG_COUNT_BITS
+
+    def signature(self, count: int, dtype: int = 0) -> int:
+        """What a sender writes into the receiver's meta lane: op << 28 | dtype << 24 | (count + rest)
+        mod 2**24 (rest: what later rounds of the call move)."""
+        return self.op_signature(dtype) | ((count + self.rest) & ((1 << SIG_COUNT_BITS) - 1))
 
     def aligned(self, elems: int) -> bool:
         return all(v % elems == 0 for v in self.send_off + self.send_cnt + self.recv_off + self.recv_cnt)

@@ -1,6 +1,6 @@
 """Check the collectives across real processes, on any backend. Run under a launcher:
 
-    torchrun --nproc_per_node=4 -m etdist.collectives.selfcheck [--case ok|skip-notify|shape|empty-shape]
+    torchrun --nproc_per_node=4 -m etdist.collectives.selfcheck [--case ok|skip-notify|shape|dtype|empty-shape]
     mpiexec -n 2 python -m etdist.collectives.selfcheck --case skip-notify --watchdog 2
     ETDIST_CPU_EXCHANGE=triton TRITON_INTERPRET=1 torchrun ... --small   # the GPU kernel, interpreted
 
@@ -100,14 +100,14 @@ def _expect(got, want, what):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", default="ok", choices=["ok", "skip-notify", "shape", "empty-shape", "graph", "same-gpu"])
+    ap.add_argument("--case", default="ok", choices=["ok", "skip-notify", "shape", "dtype", "empty-shape", "graph", "same-gpu"])
     ap.add_argument("--watchdog", type=float, default=10.0)
     ap.add_argument("--backend", default=None)
     ap.add_argument("--small", action="store_true", help="fewer, smaller cases (for the Triton interpreter)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     expect = {"ok": None, "graph": None, "skip-notify": PeerTimeoutError, "shape": ShapeMismatchError,
-              "empty-shape": ShapeMismatchError, "same-gpu": MeshError}[args.case]
+              "dtype": ShapeMismatchError, "empty-shape": ShapeMismatchError, "same-gpu": MeshError}[args.case]
     if args.case == "same-gpu":  # every rank asks for GPU 0: init_mesh must refuse on every rank
         try:
             init_mesh(backend=args.backend, watchdog_s=args.watchdog, device="cuda:0").close()
@@ -132,6 +132,9 @@ def main(argv=None) -> int:
             all_reduce(torch.ones(1000, device=mesh.device))
         elif args.case == "shape":
             all_reduce(torch.ones(1000 + 5000 * (r == 0), device=mesh.device))
+        elif args.case == "dtype":  # the same element count in another dtype: its bytes are not ours
+            dtype = torch.float32 if r == 0 else torch.bfloat16
+            all_reduce(torch.ones(1000, dtype=dtype, device=mesh.device))
         elif args.case == "empty-shape":
             mesh.empty((4, 4 + r), torch.float32)
     except MeshError as e:

@@ -164,6 +164,11 @@ def bind_inputs(ir, inputs, sizes: Optional[Mapping[str, int]], *, world: Option
         per_rank = dict(inputs)
     else:
         raise InputError(f"graph {ir.name!r}: pass a list with one dict of input tensors per rank")
+    if world is None and sorted(per_rank) != list(range(len(per_rank))):
+        raise InputError(f"graph {ir.name!r}: the CPU runtime runs every rank, so it needs inputs for ranks "
+                         f"0..{len(per_rank) - 1}; got ranks {sorted(per_rank)} (pass a list, one dict per rank)")
+    if sizes is not None and not isinstance(sizes, Mapping):
+        raise InputError(f"graph {ir.name!r}: sizes= takes a dict of size name -> int, got {type(sizes).__name__}")
     world = len(per_rank) if world is None else world
     specs = [s for s in ir.tensors if s.role is Role.INPUT]
     names = {s.name for s in specs}

@@ -39,7 +39,9 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
         raise GraphError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if target not in TARGETS:
         raise GraphError(f"target must be one of {TARGETS}, got {target!r}")
-    if programs is not None and (not isinstance(programs, int) or programs < 1):
+    if not isinstance(graph, (Graph, GraphIR)):
+        raise GraphError(f"compile takes an et.Graph (or its IR), got {type(graph).__name__}")
+    if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):
         raise GraphError(f"programs must be a positive int, got {programs!r}")
     debug = os.environ.get("ETDIST_DEBUG", "0") not in ("", "0")
     ir = graph.to_ir() if isinstance(graph, Graph) else graph

@@ -255,7 +255,8 @@ class CpuKernel:
         t0 = time.perf_counter()
         bound_sizes = bind_inputs(self.ir, inputs, sizes)
         b = bind(self.table, bound_sizes)
-        tensors = [self._allocate(inputs[r], bound_sizes, r) for r in range(len(inputs))]
+        per_rank = inputs if isinstance(inputs, Mapping) else dict(enumerate(inputs))   # {rank: dict} or a list
+        tensors = [self._allocate(per_rank[r], bound_sizes, r) for r in range(len(per_rank))]
         launch = _Launch(self, b, tensors, self.trace_default if trace is None else trace)
         if self.schedule == "static":
             sched = StaticSchedule(self.programs)

@@ -206,6 +206,9 @@ class CudaKernel:
             raise InputError(f"graph {self.ir.name!r} was compiled for GPUs: it needs a mesh with the "
                              f"{want!r} backend{' (TRITON_INTERPRET=1)' if self.interpreted else ''}, "
                              f"got {getattr(mesh, 'backend', mesh)!r}")
+        if out is not None and not isinstance(out, Mapping):
+            raise InputError(f"graph {self.ir.name!r}: out= takes a dict of output tensors by name "
+                             f"({sorted(self.output_names)}), got {type(out).__name__}")
         unknown = set(out) - self.output_names if out else None
         if unknown:
             raise InputError(f"graph {self.ir.name!r}: out= names {sorted(unknown)}, which are no outputs")
@@ -217,7 +220,7 @@ class CudaKernel:
         key = (tuple((n, t.shape, t.dtype) if isinstance(t, torch.Tensor) else (n, None, None)
                      for n, t in inputs.items()), tuple(sorted(sizes.items())) if sizes else ())
         if key != st.bind_key:  # a new shape: check everything, agree across ranks, prepare, remember
-            bound = self._agree(mesh, inputs, sizes)
+            bound = self._agree(mesh, inputs, sizes, out)
             if st.shape is None or st.shape.sizes != bound:
                 self._prepare(mesh, st, bound)
             st.bind_key = key
@@ -226,17 +229,11 @@ class CudaKernel:
                 self._bind(mesh, inputs, sizes)  # raises the precise error
             if t.data_ptr() % 16:   # the kernels assume 16-byte aligned rows (TMA needs them): copy
                 inputs[name] = t.clone()
+        self._check_out(mesh, out, st.shape.outputs)
         outs = {}
         for name, (shape, dtype) in st.shape.outputs.items():
             given = (out or {}).get(name)
-            if given is not None:
-                if tuple(given.shape) != shape or given.dtype != dtype or \
-                        not given.is_contiguous() or given.device != mesh.device:
-                    raise InputError(f"out[{name!r}]: need a contiguous {dtype} tensor "
-                                     f"of shape {list(shape)} on {mesh.device}")
-                outs[name] = given
-            else:
-                outs[name] = torch.empty(shape, dtype=dtype, device=mesh.device)
+            outs[name] = given if given is not None else torch.empty(shape, dtype=dtype, device=mesh.device)
         if self.trace_on:
             st.shape.fixed["trace_buf"].zero_()   # tasks that do not run this launch show no times
         values = {**inputs, **outs}   # the epochs are the kernel's own (in the arena)
@@ -315,11 +312,27 @@ class CudaKernel:
                     raise InputError(f"graph {self.ir.name!r} input {name!r} is not contiguous: pass .contiguous()")
         return bind_inputs(self.ir, {mesh.rank: inputs}, sizes, world=world, device_type=None)
 
-    def _agree(self, mesh, inputs, sizes) -> dict:
-        """Bind this rank's inputs and swap the outcome with every rank before anything launches: a
-        rank whose inputs are refused makes every rank raise (rather than leaving peers waiting)."""
+    def _check_out(self, mesh, out, outputs: Mapping[str, tuple]) -> None:
+        for name, (shape, dtype) in outputs.items():
+            given = (out or {}).get(name)
+            if given is not None and (not isinstance(given, torch.Tensor) or tuple(given.shape) != shape or
+                                      given.dtype != dtype or not given.is_contiguous() or
+                                      given.device != mesh.device):
+                got = (f"{list(given.shape)} {given.dtype} on {given.device}"
+                       f"{'' if given.is_contiguous() else ', not contiguous'}"
+                       if isinstance(given, torch.Tensor) else type(given).__name__)
+                raise InputError(f"out[{name!r}]: need a contiguous {dtype} tensor "
+                                 f"of shape {list(shape)} on {mesh.device}, got {got}")
+
+    def _agree(self, mesh, inputs, sizes, out=None) -> dict:
+        """Bind this rank's inputs (and check its `out` tensors) and swap the outcome with every rank
+        before anything launches: a rank whose inputs are refused makes every rank raise (rather than
+        leaving peers waiting, or pairing their launch with its next call)."""
         try:
             bound, mine = self._bind(mesh, inputs, sizes), None
+            env = {**bound, RANK_NAME: mesh.rank}
+            self._check_out(mesh, out, {s.name: (tuple(evaluate(d, env) for d in s.shape), s.dtype)
+                                        for s in self.ir.tensors if s.role is Role.OUTPUT})
         except InputError as e:
             bound, mine = None, str(e)
         everyone = mesh.comm.allgather(mine if mine is not None else sorted(bound.items()))

@@ -99,6 +99,9 @@ def _sample_points(ir: GraphIR, samples) -> Iterable[dict]:
         samples = [{s: v for s in free} for v in DEFAULT_VALUES]
         if len(free) > 1:  # a ragged point where every size differs
             samples.append({s: 3 + 2 * k for k, s in enumerate(free)})
+    if isinstance(samples, Mapping) or not all(isinstance(s, Mapping) for s in samples):
+        raise GraphError(f"graph {ir.name!r}: samples= takes a list of dicts of sizes, e.g. "
+                         f"[{{{', '.join(repr(f) + ': 5' for f in free)}}}], got {samples!r}")
     for s in samples:
         unknown = set(s) - set(ir.sizes)
         if unknown:
@@ -107,6 +110,11 @@ def _sample_points(ir: GraphIR, samples) -> Iterable[dict]:
         missing = [f for f in free if f not in s]
         if missing:
             raise GraphError(f"graph {ir.name!r}: sample {s} has no value for {missing}")
+        wrong = [f"{k}={v!r}" for k, v in s.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0
+                 or (k == WORLD_NAME and v < 1)]
+        if wrong:
+            raise GraphError(f"graph {ir.name!r}: sample {s}: sizes must be non-negative ints (WORLD >= 1), "
+                             f"got {', '.join(wrong)}")
         for w in ([s[WORLD_NAME]] if WORLD_NAME in s else DEFAULT_WORLDS):
             point = {**s, WORLD_NAME: w}
             if all(c.cond.evaluate(point) for c in ir.checks):

@@ -21,12 +21,13 @@ copy on the receiver; writers first wait for the peer's entry lane (it has enter
 import triton
 import triton.language as tl
 
+from ..mesh.control import SIG_COUNT_BITS
 from .sync import ERR_SHAPE, finish_launch, notify, peer_base, record_error, rendezvous, wait
 
 EVENT_CHUNK = tl.constexpr(1 << 20)
 EVENT_EXIT = tl.constexpr(2 << 20)
 EVENT_ENTRY = tl.constexpr(4 << 20)
-SIG_MASK = tl.constexpr((1 << 28) - 1)
+SIG_MASK = tl.constexpr((1 << SIG_COUNT_BITS) - 1)   # op_sig carries the op and dtype above
 
 
 @triton.jit

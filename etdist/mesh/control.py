@@ -6,8 +6,10 @@ One definition of the layout, used by the host (to read errors) and passed to ke
     [8, 8+W)          barrier lanes: lane s holds the last barrier epoch rank s reached
     [8+W, 8+2W)       exit lanes: lane s holds the last collective epoch rank s finished
     [8+2W, 8+6W)      meta: 4 words per source rank s: (epoch, signature) for even and odd epochs;
-                      signature = op << 28 | count mod 2**28 (what the sender sent us; in a call of
-                      several rounds, the count of this round and the later ones)
+                      signature = op << 28 | dtype << 24 | count mod 2**24 (what the sender sent
+                      us; in a call of several rounds, the count of this round and the later ones;
+                      dtype: an index into SIG_DTYPES, so ranks that pass different dtypes with
+                      the same element count raise instead of reading each other's bytes)
     [8+6W]            grid counter (local): programs of one launch that have finished
     [8+6W+1]          device epoch (local): the last collective epoch this GPU ran; kernels read it
                       and bump it themselves, so a launch replayed from a CUDA graph stays correct
@@ -25,6 +27,20 @@ from dataclasses import dataclass
 
 ERR_WORDS = 8
 META_WORDS = 4
+SIG_COUNT_BITS = 24   # signature = op << 28 | dtype << SIG_COUNT_BITS | count mod 2**SIG_COUNT_BITS
+SIG_DTYPES = ("", "float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8", "uint8",
+              "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "another dtype")
+
+
+def signature_dtype(name: str) -> int:
+    """The 4-bit dtype field of a signature for a dtype named `name` (str(dtype) without 'torch.')."""
+    return SIG_DTYPES.index(name) if name in SIG_DTYPES[1:] else len(SIG_DTYPES) - 1
+
+
+def _describe_signature(sig: int, op_names) -> str:
+    dtype = SIG_DTYPES[(sig >> SIG_COUNT_BITS) & 15]
+    return (f"{op_names.get(sig >> 28, 'op')}{' of ' + dtype if dtype else ''} "
+            f"with count {sig & ((1 << SIG_COUNT_BITS) - 1)}")
 
 
 class ErrorKind(enum.IntEnum):
@@ -108,12 +124,11 @@ class ErrorRecord:
         what = {Event.CHUNK: f"data chunk {idx}", Event.EXIT: "the exit rendezvous",
                 Event.BARRIER: "a barrier", Event.ENTRY: "the peer to enter the call"}.get(ev, f"event {self.event}")
         if self.kind is ErrorKind.SHAPE:
-            ours, theirs = self.expected, self.observed
             names = op_names or {}
             return (f"ranks disagree on a collective: rank {self.rank} expected "
-                    f"{names.get(ours >> 28, 'op')} with count {ours & (2**28 - 1)}, but rank {self.peer} "
-                    f"sent {names.get(theirs >> 28, 'op')} with count {theirs & (2**28 - 1)} (call {self.epoch}): "
-                    f"every rank must call the same collective with the same shapes")
+                    f"{_describe_signature(self.expected, names)}, but rank {self.peer} sent "
+                    f"{_describe_signature(self.observed, names)} (call {self.epoch}): "
+                    f"every rank must call the same collective with the same shapes and dtype")
         return (f"rank {self.rank} waited for {what} from rank {self.peer} (call {self.epoch}): lane "
                 f"holds {self.observed}, expected >= {self.expected}; watchdog expired after ~{watchdog_s:g} s. "
                 f"Rank {self.peer} never notified: it skipped a collective, called a different one, or died")

@@ -71,6 +71,9 @@ def detect_launch(env: Optional[Mapping[str, str]] = None) -> Launch:
 def resolve_launch(launch: Launch, world_size: Optional[int] = None, rank: Optional[int] = None,
                    local_rank: Optional[int] = None) -> Launch:
     """Apply explicit arguments over what the environment said, and check the result."""
+    for name, v in (("world_size", world_size), ("rank", rank), ("local_rank", local_rank)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise MeshError(f"init_mesh({name}={v!r}): {name} must be an int")
     if world_size is not None and world_size != launch.world_size:
         if launch.launcher is Launcher.SINGLE and world_size > 1 and rank is None:
             raise MeshError(

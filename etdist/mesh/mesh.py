@@ -244,6 +244,9 @@ class Mesh:
 
 def _pick_device(launch: Launch, backend: str, device) -> torch.device:
     if backend == "cpu":
+        if device is not None and torch.device(device).type != "cpu":
+            raise MeshError(f"device {device} with backend 'cpu': the cpu backend runs on the CPU; "
+                            "drop device= or use backend='nvshmem' for GPUs")
         return torch.device("cpu")
     n = torch.cuda.device_count()
     if device is None:
@@ -296,9 +299,16 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
 
         import_nvshmem()  # fail before any rank talks to another
     if watchdog_s is None:
-        watchdog_s = float(os.environ.get("ETDIST_WATCHDOG_S", "30"))
-    if watchdog_s <= 0:
-        raise MeshError(f"watchdog_s must be > 0, got {watchdog_s}")
+        text = os.environ.get("ETDIST_WATCHDOG_S", "30")
+        try:
+            watchdog_s = float(text)
+        except ValueError:
+            raise MeshError(f"ETDIST_WATCHDOG_S={text!r} is not a number of seconds") from None
+    # NaN would never expire (every wait on a missing peer would spin forever), inf neither
+    if isinstance(watchdog_s, bool) or not isinstance(watchdog_s, (int, float)) or not math.isfinite(watchdog_s) \
+            or watchdog_s <= 0:
+        raise MeshError(f"watchdog_s must be a finite number of seconds > 0 (init_mesh(watchdog_s=...) or "
+                        f"ETDIST_WATCHDOG_S), got {watchdog_s!r}")
     dev = _pick_device(launch, backend, device)
     comm = make_host_comm(launch, timeout_s=max(60.0, 4 * watchdog_s), want_nccl=backend == "nvshmem")
     try:

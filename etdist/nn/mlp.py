@@ -23,6 +23,7 @@ from .. import fusion
 from ..fusion.errors import InputError
 from ..ops.mlp import tensor_parallel_mlp
 from ..workloads import mlp as mlp_graph
+from .checks import float_dtype, hidden_states, positive_ints
 
 _CPU_TILE = 16
 
@@ -34,6 +35,10 @@ class TensorParallelMLP(nn.Module):
         super().__init__()
         if activation != "silu":
             raise ValueError(f"activation {activation!r} is not supported: SwiGLU ('silu') only")
+        positive_ints("TensorParallelMLP", hidden=hidden, intermediate=intermediate)
+        float_dtype("TensorParallelMLP", dtype)
+        if simulate_world is not None:
+            positive_ints("TensorParallelMLP", simulate_world=simulate_world)
         if simulate_world is None:
             from ..mesh import current_mesh
             mesh = mesh or current_mesh()
@@ -64,6 +69,11 @@ class TensorParallelMLP(nn.Module):
             if not isinstance(lin, nn.Linear) or lin.bias is not None:
                 raise TypeError(f"from_dense needs {name} as an nn.Linear without bias (Llama/Qwen MLP)")
         wg, wu, wd = module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight  # [I,H],[I,H],[H,I]
+        I, H = wg.shape
+        if tuple(wu.shape) != (I, H) or tuple(wd.shape) != (H, I):
+            raise InputError(f"from_dense: gate_proj.weight is {list(wg.shape)}, up_proj.weight {list(wu.shape)}, "
+                             f"down_proj.weight {list(wd.shape)}; a SwiGLU MLP has [{I}, {H}], [{I}, {H}], "
+                             f"[{H}, {I}] (gate_proj and up_proj: Linear({H}, {I}), down_proj: Linear({I}, {H}))")
         act = getattr(module, "act_fn", None)
         probe = torch.linspace(-4, 4, 17)
         if act is not None and not torch.allclose(act(probe), torch.nn.functional.silu(probe)):
@@ -85,9 +95,14 @@ class TensorParallelMLP(nn.Module):
                 f"sequence_parallel={self.sequence_parallel}")
 
     def forward(self, x: torch.Tensor, total_rows: Optional[int] = None) -> torch.Tensor:
-        if x.shape[-1] != self.hidden:
-            raise InputError(f"TensorParallelMLP: x has {x.shape[-1]} features, the layer {self.hidden}")
+        hidden_states("TensorParallelMLP", x, self.hidden)
+        dtype = self.w_down[0].dtype
+        if x.dtype != dtype:
+            raise InputError(f"TensorParallelMLP: x is {x.dtype}, the layer's weights {dtype}: pass x.to({dtype})")
         lead = x.shape[:-1]
+        if self.simulated and total_rows is not None and total_rows != x[..., 0].numel():
+            raise InputError(f"TensorParallelMLP: total_rows={total_rows!r} but x has {x[..., 0].numel()} rows; "
+                             "simulated ranks take the whole x (total_rows is for sequence-parallel GPU ranks)")
         x2 = x.reshape(-1, self.hidden)  # [M or rows, H]
         y = self._simulated(x2) if self.simulated else self._on_gpus(x2, total_rows)
         return y.reshape(*lead, self.hidden) if not self.sequence_parallel or self.simulated else y

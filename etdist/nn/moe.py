@@ -23,6 +23,7 @@ from torch import nn
 from .. import fusion
 from ..fusion.errors import InputError
 from ..workloads import moe as moe_graph
+from .checks import float_dtype, hidden_states, positive_ints
 
 _KERNELS: dict = {}
 
@@ -68,6 +69,11 @@ class MoE(nn.Module):
         super().__init__()
         if schedule not in ("static", "dynamic"):
             raise ValueError(f"schedule must be 'static' or 'dynamic', got {schedule!r}")
+        positive_ints("MoE", hidden=hidden, expert_intermediate=expert_intermediate, num_experts=num_experts,
+                      top_k=top_k)
+        float_dtype("MoE", dtype)
+        if simulate_world is not None:
+            positive_ints("MoE", simulate_world=simulate_world)
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k={top_k} must be between 1 and num_experts={num_experts}")
         if simulate_world is None:
@@ -98,8 +104,14 @@ class MoE(nn.Module):
         want = {"gate": (E, self.hidden, self.intermediate), "up": (E, self.hidden, self.intermediate),
                 "down": (E, self.intermediate, self.hidden), "router": (self.hidden, E)}
         for name, t in (("gate", gate), ("up", up), ("down", down), ("router", router)):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"MoE.load_experts: {name} must be a tensor {list(want[name])}, got {type(t).__name__}")
             if tuple(t.shape) != want[name]:
                 raise InputError(f"MoE.load_experts: {name} is {list(t.shape)}, expected {list(want[name])}")
+            # checked before the first copy: a copy failing half-way would leave the layer half loaded
+            if not t.is_floating_point() or t.device.type == "meta":
+                raise InputError(f"MoE.load_experts: {name} is a {t.dtype} tensor on {t.device}; pass "
+                                 "floating-point weights that hold data (not on the meta device)")
         ranks = range(self.world) if self.simulated else [self.mesh.rank]
         with torch.no_grad():
             self.router.copy_(router)
@@ -143,8 +155,9 @@ class MoE(nn.Module):
         return kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.hidden:
-            raise InputError(f"MoE: x has {x.shape[-1]} features, the layer {self.hidden}")
+        hidden_states("MoE", x, self.hidden)
+        if self.simulated and x.device.type != "cpu":
+            raise InputError(f"MoE: x is on {x.device}; simulated ranks run on the CPU runtime: pass a CPU tensor")
         lead, x2 = x.shape[:-1], x.reshape(-1, self.hidden).to(self.router.dtype)
         if self.simulated:
             y = self._simulated(x2)

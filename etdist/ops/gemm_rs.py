@@ -129,6 +129,9 @@ def check_operands(op: str, graph: str, x, w, mesh):
     """x [rows, K] and w [K, N]: 2-D, contiguous, on this rank's GPU, one dtype among bf16/fp16/fp32;
     a clear error before anything launches. Returns the mesh (the current one if None)."""
     mesh = mesh or current_mesh()
+    if getattr(mesh, "backend", None) is None:
+        raise InputError(f"et.ops.{op}: mesh must be the Mesh from et.init_mesh() (or None for the current "
+                         f"one), got {type(mesh).__name__}")
     if mesh.backend != "nvshmem":
         raise InputError(f"et.ops.{op} runs on GPUs (mesh backend 'nvshmem'); on the CPU, run the graph "
                          f"{graph} on the CPU runtime")
@@ -144,6 +147,16 @@ def check_operands(op: str, graph: str, x, w, mesh):
     if x.shape[1] != w.shape[0]:
         raise InputError(f"{op}: x is [rows, {x.shape[1]}] but w is [{w.shape[0]}, N]: the contraction dims differ")
     return mesh
+
+
+def total_rows_of(op: str, total_rows, x: torch.Tensor, world: int) -> int:
+    """M for an op whose x holds this rank's rows: total_rows, or rows x world when not given."""
+    if total_rows is None:
+        return x.shape[0] * world
+    if isinstance(total_rows, bool) or not isinstance(total_rows, int) or total_rows < 0:
+        raise InputError(f"{op}: total_rows must be a non-negative int (M, the rows of every rank together), "
+                         f"got {total_rows!r}")
+    return total_rows
 
 
 def compiled_variants() -> int:

@@ -159,6 +159,10 @@ def reference(xs, w_gate_up, w_down):
 def shard(w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, world: int):
     """Dense [H, I], [H, I], [I, H] -> per rank ([H, 2 I/R] gate|up, [I/R, H])."""
     I = w_gate.shape[1]
+    H = w_gate.shape[0]
+    if w_up.shape != w_gate.shape or tuple(w_down.shape) != (I, H):
+        raise ValueError(f"shard: w_gate {list(w_gate.shape)}, w_up {list(w_up.shape)}, w_down "
+                         f"{list(w_down.shape)}: expected [H, I], [H, I], [I, H] with H={H}, I={I}")
     if I % world:
         raise ValueError(f"intermediate size {I} does not split over {world} ranks")
     n = I // world

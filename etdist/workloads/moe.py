@@ -35,6 +35,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
     kernel vectorise its loads, which is what lets Triton pipeline the expert GEMMs' loops)."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
     BN = block_n or block
     g = et.Graph("moe")
     T, E, EL = g.size("T"), g.size("E"), g.size("E_local")
@@ -43,6 +45,10 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     S = T * top_k                                      # (token, k) slots per rank
     g.check(et.eq(EL * R, E), "the number of experts must be world size x experts per rank")
     g.check(E >= top_k, f"top_k={top_k} needs at least {top_k} experts")
+    # an expert with no hidden units (I = 0) has no gate/up tiles, and those are what order the
+    # down tiles after the routing; no features (H = 0) has nothing to route
+    g.check(et.logical_and(H >= 1, I >= 1), "H (the hidden size, x [T, H]) and I (the expert "
+            "intermediate size, w_down [E_local, I, H]) must be >= 1")
     BE = max(16, 1 << (max_experts - 1).bit_length())
     g.check(E <= BE, f"the GPU router holds at most {BE} experts (moe_layer(max_experts=...))")
     BS = block                                         # slots per dispatch / send_back block
