@@ -338,3 +338,33 @@ def test_symmetric_scratch_sized_by_rank_is_refused():
 
     with pytest.raises(et.GraphError, match="symmetric tensor 'mine': .* depends on RANK"):
         CudaKernel(MapTable.build(g.to_ir()), "static")
+
+
+def test_an_op_refused_on_one_rank_stops_the_peers_launches():
+    """et.ops checks their operands before choosing a kernel. Refused on one rank at a shape every
+    rank has prepared, the peers launched without asking and took that rank's next call as this
+    one's: the refusal posts an error into every prepared kernel of the op, so every rank raises."""
+    from types import SimpleNamespace
+
+    from etdist.ops import gemm_rs as op
+
+    posted = []
+
+    class Kernel:
+        def __init__(self, key):
+            self._key = key
+
+        def _post_refusal(self, mesh, st):
+            posted.append(self._key)
+
+    mesh = FakeMesh([])
+    mesh.cache = {"a": SimpleNamespace(shape="prepared"), "b": SimpleNamespace(shape=None)}
+    kernels = {1: Kernel("a"), 2: Kernel("b"), 3: Kernel("never launched here")}
+    x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.float32)
+    with pytest.raises(et.InputError, match="must share a dtype"):
+        with op.refusal_reaches_peers(mesh, kernels):
+            op.check_operands("gemm_reduce_scatter", "g", x, w, mesh)
+    assert posted == ["a"]
+    with op.refusal_reaches_peers(mesh, kernels):   # accepted operands post nothing
+        op.check_operands("gemm_reduce_scatter", "g", x, w.bfloat16(), mesh)
+    assert posted == ["a"]

@@ -55,3 +55,11 @@ def test_ready_queue_stamps_wrap():
     p = subprocess.run([sys.executable, str(INTERP / "ready_queue_worker.py")], capture_output=True, text=True,
                        timeout=300, env=env)
     assert p.returncode == 0 and p.stdout.count("OK ready queue") == 2, (p.stdout + p.stderr)[-3000:]
+
+
+def test_a_call_refused_on_one_rank_at_a_prepared_shape_stops_every_rank():
+    """At a prepared shape ranks launch without a host exchange: refused on one rank alone (an input
+    not contiguous), the others' launch took that rank's next call as this one's, silently. Now the
+    refusing rank stops their launch: it raises InputError, the others RuntimeFault, quickly."""
+    rc, out = interpreted("refusal_worker.py", 2, "static")
+    assert rc == 0 and out.count("OK refusal") == 2, out[-5000:]

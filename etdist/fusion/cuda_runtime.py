@@ -12,6 +12,11 @@ the same from call to call: a call captured in a CUDA graph replays correctly.
 Watchdog: a wait that expires records the stalled event in the arena's error record (on every
 rank) and the kernel drains. The host sees it at the next call or at `check()`, and raises an
 error naming the graph, event, coordinate and counter value.
+
+Refusals: at a new shape the ranks agree first, so one rank's bad input makes every rank raise
+before anything launches. At a prepared shape they launch without asking each other, so a rank
+that refuses its call posts an error record into every rank's arena instead: the peers' launch
+stops at its next wait, and every rank raises (the kernel then stays failed on that mesh).
 """
 from __future__ import annotations
 
@@ -42,6 +47,9 @@ DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
 # Keys of kernels' state in mesh.cache. Not id(kernel): a freed kernel's id is reused by a new one,
 # which then found the old state on some ranks and not on others (their collectives desynchronised).
 _KERNEL_IDS = itertools.count()
+# Error record kinds in a kernel's arena: 1 and 2 are the kernel's own (kernels/sync.py: a wait
+# timed out, a shape disagreed); 3 is the host's, posted by a rank that refused its call (below).
+ERR_REFUSED = 3
 
 
 def _sync(mesh) -> None:
@@ -150,6 +158,17 @@ class _MeshState:
         return self.scratch
 
 
+def post_refusal(mesh, kernels) -> None:
+    """This rank refused a call before choosing which of `kernels` to launch (an op's own argument
+    checks): the peers, at a shape they have prepared, launch without asking us, so stop the launch of
+    every kernel prepared on this mesh (CudaKernel._post_refusal): every rank raises instead of
+    pairing with our next call."""
+    for k in kernels:
+        st = mesh.cache.get(k._key)
+        if st is not None and st.shape is not None:
+            k._post_refusal(mesh, st)
+
+
 class CudaKernel:
     """A graph compiled for GPUs. Call `kernel(mesh, **inputs)` on every rank; returns its outputs."""
 
@@ -224,12 +243,18 @@ class CudaKernel:
             if st.shape is None or st.shape.sizes != bound:
                 self._prepare(mesh, st, bound)
             st.bind_key = key
-        for name, t in inputs.items():  # cheap checks that shapes cannot cover
-            if t.device != mesh.device or not t.is_contiguous():
-                self._bind(mesh, inputs, sizes)  # raises the precise error
-            if t.data_ptr() % 16:   # the kernels assume 16-byte aligned rows (TMA needs them): copy
-                inputs[name] = t.clone()
-        self._check_out(mesh, out, st.shape.outputs)
+        try:   # cheap checks that shapes cannot cover (a new shape passed them in the agreement)
+            for name, t in inputs.items():
+                if t.device != mesh.device or not t.is_contiguous():
+                    self._bind(mesh, inputs, sizes)  # raises the precise error
+                if t.data_ptr() % 16:   # the kernels assume 16-byte aligned rows (TMA needs them): copy
+                    inputs[name] = t.clone()
+            self._check_out(mesh, out, st.shape.outputs)
+        except InputError:
+            # At a shape every rank has prepared, the peers exchange nothing with us and launch:
+            # refused here alone, their launch would wait for our next call and take its data
+            self._post_refusal(mesh, st)
+            raise
         outs = {}
         for name, (shape, dtype) in st.shape.outputs.items():
             given = (out or {}).get(name)
@@ -452,6 +477,17 @@ class CudaKernel:
             st.buffers[spec.name] = have
         return have[:n].view(shape)
 
+    def _post_refusal(self, mesh, st: _MeshState) -> None:
+        """An error record in every rank's arena (ours too): the peers' launches of this call stop
+        at their next wait and every rank raises at its next call or check(), as after a timeout."""
+        words = torch.tensor([ERR_REFUSED, mesh.rank, 0, 0, 0, -1, 0, 0], dtype=torch.int32)
+        _sync(mesh)
+        for r in range(mesh.world_size):
+            mesh.peer(st.arena, r)[:ERR_WORDS].copy_(words)
+        _sync(mesh)
+        if st.error_np is not None:
+            st.error_np[0] = ERR_REFUSED
+
     def _check_pending(self, mesh, st: _MeshState) -> None:
         # the pinned word changes only when a launch's copy lands (after that launch), so a nonzero
         # word is a finished launch's error: no event to query per call
@@ -463,6 +499,11 @@ class CudaKernel:
         if int(words[0]) == 0:
             return
         kind, rank, code, observed, expected, peer, epoch = (int(w) for w in words[:7])
+        if kind == ERR_REFUSED:
+            raise RuntimeFault(f"graph {self.ir.name!r}: rank {rank} refused its inputs to a call at a shape every "
+                               f"rank had prepared (its InputError says why), so that call was stopped on every "
+                               f"rank and this kernel cannot run on this mesh again. Every rank must pass the "
+                               f"same shapes and dtypes, contiguous tensors on its own GPU")
         what = f"event code {code}"
         dec = decode_event_code(code)
         if dec is not None and st.shape is not None:

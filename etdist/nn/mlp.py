@@ -21,6 +21,8 @@ from torch import nn
 
 from .. import fusion
 from ..fusion.errors import InputError
+from ..ops import mlp as mlp_ops
+from ..ops.gemm_rs import refusal_reaches_peers
 from ..ops.mlp import tensor_parallel_mlp
 from ..workloads import mlp as mlp_graph
 from .checks import float_dtype, hidden_states, positive_ints
@@ -95,10 +97,12 @@ class TensorParallelMLP(nn.Module):
                 f"sequence_parallel={self.sequence_parallel}")
 
     def forward(self, x: torch.Tensor, total_rows: Optional[int] = None) -> torch.Tensor:
-        hidden_states("TensorParallelMLP", x, self.hidden)
-        dtype = self.w_down[0].dtype
-        if x.dtype != dtype:
-            raise InputError(f"TensorParallelMLP: x is {x.dtype}, the layer's weights {dtype}: pass x.to({dtype})")
+        # refused here on one rank only, the peers' launches stop too (every rank raises)
+        with refusal_reaches_peers(None if self.simulated else self.mesh, mlp_ops._KERNELS):
+            hidden_states("TensorParallelMLP", x, self.hidden)
+            dtype = self.w_down[0].dtype
+            if x.dtype != dtype:
+                raise InputError(f"TensorParallelMLP: x is {x.dtype}, the layer's weights {dtype}: pass x.to({dtype})")
         lead = x.shape[:-1]
         if self.simulated and total_rows is not None and total_rows != x[..., 0].numel():
             raise InputError(f"TensorParallelMLP: total_rows={total_rows!r} but x has {x[..., 0].numel()} rows; "

@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import fusion
 from ..fusion.errors import InputError
+from ..ops.gemm_rs import refusal_reaches_peers
 from ..workloads import moe as moe_graph
 from .checks import float_dtype, hidden_states, positive_ints
 
@@ -155,9 +156,11 @@ class MoE(nn.Module):
         return kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden_states("MoE", x, self.hidden)
-        if self.simulated and x.device.type != "cpu":
-            raise InputError(f"MoE: x is on {x.device}; simulated ranks run on the CPU runtime: pass a CPU tensor")
+        # refused here on one rank only, the peers' launches stop too (every rank raises)
+        with refusal_reaches_peers(None if self.simulated else self.mesh, self._compiled):
+            hidden_states("MoE", x, self.hidden)
+            if self.simulated and x.device.type != "cpu":
+                raise InputError(f"MoE: x is on {x.device}; simulated ranks run on the CPU runtime: pass a CPU tensor")
         lead, x2 = x.shape[:-1], x.reshape(-1, self.hidden).to(self.router.dtype)
         if self.simulated:
             y = self._simulated(x2)

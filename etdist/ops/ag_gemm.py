@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from ..workloads import ag_gemm
-from .gemm_rs import LARGE, TileConfig, cached_kernel, check_operands, fp32_config, total_rows_of
+from .gemm_rs import LARGE, TileConfig, cached_kernel, check_operands, fp32_config, refusal_reaches_peers, total_rows_of
 
 # Up to WHOLE_MAX_M rows the gather (tiny) completes first and GEMM tiles span every row, so the
 # weights are read once; above, row tiles start per source as its rows arrive (overlap).
@@ -26,8 +26,9 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
        when M is not R x rows). w: [K, N_local] row-major. Rows are multiplied as they arrive,
        this rank's own first.
     """
-    mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)
-    M = total_rows_of("all_gather_gemm", total_rows, x, mesh.world_size)
+    with refusal_reaches_peers(mesh, _KERNELS):
+        mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)
+        M = total_rows_of("all_gather_gemm", total_rows, x, mesh.world_size)
     whole = M <= WHOLE_MAX_M
     cfg: TileConfig = WHOLE if whole else LARGE
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg

@@ -1,6 +1,7 @@
 """Tensor-parallel GEMM + reduce-scatter as one persistent kernel per GPU."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -10,8 +11,9 @@ from typing import Optional
 import torch
 
 from ..fusion import compile as et_compile
+from ..fusion.cuda_runtime import post_refusal
 from ..fusion.errors import InputError
-from ..mesh import current_mesh
+from ..mesh import MeshError, current_mesh
 from ..workloads import gemm_rs
 
 
@@ -109,7 +111,8 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     Returns [rows owned, N] in x's dtype (bf16/fp16/fp32), accumulated in fp32 per rank and summed
     in fp32 across ranks (partials travel in x's dtype; fp32 inputs multiply as TF32 on tensor cores).
     """
-    mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
+    with refusal_reaches_peers(mesh, _KERNELS):
+        mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
     cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index))
     kernel = cached_kernel(_KERNELS, (x.dtype, cfg, schedule, align, splits), cfg, schedule, build)
     return kernel(mesh, x=x, w=w, out=None if out is None else {"y": out})["y"]
@@ -123,6 +126,22 @@ def cached_kernel(cache: dict, key: tuple, cfg: TileConfig, schedule: str, build
         kernel = cache[key] = et_compile(build(), schedule=schedule, target="cuda")
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
     return kernel
+
+
+@contextlib.contextmanager
+def refusal_reaches_peers(mesh, kernels: dict):
+    """Around an op's own argument checks: a refusal on this rank alone stops the peers' launches of
+    the op's prepared kernels (fusion.cuda_runtime.post_refusal), so every rank raises."""
+    try:
+        yield
+    except InputError:
+        try:
+            m = mesh or current_mesh()
+        except MeshError:
+            m = None
+        if getattr(m, "backend", None) == "nvshmem" and isinstance(getattr(m, "cache", None), dict):
+            post_refusal(m, list(kernels.values()))
+        raise
 
 
 def check_operands(op: str, graph: str, x, w, mesh):

@@ -9,7 +9,7 @@ import torch
 from ..fusion.errors import InputError
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
-from .gemm_rs import TileConfig, cached_kernel, check_operands, fp32_config, total_rows_of
+from .gemm_rs import TileConfig, cached_kernel, check_operands, fp32_config, refusal_reaches_peers, total_rows_of
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 _KERNELS: dict = {}
@@ -25,18 +25,19 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
        its up columns; w_down: [I_r, H] its rows of the down projection (row-major, as
        `etdist.workloads.mlp.shard` makes them). Returns [rows_r, H] in x's dtype.
     """
-    mesh = check_operands("tensor_parallel_mlp", "etdist.workloads.mlp", x, w_gate_up, mesh)
-    if not isinstance(w_down, torch.Tensor) or w_down.dim() != 2:
-        raise InputError(f"tensor_parallel_mlp: w_down must be a 2-D tensor [I, {x.shape[1]}], "
-                         f"got {getattr(w_down, 'shape', type(w_down).__name__)}")
-    H, I = x.shape[1], w_down.shape[0]
-    if w_gate_up.shape[1] != 2 * I or w_down.shape[1] != H:
-        raise InputError(f"tensor_parallel_mlp: w_gate_up is {list(w_gate_up.shape)} and w_down "
-                         f"{list(w_down.shape)}; with x [rows, {H}] expected [{H}, 2*I] and [I, {H}]")
-    if w_down.dtype != x.dtype or w_down.device != x.device or not w_down.is_contiguous():
-        raise InputError(f"tensor_parallel_mlp: w_down must be a contiguous {x.dtype} tensor on {x.device}, got "
-                         f"{w_down.dtype} on {w_down.device}{'' if w_down.is_contiguous() else ', not contiguous'}")
-    M = total_rows_of("tensor_parallel_mlp", total_rows, x, mesh.world_size)
+    with refusal_reaches_peers(mesh, _KERNELS):
+        mesh = check_operands("tensor_parallel_mlp", "etdist.workloads.mlp", x, w_gate_up, mesh)
+        if not isinstance(w_down, torch.Tensor) or w_down.dim() != 2:
+            raise InputError(f"tensor_parallel_mlp: w_down must be a 2-D tensor [I, {x.shape[1]}], "
+                             f"got {getattr(w_down, 'shape', type(w_down).__name__)}")
+        H, I = x.shape[1], w_down.shape[0]
+        if w_gate_up.shape[1] != 2 * I or w_down.shape[1] != H:
+            raise InputError(f"tensor_parallel_mlp: w_gate_up is {list(w_gate_up.shape)} and w_down "
+                             f"{list(w_down.shape)}; with x [rows, {H}] expected [{H}, 2*I] and [I, {H}]")
+        if w_down.dtype != x.dtype or w_down.device != x.device or not w_down.is_contiguous():
+            raise InputError(f"tensor_parallel_mlp: w_down must be a contiguous {x.dtype} tensor on {x.device}, got "
+                             f"{w_down.dtype} on {w_down.device}{'' if w_down.is_contiguous() else ', not contiguous'}")
+        M = total_rows_of("tensor_parallel_mlp", total_rows, x, mesh.world_size)
     whole = M <= _ag_gemm.WHOLE_MAX_M       # small M: every weight read once (mlp_graph.tp_mlp_whole)
     cfg = _ag_gemm.WHOLE if whole else TILES
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg

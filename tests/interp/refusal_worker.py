@@ -1,0 +1,45 @@
+"""One rank refuses a call at a shape every rank has prepared (its x is not contiguous), under
+Triton's interpreter over a cpu mesh: no rank may return another call's data; every rank raises.
+
+    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/refusal_worker.py   -> 'OK refusal rank r'
+"""
+import time
+
+import torch
+
+import etdist as et
+from etdist.workloads import gemm_rs
+
+
+def main():
+    mesh = et.init_mesh(backend="cpu", watchdog_s=20)
+    R, r = mesh.world_size, mesh.rank
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter(16, 16, torch.float32, 16, group_m=2), target="cuda")
+    ins = gemm_rs.make_inputs(R, 9, 24, 40, seed=1)
+    want = gemm_rs.reference([i["x"] for i in ins], [i["w"] for i in ins])[r]
+    y = kernel(mesh, x=ins[r]["x"], w=ins[r]["w"])["y"]          # the shape is prepared on every rank
+    assert torch.allclose(y.double(), want, rtol=1e-4, atol=1e-4)
+    x = ins[r]["x"] * 2
+    if r == R - 1:
+        x = x.t().contiguous().t()                                 # same shape, not contiguous
+    t0 = time.monotonic()
+    try:
+        kernel(mesh, x=x, w=ins[r]["w"])
+        outcome = "returned"
+    except et.InputError as e:
+        outcome = "InputError" if r == R - 1 and "not contiguous" in str(e) else f"wrong InputError: {e}"
+    except et.RuntimeFault as e:
+        outcome = "RuntimeFault" if r != R - 1 and f"rank {R - 1} refused" in str(e) else f"wrong fault: {e}"
+    assert outcome == ("InputError" if r == R - 1 else "RuntimeFault"), outcome
+    assert time.monotonic() - t0 < 15, "stopped by the watchdog, not by the refusal"
+    try:                                                           # the kernel stays failed on every rank
+        kernel(mesh, x=ins[r]["x"], w=ins[r]["w"])
+        raise AssertionError("a call after the refusal returned")
+    except et.RuntimeFault as e:
+        assert f"rank {R - 1} refused" in str(e), e
+    print(f"OK refusal rank {r}", flush=True)
+    mesh.close()
+
+
+if __name__ == "__main__":
+    main()
