@@ -1,6 +1,6 @@
 """GPU checks of the fused GEMM+RS megakernel, one process per GPU:
 
-    torchrun --nproc_per_node=N tests/gpu/gemm_rs_worker.py [--case ok|trace|dynamic|graph|peer-skips]
+    torchrun --nproc_per_node=N tests/gpu/gemm_rs_worker.py [--case ok|trace|dynamic|graph|peer-skips|refusal]
 
 Prints 'OK <check>' lines that tests/gpu/test_megakernel_gpu.py counts.
 """
@@ -216,6 +216,32 @@ def check_graph(mesh):
     print(f"OK graph rank {r}", flush=True)
 
 
+def check_refusal(mesh):
+    """At a prepared shape rank 1 refuses its call (x fp16, w bf16): its InputError stops rank 0's
+    launch of that call, which raises RuntimeFault naming rank 1 (at check()), not pairing the launch
+    with rank 1's next call."""
+    K, N, M = 1536, 1024, 16
+    w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16)
+    x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
+    et.ops.gemm_reduce_scatter(x, w, mesh=mesh)           # prepared on every rank
+    torch.cuda.synchronize()
+    if mesh.rank == 1:
+        try:
+            et.ops.gemm_reduce_scatter(x.half(), w, mesh=mesh)
+            raise AssertionError("rank 1's call was accepted")
+        except et.InputError:
+            pass
+    else:
+        et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+        try:
+            for k in op_module._KERNELS.values():
+                k.check(mesh)
+            raise AssertionError("rank 0's launch finished without rank 1")
+        except et.RuntimeFault as e:
+            assert "rank 1 refused" in str(e), e
+    print(f"OK refusal rank {mesh.rank}", flush=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", default="ok")
@@ -226,6 +252,6 @@ if __name__ == "__main__":
         {"ok": check_ok, "trace": check_trace, "dynamic": check_dynamic, "graph": check_graph}[args.case](mesh)
         mesh.close()
     else:  # the mesh is broken on purpose: leave without the collective teardown
-        check_peer_skips(mesh)
+        {"peer-skips": check_peer_skips, "refusal": check_refusal}[args.case](mesh)
         sys.stdout.flush()
         os._exit(0)

@@ -56,6 +56,13 @@ def test_missing_peer_raises_within_watchdog():
     assert out.count("OK watchdog") == 2, out[-5000:]
 
 
+def test_a_refusal_on_one_rank_stops_the_other_ranks_launch():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    rc, out = torchrun(2, "--case", "refusal", timeout=120)
+    assert out.count("OK refusal") == 2, out[-5000:]
+
+
 def test_all_gather_gemm_and_tensor_parallel_mlp():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
