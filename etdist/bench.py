@@ -183,6 +183,7 @@ def on_gpus(cfg: Config) -> bool:
 
 def gpu_main(cfg: Config, console: Console) -> None:
     from . import bench_gpu, report
+    check_config(cfg)   # (the CPU path checks in run())
     folder = pathlib.Path(HydraConfig.get().runtime.output_dir)
     recs = bench_gpu.run_sweep(cfg, console, folder)
     if recs:  # rank 0
@@ -200,7 +201,6 @@ def gpu_main(cfg: Config, console: Console) -> None:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: Config) -> None:
     console = Console(width=None if os.isatty(1) else 140)
-    check_config(cfg)
     if on_gpus(cfg):
         return gpu_main(cfg, console)
     rank, nprocs, comm = _host_comm()

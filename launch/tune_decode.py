@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import etdist as et
 from etdist.bench_gpu import _chunk, _gather_rows, _max_over_ranks, _rel_err
-from etdist.measure.baselines import swiglu
+from etdist.measure.baselines import rotating, swiglu
 from etdist.measure.shapes import MLP_SHAPES
 from etdist.measure.timing import time_ranks
 from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op
@@ -51,14 +51,12 @@ def cell(op, model, M):
         full = x_rs.float() @ ws[0].float()
         dist.all_reduce(full)
         got, want = et.ops.gemm_reduce_scatter(x_rs, ws[0], mesh=mesh), full[lo:hi]
-        ws = itertools.cycle(ws)
-        call = lambda: et.ops.gemm_reduce_scatter(x_rs, next(ws), mesh=mesh)  # noqa: E731
+        call = rotating(lambda i: et.ops.gemm_reduce_scatter(x_rs, ws[i], mesh=mesh), 4)
     elif op == "ag_gemm":
         ws = [torch.randn(H, 2 * I // R, device=dev, dtype=bf16) for _ in range(4)]
         got = et.ops.all_gather_gemm(x, ws[0], mesh=mesh, total_rows=M)
         want = _gather_rows(x, M, R) @ ws[0].float()
-        ws = itertools.cycle(ws)
-        call = lambda: et.ops.all_gather_gemm(x, next(ws), mesh=mesh, total_rows=M)  # noqa: E731
+        call = rotating(lambda i: et.ops.all_gather_gemm(x, ws[i], mesh=mesh, total_rows=M), 4)
     else:
         ws = [(torch.randn(H, 2 * I // R, device=dev, dtype=bf16), torch.randn(I // R, H, device=dev, dtype=bf16))
               for _ in range(4)]
@@ -66,8 +64,7 @@ def cell(op, model, M):
         full = swiglu(_gather_rows(x, M, R) @ ws[0][0].float()) @ ws[0][1].float()
         dist.all_reduce(full)
         want = full[lo:hi]
-        ws = itertools.cycle(ws)
-        call = lambda: et.ops.tensor_parallel_mlp(x, *next(ws), mesh=mesh, total_rows=M)  # noqa: E731
+        call = rotating(lambda i: et.ops.tensor_parallel_mlp(x, *ws[i], mesh=mesh, total_rows=M), 4)
     return call, _max_over_ranks(_rel_err(got, want), dev)
 
 

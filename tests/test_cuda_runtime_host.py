@@ -19,6 +19,18 @@ class FakeComm:
         return [obj, *self.others]
 
 
+class RecordingComm(FakeComm):
+    """A FakeComm that keeps what this rank contributed to each exchange, in `seen`."""
+
+    def __init__(self, others):
+        super().__init__(others)
+        self.seen = []
+
+    def allgather(self, obj):
+        self.seen.append(obj)
+        return super().allgather(obj)
+
+
 class FakeMesh:
     backend, rank, world_size, device = "nvshmem", 0, 2, torch.device("cpu")
 
@@ -47,15 +59,9 @@ def test_sizes_that_differ_across_ranks(kernel):
 
 
 def test_own_refusal_is_shared_before_raising(kernel):
-    seen = []
-
-    class Recording(FakeComm):
-        def allgather(self, obj):
-            seen.append(obj)
-            return super().allgather(obj)
-
     mesh = FakeMesh([[("K", 16), ("M", 8), ("N", 32), ("WORLD", 2)]])
-    mesh.comm = Recording(mesh.comm.others)
+    mesh.comm = RecordingComm(mesh.comm.others)
+    seen = mesh.comm.seen
     x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.float32)
     with pytest.raises(et.InputError, match="dtype torch.float32, expected torch.bfloat16"):
         kernel._agree(mesh, {"x": x, "w": w}, None)
@@ -67,15 +73,9 @@ def test_wrong_out_is_refused_on_every_rank_before_launch(kernel, monkeypatch):
     the agreement, the peers launched anyway and their launch waited for (and took) this rank's next
     call's data (seen under TRITON_INTERPRET=1 with 2 ranks)."""
     from etdist.fusion.cuda_runtime import _MeshState
-    seen = []
-
-    class Recording(FakeComm):
-        def allgather(self, obj):
-            seen.append(obj)
-            return super().allgather(obj)
-
     mesh = FakeMesh([[("K", 16), ("M", 8), ("N", 32), ("WORLD", 2)]])
-    mesh.comm = Recording(mesh.comm.others)
+    mesh.comm = RecordingComm(mesh.comm.others)
+    seen = mesh.comm.seen
     monkeypatch.setattr(kernel, "_new_state", lambda m: _MeshState(programs=1, device=m.device))
     monkeypatch.setattr(kernel, "_prepare", lambda *a: pytest.fail("prepared a launch for a refused call"))
     x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
@@ -190,12 +190,8 @@ class PreparingMesh(FakeMesh):
         pass
 
 
-def test_argument_layout_is_built_once_per_shape(monkeypatch):
-    """The launch arguments come from a per-shape layout (fixed addresses taken once): each call
-    passes exactly what the kernel's parameters name, its own inputs and outputs included, and
-    nothing else that changes (the epochs are the kernel's own: a CUDA graph replays the launch);
-    a misaligned input is copied (the kernels assume 16-byte aligned rows) and a misaligned output
-    falls back to Triton's launcher with the same arguments."""
+def _recorded_gemm_rs(monkeypatch):
+    """An aligned gemm_rs CudaKernel whose launches a LaunchRecorder takes (no GPU): (kernel, recorder)."""
     from etdist.fusion import cuda_runtime as cr
     ir = gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
     kernel = CudaKernel(MapTable.build(ir), "static")
@@ -204,9 +200,18 @@ def test_argument_layout_is_built_once_per_shape(monkeypatch):
     monkeypatch.setattr(cr, "hooks_active", lambda: False)
     monkeypatch.setattr(kernel, "module", rec)
     word = torch.zeros(1, dtype=torch.int32)
-
     monkeypatch.setattr(kernel, "_new_state", lambda mesh: cr._MeshState(
         programs=4, error_word=word, error_np=word.numpy(), compiled=rec))
+    return kernel, rec
+
+
+def test_argument_layout_is_built_once_per_shape(monkeypatch):
+    """The launch arguments come from a per-shape layout (fixed addresses taken once): each call
+    passes exactly what the kernel's parameters name, its own inputs and outputs included, and
+    nothing else that changes (the epochs are the kernel's own: a CUDA graph replays the launch);
+    a misaligned input is copied (the kernels assume 16-byte aligned rows) and a misaligned output
+    falls back to Triton's launcher with the same arguments."""
+    kernel, rec = _recorded_gemm_rs(monkeypatch)
     mesh = PreparingMesh()
     for call in range(3):
         x, w = torch.randn(24, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
@@ -283,16 +288,7 @@ def test_a_failed_growth_leaves_no_layout_over_freed_buffers(monkeypatch):
     the allocation fails (symmetric heap exhausted, on every rank alike) and the caller carries on at
     the old shape, the kernel launched with the freed buffer still in its arguments (NVSHMEM hands
     that memory to the next allocation)."""
-    from etdist.fusion import cuda_runtime as cr
-    ir = gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
-    kernel = CudaKernel(MapTable.build(ir), "static")
-    rec = LaunchRecorder()
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
-    monkeypatch.setattr(cr, "hooks_active", lambda: False)
-    monkeypatch.setattr(kernel, "module", rec)
-    word = torch.zeros(1, dtype=torch.int32)
-    monkeypatch.setattr(kernel, "_new_state", lambda mesh: cr._MeshState(
-        programs=4, error_word=word, error_np=word.numpy(), compiled=rec))
+    kernel, rec = _recorded_gemm_rs(monkeypatch)
 
     class Exhausting(PreparingMesh):
         limit, freed = None, []

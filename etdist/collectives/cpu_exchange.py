@@ -19,7 +19,7 @@ def exchange_cpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, 
     ctrl, peers = mesh._ctrl_np, mesh._ctrl_peers_np
     xf, of = x.reshape(-1), out.reshape(-1)
     skip = mesh.fault_skip_notify_rank == r
-    dt = signature_dtype(str(x.dtype).removeprefix("torch."))
+    dt = signature_dtype(x.dtype)
     if int(ctrl[0]) == 0:
         for d in range(w):  # push
             if d == r:

@@ -26,10 +26,6 @@ PROGRAMS_PER_SM = 4
 CHUNKS_PER_PROGRAM = 16
 
 
-def _sig_dtype(x: torch.Tensor) -> int:
-    return signature_dtype(str(x.dtype).removeprefix("torch."))
-
-
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -102,7 +98,7 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
                 scratch_table=ws.scratch_table, sig_ptr=ws.signals, sig_table=ws.signals_table, ctrl_ptr=mesh.ctrl,
                 ctrl_table=ws.ctrl_table, out_table=mesh.peer_ptrs(out) if direct else ws.scratch_table,
                 meta_off=lay.meta, exit_off=lay.exit, grid_off=lay.grid, epoch_off=lay.epoch,
-                entry_off=lay.entry, rank=mesh.rank, world=w, op_sig=plan.op_signature(_sig_dtype(x)), nchunks=1,
+                entry_off=lay.entry, rank=mesh.rank, world=w, op_sig=plan.op_signature(signature_dtype(x.dtype)), nchunks=1,
                 max_spins=mesh.watchdog_spins(), skip_notify=int(mesh.fault_skip_notify_rank == mesh.rank))
     constexprs = dict(REDUCE=plan.op.reduces, RENDEZVOUS=rendezvous, DIRECT=direct, USE_ASM=True, BLOCK=block, ALIGN=align,
                       PALIGN=align * es)
@@ -151,5 +147,5 @@ def exchange_interpreted(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.
     exchange_kernel[(max(1, min(nchunks, 4)),)](
         x, out, packed, ws.scratch.view(x.dtype), ws.scratch_table, ws.signals, ws.signals_table, mesh.ctrl,
         ws.ctrl_table, mesh.peer_ptrs(out) if direct else ws.scratch_table, lay.meta, lay.exit, lay.grid, lay.epoch, lay.entry, mesh.rank, w,
-        plan.op_signature(_sig_dtype(x)), nchunks, int(mesh.watchdog_s * 1000), int(mesh.fault_skip_notify_rank == mesh.rank),
+        plan.op_signature(signature_dtype(x.dtype)), nchunks, int(mesh.watchdog_s * 1000), int(mesh.fault_skip_notify_rank == mesh.rank),
         REDUCE=plan.op.reduces, RENDEZVOUS=rendezvous, DIRECT=direct, USE_ASM=False, BLOCK=BLOCK, ALIGN=1, PALIGN=es)

@@ -44,7 +44,7 @@ class Plan:
         return max(max(self.send_cnt), max(self.recv_cnt))
 
     def op_signature(self, dtype: int = 0) -> int:
-        """The op and dtype fields of a signature (dtype: mesh.control.signature_dtype(name))."""
+        """The op and dtype fields of a signature (dtype: mesh.control.signature_dtype(x.dtype))."""
         return int(self.op) << 28 | dtype << SIG_COUNT_BITS
 
     def signature(self, count: int, dtype: int = 0) -> int:

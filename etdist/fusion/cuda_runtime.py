@@ -337,6 +337,12 @@ class CudaKernel:
                     raise InputError(f"graph {self.ir.name!r} input {name!r} is not contiguous: pass .contiguous()")
         return bind_inputs(self.ir, {mesh.rank: inputs}, sizes, world=world, device_type=None)
 
+    def _output_shapes(self, bound: dict, rank: int) -> dict:
+        """name -> (shape, dtype) of this rank's outputs at the bound sizes."""
+        env = {**bound, RANK_NAME: rank}
+        return {s.name: (tuple(evaluate(d, env) for d in s.shape), s.dtype) for s in self.ir.tensors
+                if s.role is Role.OUTPUT}
+
     def _check_out(self, mesh, out, outputs: Mapping[str, tuple]) -> None:
         for name, (shape, dtype) in outputs.items():
             given = (out or {}).get(name)
@@ -355,9 +361,7 @@ class CudaKernel:
         leaving peers waiting, or pairing their launch with its next call)."""
         try:
             bound, mine = self._bind(mesh, inputs, sizes), None
-            env = {**bound, RANK_NAME: mesh.rank}
-            self._check_out(mesh, out, {s.name: (tuple(evaluate(d, env) for d in s.shape), s.dtype)
-                                        for s in self.ir.tensors if s.role is Role.OUTPUT})
+            self._check_out(mesh, out, self._output_shapes(bound, mesh.rank))
         except InputError as e:
             bound, mine = None, str(e)
         everyone = mesh.comm.allgather(mine if mine is not None else sorted(bound.items()))
@@ -408,8 +412,7 @@ class CudaKernel:
         if missing:
             raise InputError(f"graph {self.ir.name!r}: symmetric inputs and outputs are not supported yet "
                              f"({missing}); declare them as scratch")
-        outputs = {s.name: (tuple(evaluate(d, env) for d in s.shape), s.dtype) for s in self.ir.tensors
-                   if s.role is Role.OUTPUT}
+        outputs = self._output_shapes(bound, mesh.rank)
         if self.dynamic:
             self._prepare_queue(mesh, st, bound, offsets, event_shapes, at, fixed)
         if self.trace_on:

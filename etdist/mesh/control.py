@@ -32,8 +32,9 @@ SIG_DTYPES = ("", "float32", "bfloat16", "float16", "float64", "int64", "int32",
               "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "another dtype")
 
 
-def signature_dtype(name: str) -> int:
-    """The 4-bit dtype field of a signature for a dtype named `name` (str(dtype) without 'torch.')."""
+def signature_dtype(dtype) -> int:
+    """The 4-bit dtype field of a signature for a torch dtype (named, so this layer needs no torch)."""
+    name = str(dtype).removeprefix("torch.")
     return SIG_DTYPES.index(name) if name in SIG_DTYPES[1:] else len(SIG_DTYPES) - 1
 
 

@@ -139,7 +139,7 @@ def refusal_reaches_peers(mesh, kernels: dict):
             m = mesh or current_mesh()
         except MeshError:
             m = None
-        if getattr(m, "backend", None) == "nvshmem" and isinstance(getattr(m, "cache", None), dict):
+        if getattr(m, "backend", None) == "nvshmem":
             post_refusal(m, list(kernels.values()))
         raise
 
