@@ -251,11 +251,10 @@ def _op_kernels():
     from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op, mlp as mlp_op
     from etdist.workloads import moe
     bf = torch.bfloat16
-    for M in (16, 128, 8192):
+    for M in (16, 64, 128, 8192):   # every size class
         cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132)
         yield f"gemm_rs M={M}", build, cfg.num_warps, cfg.num_stages
-    # the decode candidates launch/tune_decode.py A/Bs (BENCHMARKS.md, sixth session)
-    yield "gemm_rs skinny 64x128x128", lambda: gemm_rs.gemm_reduce_scatter_skinny(64, 128, bf, 128, 4, 16), 4, 4
+    # a decode candidate of launch/tune_decode.py's A/B (BENCHMARKS.md, seventh session)
     yield "gemm_rs skinny swap 16x128x128", \
         lambda: gemm_rs.gemm_reduce_scatter_skinny(16, 128, bf, 128, 4, 16, swap_ab=True), 4, 6
     W, L, T = ag_op.WHOLE, rs_op.LARGE, mlp_op.TILES

@@ -243,15 +243,20 @@ def test_argument_layout_is_built_once_per_shape(monkeypatch):
 def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
     """slices x column tiles ~ tasks_per_sm x SMs, at least 1 slice and at most 8; the op's plan
     takes the size class by M and the knob's tasks per SM."""
-    from etdist.ops.gemm_rs import (LARGE, SKINNY, SKINNY_128, SKINNY_TASKS_PER_SM, fp32_config, kernel_plan,
-                                    skinny_splits)
+    from etdist.ops.gemm_rs import (LARGE, SKINNY, SKINNY_32, SKINNY_128, SKINNY_TASKS_PER_SM, fp32_config,
+                                    kernel_plan, skinny_splits)
     assert skinny_splits(4096, 132, 64, 2) == 4            # 64 column tiles x 4 = 256 tasks on 132 SMs
     assert skinny_splits(4096, 132, 128, 1) == 4           # 32 x 4 = 128 tasks: one per SM
     assert skinny_splits(8192, 132, 128, 1) == 2
     assert skinny_splits(128, 132, 64, 2) == 8 and skinny_splits(1 << 20, 132, 64, 2) == 1
-    cfg, splits, align, _ = kernel_plan(64, 6144, 4096, torch.bfloat16, 132)
-    assert cfg is SKINNY and splits == skinny_splits(4096, 132, SKINNY.block_n, SKINNY_TASKS_PER_SM) and align == 16
-    assert kernel_plan(65, 6144, 4096, torch.bfloat16, 132)[0] is SKINNY_128
+    for M, want in ((1, SKINNY_32), (32, SKINNY_32), (33, SKINNY), (64, SKINNY), (65, SKINNY_128), (128, SKINNY_128)):
+        cfg, splits, align, _ = kernel_plan(M, 6144, 4096, torch.bfloat16, 132)
+        assert cfg is want and align == 16
+        assert splits == skinny_splits(4096, 132, want.block_n, SKINNY_TASKS_PER_SM[want])
+    # fp32 halves the contraction step but keeps its class's tasks per SM
+    cfg, splits, _, build = kernel_plan(16, 6144, 4096, torch.float32, 132)
+    assert cfg == fp32_config(SKINNY_32) and cfg.swap_ab and splits == skinny_splits(4096, 132, 128, SKINNY_TASKS_PER_SM[SKINNY_32])
+    assert build().name.startswith("gemm_rs")
     cfg, splits, align, build = kernel_plan(129, 6000, 4100, torch.float32, 132)
     assert cfg == fp32_config(LARGE) and splits == 1 and align == 1 and build().name == "gemm_rs"
 

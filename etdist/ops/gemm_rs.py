@@ -37,14 +37,14 @@ class TileConfig:
 
 
 # Size classes, one compiled kernel for every M in each. Up to 128 rows, the skinny graph (all
-# rows in one tile, split-K, weights read once): 64-row tiles up to 64 rows, 128-row tiles up to
-# 128; above, square tiles per destination rank. Picked by launch/tune_decode.py on 2x H200 with
-# TMA loads (us at M=128, qwen3_32b/llama31_70b: 75/108 against 177/198 for the LARGE tiles).
-# Candidate for M <= 64, timed but not yet checked for correctness on GPU (device time ran out):
-# 64,128,128,4,4 with one task per SM (ETDIST_GEMM_RS_SKINNY=64,128,128,4,4
-# ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM=1; launch/tune_decode.py 64,128,128,4,4,1): us at M=16, qwen3_8b/llama31_70b/qwen3_32b, 47.5/88.7/65.3
-# against 54.2/135.0/91.9 for the default (2x H200, same run; BENCHMARKS.md).
-SKINNY = TileConfig(64, 64, 128, 4, 4)
+# rows in one tile, split-K, weights read once); above, square tiles per destination rank.
+# launch/tune_decode.py on 2x H200, each config checked against float32 first (BENCHMARKS.md,
+# seventh session), us at M=16, qwen3_8b / llama31_70b: 32x128x128 swap-AB (weights on the wgmma
+# M side, 5 stages of 32 KiB in flight), one task per SM, 41 / 87; 64x128x128 one task per SM
+# 49 / 88; the old 64x64x128, two per SM, 55 / 132. The 128-row class (us at M=128, qwen3_32b /
+# llama31_70b: 75 / 108 against 177 / 198 for the LARGE tiles) is from the fourth session.
+SKINNY_32 = TileConfig(32, 128, 128, 4, 5, swap_ab=True)
+SKINNY = TileConfig(64, 128, 128, 4, 4)
 SKINNY_128 = TileConfig(128, 64, 128, 4, 4)
 LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BENCHMARKS.md)
 
@@ -55,8 +55,16 @@ def _override(name: str, default: TileConfig) -> TileConfig:
     return TileConfig.parse(text) if text else default
 
 
-SKINNY, SKINNY_128, LARGE = _override("SKINNY", SKINNY), _override("SKINNY_128", SKINNY_128), _override("LARGE", LARGE)
-SKINNY_CLASSES = (SKINNY, SKINNY_128)   # each serves M <= its block_m, in this order
+SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY),
+                                        _override("SKINNY_128", SKINNY_128), _override("LARGE", LARGE))
+SKINNY_CLASSES = (SKINNY_32, SKINNY, SKINNY_128)   # each serves M <= its block_m, in this order
+
+# Tasks per SM that each skinny class's split-K aims at (more slices: more tasks, each shorter).
+# Every task drains and refills its load pipeline, so the 128-wide tiles run best as one long task
+# per SM (A/B above). Tuning knob for every class at once: ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM.
+_tasks_text = os.environ.get("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM")
+SKINNY_TASKS_PER_SM = ({cfg: float(_tasks_text) for cfg in SKINNY_CLASSES} if _tasks_text else
+                       {SKINNY_32: 1.0, SKINNY: 1.0, SKINNY_128: 2.0})
 
 
 def fp32_config(cfg: TileConfig) -> TileConfig:
@@ -76,12 +84,7 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Tasks per SM that the skinny split-K aims at (more slices: more tasks, each shorter).
-# Tuning knob: ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM.
-SKINNY_TASKS_PER_SM = float(os.environ.get("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM", "2"))
-
-
-def skinny_splits(N: int, sms: int, block_n: int = SKINNY.block_n, tasks_per_sm: float = 2) -> int:
+def skinny_splits(N: int, sms: int, block_n: int, tasks_per_sm: float) -> int:
     """Contraction slices so that slices x column tiles gives every SM about `tasks_per_sm` tasks."""
     return max(1, min(8, round(tasks_per_sm * sms / -(-N // block_n))))
 
@@ -91,12 +94,13 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int):
     slices, alignment, a builder of the graph). launch/trace_gemm_rs.py traces the same plan."""
     cfg = tile_config(M)
     skinny = cfg is not LARGE
+    tasks_per_sm = SKINNY_TASKS_PER_SM.get(cfg, 2.0)
     if dtype == torch.float32:
         cfg = fp32_config(cfg)
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1  # aligned rows vectorise
     if not skinny:
         return cfg, 1, align, lambda: gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
-    splits = skinny_splits(N, sms, cfg.block_n, SKINNY_TASKS_PER_SM)
+    splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
     return cfg, splits, align, lambda: gemm_rs.gemm_reduce_scatter_skinny(cfg.block_m, cfg.block_n, dtype,
                                                                           cfg.block_k, splits, align, cfg.swap_ab)
 
