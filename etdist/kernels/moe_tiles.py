@@ -29,19 +29,34 @@ def _i64(x):
 
 
 @triton.jit
-def moe_route(i, x, wg, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr,
-              BK: tl.constexpr):
-    """Tokens [i*BT, (i+1)*BT): softmax(x @ wg) -> top-k experts and their weights, renormalised."""
+def moe_logits(i, k, x, wg, logits, T, H, E, BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
+               RH: tl.constexpr):
+    """logits[k, tokens [i*BT, (i+1)*BT)] = x @ wg over hidden slice k (fp32; zero past E)."""
     cols = tl.arange(0, BE)
     ks = tl.arange(0, BK)
     rows = i * BT + tl.arange(0, BT)
     acc = tl.zeros((BT, BE), tl.float32)
-    for k0 in range(0, H, BK):
+    for k0 in range(k * RH, tl.minimum(H, (k + 1) * RH), BK):
         a = tl.load(x + rows[:, None] * H + (k0 + ks)[None, :],
                     mask=(rows[:, None] < T) & ((k0 + ks)[None, :] < H), other=0.0)
         b = tl.load(wg + (k0 + ks)[:, None] * E + cols[None, :],
                     mask=((k0 + ks)[:, None] < H) & (cols[None, :] < E), other=0.0)
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        acc = _dot(a, b, acc)
+    out = logits + (_i64(k) * T + rows)[:, None] * BE + cols[None, :]
+    tl.store(out, acc, mask=rows[:, None] < T)
+
+
+@triton.jit
+def moe_route(i, logits, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr,
+              RH: tl.constexpr):
+    """Tokens [i*BT, (i+1)*BT): softmax(sum of the slices' logits) -> top-k experts and their
+    weights, renormalised."""
+    cols = tl.arange(0, BE)
+    rows = i * BT + tl.arange(0, BT)
+    acc = tl.zeros((BT, BE), tl.float32)
+    for k in range(0, tl.cdiv(H, RH)):
+        acc += tl.load(logits + (_i64(k) * T + rows)[:, None] * BE + cols[None, :], mask=rows[:, None] < T,
+                       other=0.0)
     acc = tl.where(cols[None, :] < E, acc, float("-inf"))
     p = tl.exp(acc - tl.max(acc, 1)[:, None])
     p = p / tl.sum(p, 1)[:, None]
@@ -61,10 +76,11 @@ def moe_route(i, x, wg, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.c
 
 
 @triton.jit
-def moe_dispatch(d, b, x, topk_ids, recv, recv_peers, recv_expert, recv_expert_peers, T, H, E_local, RANK, WORLD,
-                 TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
-    """My (token, k) slots [b*BS, (b+1)*BS) whose expert lives on rank me + d: rows into its
-    recv[me], and its recv_expert[me] marked with the local expert (-1 for slots it does not serve)."""
+def moe_dispatch(d, b, c, x, topk_ids, recv, recv_peers, recv_expert, recv_expert_peers, T, H, E_local, RANK,
+                 WORLD, TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr):
+    """My (token, k) slots [b*BS, (b+1)*BS) whose expert lives on rank me + d: their hidden columns
+    [c*WH, (c+1)*WH) into its recv[me], and (slab 0) its recv_expert[me] marked with the local
+    expert (-1 for slots it does not serve)."""
     dst = (RANK + d) % WORLD
     S = _i64(T) * TOP_K
     recv_d = peer_base(recv_peers, dst, recv) + RANK * S * H
@@ -73,9 +89,10 @@ def moe_dispatch(d, b, x, topk_ids, recv, recv_peers, recv_expert, recv_expert_p
     ok = s < S
     ids = tl.load(topk_ids + s, mask=ok, other=0)
     mine = ((ids // E_local) == dst) & ok
-    tl.store(expert_d + s, tl.where(mine, ids % E_local, -1), mask=ok)
+    if c == 0:
+        tl.store(expert_d + s, tl.where(mine, ids % E_local, -1), mask=ok)
     tok = s // TOP_K
-    for h0 in range(0, H, BH):
+    for h0 in range(c * WH, tl.minimum(H, (c + 1) * WH), BH):
         h = h0 + tl.arange(0, BH)
         m = mine[:, None] & (h[None, :] < H)
         tl.store(recv_d + s[:, None] * H + h[None, :], tl.load(x + tok[:, None] * H + h[None, :], mask=m), mask=m)
@@ -178,15 +195,16 @@ def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_
 
 
 @triton.jit
-def moe_send_back(d, b, recv_expert, expert_out, back, back_peers, T, H, RANK, WORLD,
-                  TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
-    """The outputs of rank me + d's slots [b*BS, (b+1)*BS) that my experts served, into its back[me]."""
+def moe_send_back(d, b, c, recv_expert, expert_out, back, back_peers, T, H, RANK, WORLD,
+                  TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr):
+    """The outputs of rank me + d's slots [b*BS, (b+1)*BS) that my experts served, hidden columns
+    [c*WH, (c+1)*WH), into its back[me]."""
     dst = (RANK + d) % WORLD
     S = _i64(T) * TOP_K
     back_d = peer_base(back_peers, dst, back) + RANK * S * H
     s = b * BS + tl.arange(0, BS).to(tl.int64)
     mine = tl.load(recv_expert + dst * S + s, mask=s < S, other=-1) >= 0
-    for h0 in range(0, H, BH):
+    for h0 in range(c * WH, tl.minimum(H, (c + 1) * WH), BH):
         h = h0 + tl.arange(0, BH)
         m = mine[:, None] & (h[None, :] < H)
         v = tl.load(expert_out + (dst * S + s)[:, None] * H + h[None, :], mask=m)
@@ -194,19 +212,25 @@ def moe_send_back(d, b, recv_expert, expert_out, back, back_peers, T, H, RANK, W
 
 
 @triton.jit
-def moe_combine(i, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.constexpr, BM: tl.constexpr,
-                BH: tl.constexpr):
-    """y[token] = sum over k of weight[token, k] * back[owner of its k-th expert, its slot]."""
+def moe_combine(i, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.constexpr, KP: tl.constexpr,
+                BM: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr):
+    """y[token, slab c] = sum over k of weight[token, k] * back[owner of its k-th expert, its slot]:
+    tokens [i*BM, (i+1)*BM), hidden columns [c*WH, (c+1)*WH)."""
     S = T * TOP_K
     t = i * BM + tl.arange(0, BM)
     ok = t < T
-    for h0 in range(0, H, BH):
+    ks = tl.arange(0, KP)
+    # the routing read once, so each column step waits on one load (the rows), not two
+    kmask = ok[:, None] & (ks[None, :] < TOP_K)
+    owners = tl.load(topk_ids + t[:, None] * TOP_K + ks[None, :], mask=kmask, other=0) // E_local
+    weights = tl.load(topk_w + t[:, None] * TOP_K + ks[None, :], mask=kmask, other=0.0).to(tl.float32)
+    for h0 in range(c * WH, tl.minimum(H, (c + 1) * WH), BH):
         h = h0 + tl.arange(0, BH)
         m = ok[:, None] & (h[None, :] < H)
         acc = tl.zeros((BM, BH), tl.float32)
         for kk in tl.static_range(TOP_K):
-            owner = tl.load(topk_ids + t * TOP_K + kk, mask=ok, other=0) // E_local
-            w = tl.load(topk_w + t * TOP_K + kk, mask=ok, other=0.0).to(tl.float32)
+            owner = tl.sum(tl.where(ks[None, :] == kk, owners, 0), 1)
+            w = tl.sum(tl.where(ks[None, :] == kk, weights, 0.0), 1)
             v = tl.load(back + (owner * S + t * TOP_K + kk)[:, None] * H + h[None, :], mask=m, other=0.0)
             acc += w[:, None] * v.to(tl.float32)
         tl.store(y + t[:, None] * H + h[None, :], acc.to(y.dtype.element_ty), mask=m)

@@ -52,7 +52,13 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     BE = max(16, 1 << (max_experts - 1).bit_length())
     g.check(E <= BE, f"the GPU router holds at most {BE} experts (moe_layer(max_experts=...))")
     BS = block                                         # slots per dispatch / send_back block
-    copy = dict(TOP_K=top_k, BS=BS, BH=2 * block)
+    # Copies and sums walk hidden columns in short steps (one load latency each: at one token a
+    # single task over all of H was a chain of 16-32 of them, 20-130 us), so every task takes
+    # only a slab of WH columns and the slabs run side by side; likewise the router's logits are
+    # split over RH-column slices of the hidden size (512 KB of Qwen3's router on one SM, 85 us).
+    WH, RH = 8 * block, 4 * block
+    slabs = et.cdiv(H, WH)
+    copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH)
     tiles = dict(BM=block_m, BN=BN, BK=block, BE=BE)
     expert_gemm = dict(tiles, TMA=use_tma(align))   # weights through TMA where rows are aligned
     # every expert that received a slot may end in a partial tile (at most min(E_local, R*S) do):
@@ -63,6 +69,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     g.input("wg", (H, E), dtype)
     g.input("w_gate_up", (EL, H, 2 * I), dtype)
     g.input("w_down", (EL, I, H), dtype)
+    g.scratch("logits", (et.cdiv(H, RH), T, BE), torch.float32)    # per hidden slice, summed by route
     g.scratch("topk_ids", (T, top_k), torch.int64)
     g.scratch("topk_w", (T, top_k), dtype)
     g.scratch("recv", (R, S, H), dtype, symmetric=True)            # on the expert's rank: [src, slot]
@@ -76,38 +83,46 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     g.scratch("back", (R, S, H), dtype, symmetric=True)            # on the token's rank: [owner, slot]
     g.output("y", (T, H), dtype)
 
-    # The router's logits are an IEEE fp32 dot (CUDA cores, not tensor cores: it must pick the
-    # experts a float32 reference picks), tl.dot's minimum of 16 rows per task: at decode a
-    # 64-row block did 64x the work of one token (~0.1 ms of CUDA-core FMAs for a 128-expert
-    # router), and at 4096 tokens 16-row blocks give 4x the tasks to spread over the SMs.
+    # The router's logits accumulate in fp32 (bf16 products are exact in it; fp32 inputs take an
+    # IEEE dot on CUDA cores): it must pick the experts a float32 reference picks. Blocks of 16
+    # tokens, tl.dot's minimum: at decode a 64-row block did 64x the work of one token.
     BT = 16
+    scored = g.event("scored", (et.cdiv(T, BT),), count=et.cdiv(H, RH))
     routed = g.event("routed", (1,), count=et.cdiv(T, BT))
-    dispatched = g.event("dispatched", (R,), count=R * slot_blocks, distributed=True)   # per source block
+    dispatched = g.event("dispatched", (R,), count=R * slot_blocks * slabs, distributed=True)   # per source
     planned = g.event("planned", (1,), count=EL)
     tiled = g.event("tiled", (1,))
     act_ready = g.event("act_ready", (max_tiles,), count=et.cdiv(I, BN))
     done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BN) + 1)
-    returned = g.event("returned", (R,), count=R * slot_blocks, distributed=True)
+    returned = g.event("returned", (R,), count=R * slot_blocks * slabs, distributed=True)
 
-    @g.task(grid=(et.cdiv(T, BT),), notify=lambda i: routed[0], triton=moe_tiles.moe_route,
-            constexprs=dict(TOP_K=top_k, BT=BT, BE=BE, BK=block))
+    @g.task(grid=(et.cdiv(T, BT), et.cdiv(H, RH)), notify=lambda i, k: scored[i], triton=moe_tiles.moe_logits,
+            constexprs=dict(BT=BT, BE=BE, BK=block, RH=RH))
+    def logits(t, i, k):                                 # token block i's logits over hidden slice k
+        rows, cols = et.block(i, BT, t.T), et.block(k, RH, t.H)
+        t.logits[k, rows, :t.E] = t.x[rows, cols].float() @ t.wg[cols].float()
+
+    @g.task(grid=(et.cdiv(T, BT),), wait=lambda i: scored[i], notify=lambda i: routed[0],
+            triton=moe_tiles.moe_route, constexprs=dict(TOP_K=top_k, BT=BT, BE=BE, RH=RH))
     def route(t, i):
         rows = et.block(i, BT, t.T)
-        probs = torch.softmax(t.x[rows] @ t.wg, dim=-1)
+        probs = torch.softmax(t.logits[:, rows, :t.E].sum(0), dim=-1)
         w, ids = probs.topk(top_k, dim=-1)
         t.topk_ids[rows] = ids
-        t.topk_w[rows] = w / w.sum(-1, keepdim=True)
+        t.topk_w[rows] = (w / w.sum(-1, keepdim=True)).to(t.topk_w.dtype)
 
-    @g.task(grid=(R, slot_blocks), wait=lambda d, b: routed[0], notify=lambda d, b: dispatched[(me + d) % R],
-            triton=moe_tiles.moe_dispatch, constexprs=copy)
-    def dispatch(t, d, b):                               # my slots in block b whose expert lives on rank me + d
+    @g.task(grid=(R, slot_blocks, slabs), wait=lambda d, b, c: routed[0],
+            notify=lambda d, b, c: dispatched[(me + d) % R], triton=moe_tiles.moe_dispatch, constexprs=copy)
+    def dispatch(t, d, b, c):                            # my slots in block b whose expert lives on rank me + d
         dst, n_local = (t.rank + d) % t.world, t.E_local
-        s = et.block(b, BS, t.T * top_k)
+        s, hs = et.block(b, BS, t.T * top_k), et.block(c, WH, t.H)
         ids = t.topk_ids.reshape(-1)[s]
         mine = ids // n_local == dst
         peer = t.peer(dst)
-        peer.recv[t.rank][s][mine] = t.x[torch.arange(s.start, s.stop) // top_k][mine]
-        peer.recv_expert[t.rank][s] = torch.where(mine, ids % n_local, -1)
+        rows = peer.recv[t.rank][s]                      # a view: the slab of columns written in place
+        rows[:, hs][mine] = t.x[torch.arange(s.start, s.stop) // top_k][:, hs][mine]
+        if c == 0:                                       # the slots' experts, once
+            peer.recv_expert[t.rank][s] = torch.where(mine, ids % n_local, -1)
 
     @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: planned[0],
             triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=1024))
@@ -152,24 +167,25 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         t.expert_out.reshape(-1, t.H)[rows, cols] = t.act[rows] @ t.w_down[e][:, cols]
 
     # tiled first: done's count reads ntiles, which tile_table writes
-    @g.task(grid=(R, slot_blocks), wait=lambda d, b: [tiled[0], done[0]],
-            notify=lambda d, b: returned[(me + d) % R], triton=moe_tiles.moe_send_back, constexprs=copy)
-    def send_back(t, d, b):                              # rank me + d's slots in block b that I served
+    @g.task(grid=(R, slot_blocks, slabs), wait=lambda d, b, c: [tiled[0], done[0]],
+            notify=lambda d, b, c: returned[(me + d) % R], triton=moe_tiles.moe_send_back, constexprs=copy)
+    def send_back(t, d, b, c):                           # rank me + d's slots in block b that I served
         dst = (t.rank + d) % t.world
-        s = et.block(b, BS, t.T * top_k)
+        s, hs = et.block(b, BS, t.T * top_k), et.block(c, WH, t.H)
         mine = t.recv_expert[dst][s] >= 0
-        t.peer(dst).back[t.rank][s][mine] = t.expert_out[dst][s][mine]
+        back = t.peer(dst).back[t.rank][s]
+        back[:, hs][mine] = t.expert_out[dst][s][:, hs][mine]
 
-    # block-wide columns: 4 * block made the [BM, BH] accumulator and its top_k unrolled loads
-    # spill (1.8 KB per thread at top-8, 64 rows), and the whole megakernel shares one allocation
-    @g.task(grid=(et.cdiv(T, block_m),), wait=lambda i: returned[me], triton=moe_tiles.moe_combine,
-            constexprs=dict(TOP_K=top_k, BM=block_m, BH=block))
-    def combine(t, i):
-        rows = et.block(i, block_m, t.T)
+    # block-wide column steps: 4 * block made the [BM, BH] accumulator and its top_k unrolled
+    # loads spill (1.8 KB per thread at top-8, 64 rows), and the whole megakernel shares one allocation
+    @g.task(grid=(et.cdiv(T, block_m), slabs), wait=lambda i, c: returned[me], triton=moe_tiles.moe_combine,
+            constexprs=dict(TOP_K=top_k, KP=1 << (top_k - 1).bit_length(), BM=block_m, BH=block, WH=WH))
+    def combine(t, i, c):
+        rows, hs = et.block(i, block_m, t.T), et.block(c, WH, t.H)
         owner = t.topk_ids[rows] // t.E_local                            # [rows, k]
         slot = torch.arange(rows.start * top_k, rows.stop * top_k).view(-1, top_k)
-        out = t.back[owner, slot]                                        # [rows, k, H]
-        t.y[rows] = (t.topk_w[rows].unsqueeze(-1) * out).sum(1)
+        out = t.back[owner, slot][..., hs]                               # [rows, k, slab]
+        t.y[rows, hs] = (t.topk_w[rows].unsqueeze(-1) * out).sum(1)
 
     for world in (1, 2, 4):
         g.sample(T=3, H=2 * align, I=2 * align, E=2 * world, E_local=2, WORLD=world)

@@ -29,6 +29,12 @@ def main(args):
     want = moe.reference([i["x"] for i in ranks], wg, w1, w2, top_k=2)[r]
     y = wide(mesh, **ranks[r])["y"]
     assert ((y.double() - want).abs().max() / want.abs().max()).item() < 1e-4, ("block 32", schedule)
+    # a hidden size over several router slices (64 columns each) and copy/combine slabs (128),
+    # both ragged at the end
+    ranks, (wg, w1, w2) = moe.make_inputs(R, 21, H=200, I=20, E=4 * R, seed=6, skew=1.0)
+    want = moe.reference([i["x"] for i in ranks], wg, w1, w2, top_k=2)[r]
+    y = kernel(mesh, **ranks[r])["y"]
+    assert ((y.double() - want).abs().max() / want.abs().max()).item() < 1e-4, ("slabs", schedule)
     # sizes promised multiples of 16 (nn.MoE's GPU graph when H and I allow it: vectorised loads)
     aligned = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, align=16), schedule=schedule,
                          target="cuda")
