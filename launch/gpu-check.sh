@@ -7,6 +7,9 @@
 # 2. the collectives benchmark; 3. the GEMM+RS, AG+GEMM and MLP sweep, then the MoE sweep (both
 # schedules), through the Hydra main command (launch/bench-gpu.sh).
 # Records are appended under the results dir; a short table is printed last.
+# Each record names the commit measured (git rev-parse, "+dirty" for uncommitted code). Where the
+# tree was copied with a stale .git (the lent GPU machines keep the session's first snapshot of it),
+# name it in the command sent: ETDIST_COMMIT=<git rev-parse --short HEAD, read in the checkout> bash ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=${NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME:-lo} NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4G}
