@@ -120,9 +120,11 @@ def test_moe_tasks_follow_routing():
     tiles = int(sum(-(-c // 4) for c in counts.tolist()))
     S, EL = 2 * T, E // world
     max_tiles = -(-world * S // 4) + min(EL, world * S)
-    slot_blocks = -(-S // 16)
-    # route, dispatch, plan, tile_table, gate_up (all: past ntiles as no-ops), send_back, combine
-    fixed = world * (1 + world * slot_blocks + EL + 1 + max_tiles + world * slot_blocks + -(-T // 4))
+    slot_blocks, slabs, slices = -(-S // 16), -(-H // 128), -(-H // 64)   # block 16: slabs 8x, slices 4x
+    # logits, route, dispatch, plan, tile_table, gate_up (all: past ntiles as no-ops), send_back, combine
+    token_blocks = -(-T // 16)
+    fixed = world * (token_blocks * slices + token_blocks + world * slot_blocks * slabs + EL + 1 + max_tiles
+                     + world * slot_blocks * slabs + -(-T // 4) * slabs)
     assert kernel.last_stats.tasks_run == fixed + tiles
     assert kernel.last_stats.tasks_skipped == world * max_tiles - tiles
 
