@@ -261,6 +261,39 @@ def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
     assert cfg == fp32_config(LARGE) and splits == 1 and align == 1 and build().name == "gemm_rs"
 
 
+_PLAN_PROBE = """
+import torch
+from etdist.ops import gemm_rs as op
+for M in (16, 32, 64, 128):
+    cfg, splits, _, _ = op.kernel_plan(M, 6144, 4096, torch.bfloat16, 132)
+    print(M, cfg.block_m, cfg.block_n, int(cfg.swap_ab), splits)
+"""
+
+
+def _skinny_plans(**env):
+    """{M: (block_m, block_n, swap, splits)} in a fresh interpreter (the knobs are read at import)."""
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _PLAN_PROBE], env={**os.environ, **env}, capture_output=True,
+                         text=True, check=True).stdout
+    return {int(line.split()[0]): tuple(map(int, line.split()[1:])) for line in out.splitlines()}
+
+
+def test_a_class_knob_changes_only_its_own_class():
+    """From a review: the tasks per SM were keyed by tile, so a knob giving the 128-row class the
+    64-row class's tile made M <= 64 aim at 2 tasks per SM (8 slices instead of 4). And a knob
+    that puts a class out of size order still gives each M the smallest class that holds it."""
+    default = _skinny_plans()
+    assert default == {16: (32, 128, 1, 4), 32: (32, 128, 1, 4), 64: (64, 128, 0, 4), 128: (128, 64, 0, 4)}
+    same_tile = _skinny_plans(ETDIST_GEMM_RS_SKINNY_128="64,128,128,4,4")
+    assert same_tile[64] == default[64]                 # the first class's one task per SM
+    assert same_tile[128] == (128, 256, 0, 1)           # no class holds 128 rows now: the large tiles
+    out_of_order = _skinny_plans(ETDIST_GEMM_RS_SKINNY="16,128,128,4,6,swap")
+    assert out_of_order[16][:3] == (16, 128, 1) and out_of_order[32] == default[32]
+    assert out_of_order[64] == default[128]      # no 64-row class left: the 128-row one serves M=64
+
+
 def test_a_new_kernel_never_finds_a_freed_kernels_state():
     """Kernels keep their per-mesh state in mesh.cache. Keyed by id(kernel), a kernel freed and
     replaced by a new one at the same address handed the new one its state on some ranks only

@@ -37,7 +37,7 @@ def moe_logits(i, k, x, wg, logits, T, H, E, BT: tl.constexpr, BE: tl.constexpr,
     rows = i * BT + tl.arange(0, BT)
     acc = tl.zeros((BT, BE), tl.float32)
     for k0 in range(k * RH, tl.minimum(H, (k + 1) * RH), BK):
-        a = tl.load(x + rows[:, None] * H + (k0 + ks)[None, :],
+        a = tl.load(x + _i64(rows)[:, None] * H + (k0 + ks)[None, :],   # T x H may pass 2**31
                     mask=(rows[:, None] < T) & ((k0 + ks)[None, :] < H), other=0.0)
         b = tl.load(wg + (k0 + ks)[:, None] * E + cols[None, :],
                     mask=((k0 + ks)[:, None] < H) & (cols[None, :] < E), other=0.0)
@@ -233,4 +233,4 @@ def moe_combine(i, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.conste
             w = tl.sum(tl.where(ks[None, :] == kk, weights, 0.0), 1)
             v = tl.load(back + (owner * S + t * TOP_K + kk)[:, None] * H + h[None, :], mask=m, other=0.0)
             acc += w[:, None] * v.to(tl.float32)
-        tl.store(y + t[:, None] * H + h[None, :], acc.to(y.dtype.element_ty), mask=m)
+        tl.store(y + _i64(t)[:, None] * H + h[None, :], acc.to(y.dtype.element_ty), mask=m)

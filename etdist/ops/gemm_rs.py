@@ -57,14 +57,17 @@ def _override(name: str, default: TileConfig) -> TileConfig:
 
 SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY),
                                         _override("SKINNY_128", SKINNY_128), _override("LARGE", LARGE))
-SKINNY_CLASSES = (SKINNY_32, SKINNY, SKINNY_128)   # each serves M <= its block_m, in this order
-
 # Tasks per SM that each skinny class's split-K aims at (more slices: more tasks, each shorter).
 # Every task drains and refills its load pipeline, so the 128-wide tiles run best as one long task
 # per SM (A/B above). Tuning knob for every class at once: ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM.
+# Knobs may reorder the classes' sizes: each M takes the smallest class that holds it (sorted,
+# stable), and where two classes end up with the same tile the one that serves first keeps its
+# tasks per SM.
+_CLASSES = sorted(((SKINNY_32, 1.0), (SKINNY, 1.0), (SKINNY_128, 2.0)), key=lambda c: c[0].block_m)
+SKINNY_CLASSES = tuple(cfg for cfg, _ in _CLASSES)   # each serves M <= its block_m, in this order
 _tasks_text = os.environ.get("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM")
 SKINNY_TASKS_PER_SM = ({cfg: float(_tasks_text) for cfg in SKINNY_CLASSES} if _tasks_text else
-                       {SKINNY_32: 1.0, SKINNY: 1.0, SKINNY_128: 2.0})
+                       dict(reversed(_CLASSES)))   # dict() keeps the last write: the first class wins
 
 
 def fp32_config(cfg: TileConfig) -> TileConfig:
