@@ -27,14 +27,13 @@ from etdist.ops.gemm_rs import TileConfig
 
 CONFIGS = [TileConfig(64, 64, 128, 4, 4), TileConfig(16, 64, 256, 4, 4), TileConfig(32, 64, 128, 4, 6),
            TileConfig(64, 128, 64, 4, 4), TileConfig(16, 128, 128, 4, 5), TileConfig(128, 64, 64, 4, 4)]
-TASKS_PER_SM = [rs_op.SKINNY_TASKS_PER_SM.get(c, 2.0) for c in CONFIGS]   # gemm_rs skinny split-K aim
+TASKS_PER_SM = [rs_op.skinny_tasks_per_sm(c) for c in CONFIGS]   # gemm_rs skinny split-K aim
 if sys.argv[1:]:   # configs given on the command line replace the list above (sixth field: tasks per SM;
     # a trailing ",swap": gemm_rs's skinny tile multiplies transposed, weights on the MMA's M side)
     fields = [[v for v in a.split(",") if v != "swap"] for a in sys.argv[1:]]
     CONFIGS = [TileConfig.parse(",".join(f[:5] + (["swap"] if a.endswith(",swap") else [])))
                for f, a in zip(fields, sys.argv[1:])]
-    TASKS_PER_SM = [float(f[5]) if len(f) > 5 else rs_op.SKINNY_TASKS_PER_SM.get(c, 2.0)
-                    for f, c in zip(fields, CONFIGS)]
+    TASKS_PER_SM = [float(f[5]) if len(f) > 5 else rs_op.skinny_tasks_per_sm(c) for f, c in zip(fields, CONFIGS)]
 dist.init_process_group("cpu:gloo,cuda:nccl")
 mesh = et.init_mesh()
 R, dev, bf16 = mesh.world_size, mesh.device, torch.bfloat16

@@ -70,6 +70,11 @@ SKINNY_TASKS_PER_SM = ({cfg: float(_tasks_text) for cfg in SKINNY_CLASSES} if _t
                        dict(reversed(_CLASSES)))   # dict() keeps the last write: the first class wins
 
 
+def skinny_tasks_per_sm(cfg: TileConfig) -> float:
+    """The split-K aim of a skinny class (2 for a tile outside the classes, e.g. an A/B's)."""
+    return SKINNY_TASKS_PER_SM.get(cfg, 2.0)
+
+
 def fp32_config(cfg: TileConfig) -> TileConfig:
     """fp32 tiles take twice the shared memory per stage: halve the contraction step, <= 3 stages."""
     return dataclasses.replace(cfg, block_k=max(16, cfg.block_k // 2), num_stages=min(3, cfg.num_stages))
@@ -97,7 +102,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int):
     slices, alignment, a builder of the graph). launch/trace_gemm_rs.py traces the same plan."""
     cfg = tile_config(M)
     skinny = cfg is not LARGE
-    tasks_per_sm = SKINNY_TASKS_PER_SM.get(cfg, 2.0)
+    tasks_per_sm = skinny_tasks_per_sm(cfg)
     if dtype == torch.float32:
         cfg = fp32_config(cfg)
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1  # aligned rows vectorise

@@ -57,7 +57,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # only a slab of WH columns and the slabs run side by side; likewise the router's logits are
     # split over RH-column slices of the hidden size (512 KB of Qwen3's router on one SM, 85 us).
     WH, RH = 8 * block, 4 * block
-    slabs = et.cdiv(H, WH)
+    slabs, slices = et.cdiv(H, WH), et.cdiv(H, RH)
     copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH)
     tiles = dict(BM=block_m, BN=BN, BK=block, BE=BE)
     expert_gemm = dict(tiles, TMA=use_tma(align))   # weights through TMA where rows are aligned
@@ -69,7 +69,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     g.input("wg", (H, E), dtype)
     g.input("w_gate_up", (EL, H, 2 * I), dtype)
     g.input("w_down", (EL, I, H), dtype)
-    g.scratch("logits", (et.cdiv(H, RH), T, BE), torch.float32)    # per hidden slice, summed by route
+    g.scratch("logits", (slices, T, BE), torch.float32)    # per hidden slice, summed by route
     g.scratch("topk_ids", (T, top_k), torch.int64)
     g.scratch("topk_w", (T, top_k), dtype)
     g.scratch("recv", (R, S, H), dtype, symmetric=True)            # on the expert's rank: [src, slot]
@@ -87,7 +87,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # IEEE dot on CUDA cores): it must pick the experts a float32 reference picks. Blocks of 16
     # tokens, tl.dot's minimum: at decode a 64-row block did 64x the work of one token.
     BT = 16
-    scored = g.event("scored", (et.cdiv(T, BT),), count=et.cdiv(H, RH))
+    scored = g.event("scored", (et.cdiv(T, BT),), count=slices)
     routed = g.event("routed", (1,), count=et.cdiv(T, BT))
     dispatched = g.event("dispatched", (R,), count=R * slot_blocks * slabs, distributed=True)   # per source
     planned = g.event("planned", (1,), count=EL)
@@ -96,7 +96,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BN) + 1)
     returned = g.event("returned", (R,), count=R * slot_blocks * slabs, distributed=True)
 
-    @g.task(grid=(et.cdiv(T, BT), et.cdiv(H, RH)), notify=lambda i, k: scored[i], triton=moe_tiles.moe_logits,
+    @g.task(grid=(et.cdiv(T, BT), slices), notify=lambda i, k: scored[i], triton=moe_tiles.moe_logits,
             constexprs=dict(BT=BT, BE=BE, BK=block, RH=RH))
     def logits(t, i, k):                                 # token block i's logits over hidden slice k
         rows, cols = et.block(i, BT, t.T), et.block(k, RH, t.H)

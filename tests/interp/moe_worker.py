@@ -11,44 +11,45 @@ import etdist as et
 from etdist.workloads import moe
 
 
+def rel_err(y, want):
+    return ((y.double() - want).abs().max() / want.abs().max()).item()
+
+
 def main(args):
     schedule = "dynamic" if "--dynamic" in args else "static"
     mesh = et.init_mesh(backend="cpu")
     R, r = mesh.world_size, mesh.rank
+
+    def case(T, H, I, seed, skew=0.0):
+        """This rank's inputs, the full weights and this rank's rows of the float64 reference."""
+        ranks, weights = moe.make_inputs(R, T, H=H, I=I, E=4 * R, seed=seed, skew=skew)
+        return ranks[r], weights, moe.reference([i["x"] for i in ranks], *weights, top_k=2)[r]
+
     kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16), schedule=schedule, target="cuda")
     for T, skew, seed in ((5, 0.0, 1), (19, 4.0, 2), (3, 0.0, 3)):   # skew: most tokens to few experts
-        ranks, (wg, w1, w2) = moe.make_inputs(R, T, H=24, I=20, E=4 * R, seed=seed, skew=skew)
-        want = moe.reference([i["x"] for i in ranks], wg, w1, w2, top_k=2)[r]
+        mine, _, want = case(T, 24, 20, seed, skew)
         for _ in range(2):   # counts differ between calls and sizes: re-armed each launch
-            y = kernel(mesh, **ranks[r])["y"]
-            err = ((y.double() - want).abs().max() / want.abs().max()).item()
+            err = rel_err(kernel(mesh, **mine)["y"], want)
             assert err < 1e-4, (schedule, T, skew, err)
     # blocks of 32 (the router keeps 16-token blocks: three route tasks here, each over 32-wide K steps)
     wide = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block=32), schedule=schedule, target="cuda")
-    ranks, (wg, w1, w2) = moe.make_inputs(R, 37, H=40, I=20, E=4 * R, seed=5, skew=1.0)
-    want = moe.reference([i["x"] for i in ranks], wg, w1, w2, top_k=2)[r]
-    y = wide(mesh, **ranks[r])["y"]
-    assert ((y.double() - want).abs().max() / want.abs().max()).item() < 1e-4, ("block 32", schedule)
+    mine, _, want = case(37, 40, 20, seed=5, skew=1.0)
+    assert rel_err(wide(mesh, **mine)["y"], want) < 1e-4, ("block 32", schedule)
     # a hidden size over several router slices (64 columns each) and copy/combine slabs (128),
     # both ragged at the end
-    ranks, (wg, w1, w2) = moe.make_inputs(R, 21, H=200, I=20, E=4 * R, seed=6, skew=1.0)
-    want = moe.reference([i["x"] for i in ranks], wg, w1, w2, top_k=2)[r]
-    y = kernel(mesh, **ranks[r])["y"]
-    assert ((y.double() - want).abs().max() / want.abs().max()).item() < 1e-4, ("slabs", schedule)
+    mine, _, want = case(21, 200, 20, seed=6, skew=1.0)
+    assert rel_err(kernel(mesh, **mine)["y"], want) < 1e-4, ("slabs", schedule)
     # sizes promised multiples of 16 (nn.MoE's GPU graph when H and I allow it: vectorised loads)
     aligned = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, align=16), schedule=schedule,
                          target="cuda")
-    ranks, (wg, w1, w2) = moe.make_inputs(R, 7, H=32, I=16, E=4 * R, seed=4, skew=2.0)
-    want = moe.reference([i["x"] for i in ranks], wg, w1, w2, top_k=2)[r]
-    y = aligned(mesh, **ranks[r])["y"]
-    assert ((y.double() - want).abs().max() / want.abs().max()).item() < 1e-4, ("aligned", schedule)
+    mine, _, want = case(7, 32, 16, seed=4, skew=2.0)
+    assert rel_err(aligned(mesh, **mine)["y"], want) < 1e-4, ("aligned", schedule)
     # the user-facing module on the same kernel path (the GPU codegen, here interpreted)
-    ranks, (wg, w1, w2) = moe.make_inputs(R, 3, H=24, I=20, E=4 * R, seed=3)
+    mine, (wg, w1, w2), want = case(3, 24, 20, seed=3)
     layer = et.nn.MoE(24, 20, 4 * R, 2, mesh=mesh, schedule=schedule, dtype=torch.float32)
     layer.load_experts(w1[..., :20], w1[..., 20:], w2, wg)
-    y = layer(ranks[r]["x"].view(1, -1, 24)).view(-1, 24)
-    want = moe.reference([i["x"] for i in ranks], wg, w1, w2, top_k=2)[r]
-    assert ((y.double() - want).abs().max() / want.abs().max()).item() < 1e-4, ("nn.MoE", schedule)
+    y = layer(mine["x"].view(1, -1, 24)).view(-1, 24)
+    assert rel_err(y, want) < 1e-4, ("nn.MoE", schedule)
     print(f"OK moe {schedule} rank {r}", flush=True)
     mesh.close()
 
