@@ -267,7 +267,12 @@ class CudaKernel:
             if self.interpreted:  # synchronous, on CPU tensors: errors are known at once
                 self.module.megakernel[(st.programs,)](*st.shape.args(values), NUM_PROGRAMS=st.programs,
                                                        USE_ASM=False)
-                self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
+                words = st.arena[:ERR_WORDS].tolist()
+                # a peer may already have refused its next call (it finished this one before we read
+                # the record): that refusal is the next call's, raised there (_check_pending)
+                done = int(st.arena[ArenaLayout(mesh.world_size).finished])
+                if not (words[0] == ERR_REFUSED and words[6] > done):
+                    self._raise_if_failed(mesh, st, words)
                 return outs
             if not self._launch_direct(mesh, st, values):
                 st.compiled = self.module.megakernel[(st.programs,)](
@@ -483,8 +488,10 @@ class CudaKernel:
     def _post_refusal(self, mesh, st: _MeshState) -> None:
         """An error record in every rank's arena (ours too): the peers' launches of this call stop
         at their next wait and every rank raises at its next call or check(), as after a timeout."""
-        words = torch.tensor([ERR_REFUSED, mesh.rank, 0, 0, 0, -1, 0, 0], dtype=torch.int32)
         _sync(mesh)
+        # the launch refused: every rank has finished the same launches (each needs every rank)
+        launch = int(st.arena[ArenaLayout(mesh.world_size).finished]) + 1
+        words = torch.tensor([ERR_REFUSED, mesh.rank, 0, 0, 0, -1, launch, 0], dtype=torch.int32)
         for r in range(mesh.world_size):
             mesh.peer(st.arena, r)[:ERR_WORDS].copy_(words)
         _sync(mesh)
@@ -497,6 +504,8 @@ class CudaKernel:
         if st.error_np is not None and st.error_np[0] != 0:
             _sync(mesh)
             self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].cpu().tolist())
+        elif self.interpreted and st.arena is not None:   # CPU memory: read the record itself
+            self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
 
     def _raise_if_failed(self, mesh, st: _MeshState, words) -> None:
         if int(words[0]) == 0:

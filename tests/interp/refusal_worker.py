@@ -11,10 +11,31 @@ import etdist as et
 from etdist.workloads import gemm_rs
 
 
+class _SlowLaunch:
+    """The interpreted launch, then a pause: the peer finishes the same call, refuses its next one
+    and posts the refusal before this rank reads its error record (a race CI once lost: this rank's
+    first call raised the peer's second call's refusal)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.fn[grid](*args, **kwargs)
+            time.sleep(3)
+        return launch
+
+
+def slow_after_launch(kernel):
+    kernel.module.megakernel = _SlowLaunch(kernel.module.megakernel)
+
+
 def main():
     mesh = et.init_mesh(backend="cpu", watchdog_s=20)
     R, r = mesh.world_size, mesh.rank
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(16, 16, torch.float32, 16, group_m=2), target="cuda")
+    if r == 0:
+        slow_after_launch(kernel)
     ins = gemm_rs.make_inputs(R, 9, 24, 40, seed=1)
     want = gemm_rs.reference([i["x"] for i in ins], [i["w"] for i in ins])[r]
     y = kernel(mesh, x=ins[r]["x"], w=ins[r]["w"])["y"]          # the shape is prepared on every rank
