@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node=2 launch/tune_decode.py [block_m,block_n,block_k,warps,stages[,tasks_per_sm] ...]
 
-For each config: ag_gemm and mlp (the whole-gather variants: etdist.ops.ag_gemm.WHOLE) and
+For each config: ag_gemm and mlp (the whole-gather variants: etdist.ops.ag_gemm.WHOLE_TILES, every class) and
 gemm_rs (the skinny split-K variant: etdist.ops.gemm_rs.SKINNY_CLASSES, M <= its block_m) at M in
 {16, 128} on two shapes; us per call (batched, slowest rank). Pick by the geometric mean. Configs
 are block_m,block_n,block_k,warps,stages and, for gemm_rs, the split-K tasks per SM (last field).
@@ -70,7 +70,7 @@ def cell(op, model, M):
 
 rows = []
 for cfg, tasks_per_sm in zip(CONFIGS, TASKS_PER_SM):
-    ag_op.WHOLE = cfg
+    ag_op.WHOLE_TILES = {op: (cfg, cfg) for op in ag_op.WHOLE_TILES}   # every whole-gather class
     rs_op.SKINNY_CLASSES = (cfg,)
     rs_op.SKINNY_TASKS_PER_SM = {cfg: tasks_per_sm}
     label = (f"{cfg.block_m},{cfg.block_n},{cfg.block_k},{cfg.num_warps},{cfg.num_stages},{tasks_per_sm:g}"

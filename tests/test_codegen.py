@@ -1,5 +1,6 @@
 """The GPU backend's code generation, checked without a GPU: Triton compiles the generated
 megakernel for sm_90 on the host, and the PTX carries the memory orderings we intend."""
+import functools
 import re
 
 import pytest
@@ -257,11 +258,14 @@ def _op_kernels():
     # a decode candidate of launch/tune_decode.py's A/B (BENCHMARKS.md, seventh session)
     yield "gemm_rs skinny swap 16x128x128", \
         lambda: gemm_rs.gemm_reduce_scatter_skinny(16, 128, bf, 128, 4, 16, swap_ab=True), 4, 6
-    W, L, T = ag_op.WHOLE, rs_op.LARGE, mlp_op.TILES
-    yield "ag_gemm_whole", lambda: ag_gemm.all_gather_gemm_whole(W.block_m, W.block_n, bf, W.block_k, 16), \
-        W.num_warps, W.num_stages
+    L, T = rs_op.LARGE, mlp_op.TILES
+    for M in (16, 128):   # both whole-gather classes of each op
+        A, W = ag_op.whole_tile("all_gather_gemm", M), ag_op.whole_tile("tensor_parallel_mlp", M)
+        yield f"ag_gemm_whole M={M}", functools.partial(ag_gemm.all_gather_gemm_whole, A.block_m, A.block_n, bf,
+                                                        A.block_k, 16), A.num_warps, A.num_stages
+        yield f"mlp_whole M={M}", functools.partial(mlp.tp_mlp_whole, W.block_m, W.block_n, bf, W.block_k, 16), \
+            W.num_warps, W.num_stages
     yield "ag_gemm", lambda: ag_gemm.all_gather_gemm(L.block_m, L.block_n, bf, L.block_k, 16), L.num_warps, L.num_stages
-    yield "mlp_whole", lambda: mlp.tp_mlp_whole(W.block_m, W.block_n, bf, W.block_k, 16), W.num_warps, W.num_stages
     yield "mlp", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16), T.num_warps, T.num_stages
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]
     # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the

@@ -294,6 +294,68 @@ def test_a_class_knob_changes_only_its_own_class():
     assert out_of_order[64] == default[128]      # no 64-row class left: the 128-row one serves M=64
 
 
+def test_whole_gather_ops_take_their_tile_class_by_m(monkeypatch):
+    """all_gather_gemm and tensor_parallel_mlp at M <= 128 (whole gather): the 32-row tile up to 32
+    rows, then each op's own tile (the MLP's two weight tiles keep it at 64 deep); the large tiles
+    above. What the ops hand to the compile, caught before it."""
+    import types
+    from etdist.ops import ag_gemm as ag_op, mlp as mlp_op
+
+    asked = []
+
+    def caught(cache, key, cfg, schedule, build):
+        asked.append((cfg, build().name))
+        raise LookupError("caught before the compile")
+
+    monkeypatch.setattr(ag_op, "cached_kernel", caught)
+    monkeypatch.setattr(mlp_op, "cached_kernel", caught)
+    mesh = types.SimpleNamespace(backend="nvshmem", device=torch.device("cpu"), world_size=2)
+    H, I = 256, 128
+    x = torch.randn(4, H, dtype=torch.bfloat16)
+    w, wgu, wd = (torch.randn(*s, dtype=torch.bfloat16) for s in ((H, I), (H, 2 * I), (I, H)))
+    for M in (1, 32, 33, 128, 129):
+        with pytest.raises(LookupError):
+            ag_op.all_gather_gemm(x, w, mesh=mesh, total_rows=M)
+        with pytest.raises(LookupError):
+            mlp_op.tensor_parallel_mlp(x, wgu, wd, mesh=mesh, total_rows=M)
+    small, ag, mlp_tile = ag_op.WHOLE_32, ag_op.WHOLE_AG, ag_op.WHOLE_MLP
+    assert (small.block_m, ag.block_k, mlp_tile.block_k) == (32, 128, 64)
+    assert [cfg for cfg, _ in asked] == [small, small, small, small, ag, mlp_tile, ag, mlp_tile,
+                                         ag_op.LARGE, mlp_op.TILES]
+    assert [name for _, name in asked[:2]] == ["ag_gemm_whole", "mlp_whole"]
+    assert [name for _, name in asked[-2:]] == ["ag_gemm", "mlp"]
+
+
+_WHOLE_PROBE = """
+from etdist.ops import ag_gemm as op
+for name in ("all_gather_gemm", "tensor_parallel_mlp"):
+    for M in (16, 128):
+        c = op.whole_tile(name, M)
+        print(name, M, c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages)
+"""
+
+
+def _whole_tiles(**env):
+    """{(op, M): (block_m, block_n, block_k, warps, stages)} in a fresh interpreter (knobs are read at import)."""
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _WHOLE_PROBE], env={**os.environ, **env}, capture_output=True,
+                         text=True, check=True).stdout
+    return {(line.split()[0], int(line.split()[1])): tuple(map(int, line.split()[2:])) for line in out.splitlines()}
+
+
+def test_whole_gather_tile_knobs():
+    """ETDIST_WHOLE_32 / _AG / _MLP set one class each; ETDIST_WHOLE_TILES every class of both ops."""
+    default = _whole_tiles()
+    assert default == {("all_gather_gemm", 16): (32, 128, 64, 4, 6), ("all_gather_gemm", 128): (64, 128, 128, 4, 4),
+                       ("tensor_parallel_mlp", 16): (32, 128, 64, 4, 6), ("tensor_parallel_mlp", 128): (64, 128, 64, 4, 4)}
+    one = _whole_tiles(ETDIST_WHOLE_AG="64,64,128,4,3")
+    assert one == {**default, ("all_gather_gemm", 128): (64, 64, 128, 4, 3)}
+    every = _whole_tiles(ETDIST_WHOLE_TILES="64,128,64,4,4")
+    assert set(every.values()) == {(64, 128, 64, 4, 4)}
+
+
 def test_a_new_kernel_never_finds_a_freed_kernels_state():
     """Kernels keep their per-mesh state in mesh.cache. Keyed by id(kernel), a kernel freed and
     replaced by a new one at the same address handed the new one its state on some ranks only

@@ -12,10 +12,36 @@ from .gemm_rs import LARGE, TileConfig, cached_kernel, check_operands, fp32_conf
 # Up to WHOLE_MAX_M rows the gather (tiny) completes first and GEMM tiles span every row, so the
 # weights are read once; above, row tiles start per source as its rows arrive (overlap).
 WHOLE_MAX_M = int(os.environ.get("ETDIST_WHOLE_MAX_M", "128"))
-_text = os.environ.get("ETDIST_WHOLE_TILES")   # tuning knob: "block_m,block_n,block_k,warps,stages"
-# 64x128x64, 4 warps, 4 stages won launch/tune_decode.py on 2x H200 (BENCHMARKS.md)
-WHOLE = TileConfig.parse(_text) if _text else TileConfig(64, 128, 64, 4, 4)  # read at import
+WHOLE_SMALL_M = 32   # the whole-gather variants' two size classes: M <= 32, and up to WHOLE_MAX_M
+
+# Their tiles, from launch/tune_decode.py on 2x H200 (records gemm_rs_skinny_ab, commit fa617fe,
+# every config checked against float32 first), us per call for qwen3_8b / llama31_70b. M=16:
+# 32x128x64 with 6 stages, ag_gemm 60 / 154 and mlp 107 / 233, against the former single tile
+# 64x128x64's 60 / 179 and 116 / 261. M=128: ag_gemm 64x128x128 66 / 179 against 76 / 216; the
+# MLP keeps 64x128x64 (106 / 254), as its gate and up weight tiles at 128 deep and 4 stages need
+# more shared memory than an SM has.
+WHOLE_32 = TileConfig(32, 128, 64, 4, 6)    # M <= WHOLE_SMALL_M, both ops
+WHOLE_AG = TileConfig(64, 128, 128, 4, 4)   # all_gather_gemm, WHOLE_SMALL_M < M <= WHOLE_MAX_M
+WHOLE_MLP = TileConfig(64, 128, 64, 4, 4)   # tensor_parallel_mlp, the same M
+
+
+def _override(name: str, default: TileConfig) -> TileConfig:
+    """Tuning knobs: ETDIST_WHOLE_<NAME>="block_m,block_n,block_k,warps,stages" for one class, and
+    ETDIST_WHOLE_TILES for every class of both ops at once (launch/tune_decode.py's A/B)."""
+    text = os.environ.get(f"ETDIST_WHOLE_{name}") or os.environ.get("ETDIST_WHOLE_TILES")
+    return TileConfig.parse(text) if text else default
+
+
+WHOLE_32, WHOLE_AG, WHOLE_MLP = _override("32", WHOLE_32), _override("AG", WHOLE_AG), _override("MLP", WHOLE_MLP)
+# op -> (its tile at M <= WHOLE_SMALL_M, its tile above); read at every call (an A/B may replace it)
+WHOLE_TILES = {"all_gather_gemm": (WHOLE_32, WHOLE_AG), "tensor_parallel_mlp": (WHOLE_32, WHOLE_MLP)}
 _KERNELS: dict = {}
+
+
+def whole_tile(op: str, M: int) -> TileConfig:
+    """The whole-gather tile of `op` ("all_gather_gemm" or "tensor_parallel_mlp") for M <= WHOLE_MAX_M rows."""
+    small, rest = WHOLE_TILES[op]
+    return small if M <= WHOLE_SMALL_M else rest
 
 
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Optional[int] = None,
@@ -30,7 +56,7 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
         mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)
         M = total_rows_of("all_gather_gemm", total_rows, x, mesh.world_size)
     whole = M <= WHOLE_MAX_M
-    cfg: TileConfig = WHOLE if whole else LARGE
+    cfg: TileConfig = whole_tile("all_gather_gemm", M) if whole else LARGE
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1
     graph = ag_gemm.all_gather_gemm_whole if whole else ag_gemm.all_gather_gemm

@@ -39,7 +39,7 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
                              f"{w_down.dtype} on {w_down.device}{'' if w_down.is_contiguous() else ', not contiguous'}")
         M = total_rows_of("tensor_parallel_mlp", total_rows, x, mesh.world_size)
     whole = M <= _ag_gemm.WHOLE_MAX_M       # small M: every weight read once (mlp_graph.tp_mlp_whole)
-    cfg = _ag_gemm.WHOLE if whole else TILES
+    cfg = _ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else TILES
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if H % 16 == 0 and I % 16 == 0 else 1
     graph = mlp_graph.tp_mlp_whole if whole else mlp_graph.tp_mlp

@@ -19,7 +19,7 @@ def main():
     R, r, dev = mesh.world_size, mesh.rank, mesh.device
     torch.manual_seed(0)  # the same full tensors on every rank
     K, N = 1024, 512
-    for M in (16, 100, 1000, 4096):
+    for M in (16, 32, 33, 100, 128, 1000, 4096):   # both whole-gather classes at their edges, ragged, large
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
         w = torch.randn(K, N * R, device=dev, dtype=torch.bfloat16) / K ** 0.5
         C = -(-M // R)
@@ -35,7 +35,7 @@ def main():
     ref = lambda t: dense.down_proj(dense.act_fn(dense.gate_proj(t)) * dense.up_proj(t))
     for seq in (True, False):
         mlp = et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh, sequence_parallel=seq)
-        for M in (16, 1000, 2048):
+        for M in (16, 33, 100, 1000, 2048):
             x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
             C = -(-M // R)
             want = ref(x.float().to(torch.bfloat16))
