@@ -4,7 +4,7 @@
 #   QUICK=1 bash launch/gpu-check.sh /tmp/r     # the tests + a few cells of each sweep: fits in one
 #                                                 10-minute device call (the full sweeps do not)
 # 1. every GPU test (pytest -m gpu; the Llama client test needs `pip install transformers`);
-# 2. the collectives benchmark; 3. the GEMM+RS, AG+GEMM and MLP sweep, then the MoE sweep (both
+# 2. the collectives benchmark and the synchronisation latencies (launch/sync_latency.py); 3. the GEMM+RS, AG+GEMM and MLP sweep, then the MoE sweep (both
 # schedules), through the Hydra main command (launch/bench-gpu.sh).
 # Records are appended under the results dir; a short table is printed last.
 # Each record names the commit measured (git rev-parse, "+dirty" for uncommitted code). Where the
@@ -22,6 +22,9 @@ timeout 900 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tail -n 30
 tests=${PIPESTATUS[0]}
 timeout 900 python3 -m torch.distributed.run --nproc_per_node="$NGPU" -m etdist.bench_collectives --out "$RESULTS" \
   2>&1 | grep -v '^W[0-9]' > "$log/collectives.log"
+if [ "$NGPU" -ge 2 ]; then
+  timeout 300 python3 -m torch.distributed.run --nproc_per_node=2 launch/sync_latency.py 2>&1 | grep -v '^W[0-9]' > "$log/sync.log"
+fi
 dense=() moe=() dense_models="" moe_models=qwen3_30b_a3b,mixtral_8x7b
 if [ "${QUICK:-0}" = 1 ]; then
   dense=('bench.tokens=[128,8192]' bench.symm_mem=false) moe=('bench.tokens=[16,1024]')
@@ -34,5 +37,7 @@ RESULTS="$RESULTS" MODELS_OVERRIDE=$moe_models WORKLOADS=moe SCHEDULE=both \
 echo "== gpu tests exit $tests"
 echo "== collectives (us per call; see BENCHMARKS.md for the columns)"
 grep -E '^(reduce_scatter|all_gather|all_reduce|\* = out)' "$log/collectives.log"
+echo "== one dependent step (launch/sync_latency.py)"
+grep -E '^(case|two|ready|OK)' "$log/sync.log" 2>/dev/null || echo "(needs 2 GPUs)"
 echo "== fused layers (us per call; speedup > 1 means faster than the better of cuBLAS+NCCL eager/graph)"
 grep -E '^\[[0-9]+/[0-9]+\]' "$log/sweep.log" | sed 's/ best cuBLAS+NCCL / best /' | sort -k2,2 -s
