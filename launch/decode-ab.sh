@@ -1,21 +1,51 @@
 #!/usr/bin/env bash
-# The decode A/B in one device call (2 GPUs, ~5 minutes): where the skinny gemm_rs loses bandwidth,
-# then the candidate tile configs inside the megakernel, each checked against float32 first.
-#   bash launch/decode-ab.sh
-#   1. launch/decode_ladder.py on GPU 0 at qwen3_8b's and llama31_70b's gemm_rs shapes (M=16):
-#      today's tile, 64x128x128, swap-AB with a deep weight ring, flattened, pre-packed, torch.mm;
-#   2. launch/tune_decode.py on both GPUs: today's default against 64x128x128 at one task per SM
-#      (the last A/B's winner, whose correctness the first pass checks) and swap-AB 16-row classes.
+# The decode-size A/Bs, each step time-bounded so that two or three fit in one 10-minute device call
+# (2 GPUs). Name the steps to run (default: all, ~9 minutes); records go to $RESULTS (default a
+# scratch folder), never to bench/results unless asked.
+#   bash launch/decode-ab.sh sync trace whole      # ~5 minutes
+#   bash launch/decode-ab.sh moe                    # ~4 minutes
+# Steps:
+#   sync   launch/sync_latency.py: one dependent step's cost (local and cross-GPU notify/wait, the
+#          ready queue), the unit of the decode kernels' overheads;
+#   trace  launch/trace_gemm_rs.py at M=16 on qwen3_8b's shape: where the ~30 us that gemm_rs spends
+#          beyond torch.mm + NCCL goes (tasks, reduce, start, exit rendezvous);
+#   whole  ag_gemm and the MLP at M=16 and 128 on the 8 shapes, the former single whole-gather tile
+#          (ETDIST_WHOLE_TILES=64,128,64,4,4) against today's size classes, alternated, in one call;
+#   moe    nn.MoE's small-class tiles at 1, 16 and 128 tokens (launch/tune-moe.sh): today's
+#          64,64,128,8,3 against narrower column tiles (more gate/up tasks per expert at one token)
+#          and 16-row tiles; all compile for sm_90a without spills (checked on the CPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=${NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME:-lo} NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4G}
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-echo "== decode ladder, qwen3_8b gemm_rs (x [16, 6144] @ w [6144, 4096])"
-CUDA_VISIBLE_DEVICES=0 timeout 120 python3 launch/decode_ladder.py --M 16 --K 6144 --N 4096
-echo "== decode ladder, llama31_70b gemm_rs (x [16, 14336] @ w [14336, 8192])"
-CUDA_VISIBLE_DEVICES=0 timeout 120 python3 launch/decode_ladder.py --M 16 --K 14336 --N 8192
-echo "== megakernel A/B (us per call; gemm_rs rows only where M <= the config's block_m)"
-NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-timeout 400 python3 -m torch.distributed.run --nproc_per_node="$NGPU" launch/tune_decode.py \
-  ${CONFIGS:-64,64,128,4,4,2 64,128,128,4,4,1 16,128,128,4,6,1,swap 16,64,128,4,10,2,swap 32,128,128,4,5,1,swap} \
-  2>&1 | grep -vE '^(W1|\[W|Setting OMP|\*{5})'
+RESULTS=${RESULTS:-$(mktemp -d)}
+quiet() { grep -vE '^(W1|\[W|Setting OMP|\*{5})'; }
+rows() { grep -E '^\[[0-9]+/[0-9]+\]' | cut -c1-120; }
+T0=$SECONDS
+for step in ${@:-sync trace whole moe}; do
+  case $step in
+    sync)
+      echo "== sync latency"
+      timeout 120 python3 -m torch.distributed.run --nproc_per_node=2 launch/sync_latency.py 2>&1 | quiet | tail -12 ;;
+    trace)
+      echo "== gemm_rs at M=16, qwen3_8b (x [16, 6144] @ w [6144, 4096] per rank), traced"
+      OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_gemm_rs.py 16 4096 12288 \
+        2>&1 | quiet | tail -30 ;;
+    whole)
+      echo "== whole-gather tiles at M=16/128: old single tile, then today's classes (twice)"
+      for rep in 1 2; do
+        ETDIST_WHOLE_TILES=64,128,64,4,4 RESULTS=$RESULTS/whole-old WORKLOADS=ag_gemm,mlp timeout 150 \
+          bash launch/bench-gpu.sh 'bench.tokens=[16,128]' bench.symm_mem=false 2>&1 | rows | sed 's/^/old /'
+        RESULTS=$RESULTS/whole-new WORKLOADS=ag_gemm,mlp timeout 150 \
+          bash launch/bench-gpu.sh 'bench.tokens=[16,128]' bench.symm_mem=false 2>&1 | rows | sed 's/^/new /'
+        [ $((SECONDS - T0)) -gt 420 ] && break
+      done ;;
+    moe)
+      echo "== nn.MoE small-class tiles at 1/16/128 tokens (static)"
+      CONFIGS=${MOE_CONFIGS:-"64,64,128,8,3 64,64,64,8,4 16,64,64,8,4 16,64,32,8,6"} TOKENS='[1,16,128]' \
+        timeout 280 bash launch/tune-moe.sh 2>&1 | cut -c1-140 ;;
+    *) echo "unknown step $step (sync, trace, whole, moe)"; exit 2 ;;
+  esac
+  echo "-- $step done at $((SECONDS - T0)) s"
+done
+echo "records: $RESULTS"
