@@ -27,7 +27,9 @@ from etdist.kernels.sync import notify, peer_base, wait
 QSIZE = 64   # a ready queue's ring; each party has at most one entry in flight
 
 
-@triton.jit
+# n and base change from launch to launch: specialised (divisibility by 16), they would compile
+# new binaries inside the timed launches
+@triton.jit(do_not_specialize=["rank", "n", "base"])
 def _pingpong(lanes, lanes_peers, data, data_peers, bad, ctrl, ctrl_peers, rank, n, base, max_spins,
               WORDS: tl.constexpr, BLOCK: tl.constexpr, CROSS: tl.constexpr, SCOPE: tl.constexpr,
               USE_ASM: tl.constexpr):
@@ -60,7 +62,7 @@ def _pingpong(lanes, lanes_peers, data, data_peers, bad, ctrl, ctrl_peers, rank,
     tl.atomic_add(bad + me, wrong)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank", "n", "base"])
 def _queue_pingpong(qs, qs_peers, bad, ctrl, ctrl_peers, rank, n, base, max_spins, QSIZE: tl.constexpr,
                     CROSS: tl.constexpr):
     """n round trips over ready queues: each party claims from its own queue (ready_queue.next_task)
@@ -85,8 +87,10 @@ def _queue_pingpong(qs, qs_peers, bad, ctrl, ctrl_peers, rank, n, base, max_spin
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="a few round trips, cross-rank cases only (CPU)")
-    ap.add_argument("--n", type=int, default=2000, help="round trips per timed launch")
+    ap.add_argument("--n", type=int, default=2000, help="round trips per timed launch (>= 100)")
     args = ap.parse_args()
+    if args.n < 100:
+        ap.error(f"--n {args.n}: at least 100 round trips (20 of them are subtracted as the launch's cost)")
     mesh = et.init_mesh()
     if mesh.world_size != 2:
         raise SystemExit(f"sync_latency.py needs exactly 2 ranks, got {mesh.world_size}")
@@ -97,6 +101,8 @@ def main():
         from etdist.kernels.interpret import patch_interpreter
         patch_interpreter()
     n = 3 if args.check else args.n
+    if args.check and gpu:
+        print("--check: a functional run, untimed", flush=True)
     r = mesh.rank
     # one region per (kind, one GPU or two): counters and queue heads only grow, per region
     lanes, data = mesh.empty((4,), torch.int32), mesh.empty((2 * 8192,), torch.int32)
@@ -142,31 +148,36 @@ def main():
         cases = [c for c in cases if c["cross"]]
     rows = []
     for case in cases:
-        if not gpu:   # functional only: the payloads and task ids are checked below
-            mesh.barrier()
-            launch(case, n)
+        if args.check:   # functional only: the payloads and task ids are checked below
+            if case["cross"] or r == 0:
+                mesh.barrier()
+                launch(case, n)
+            else:
+                mesh.barrier()
             us = float("nan")
         elif case["cross"] or r == 0:   # one GPU's cases run on rank 0 alone
+            timed_us(case, 20)          # warm-up: the compile, and the first touch of the buffers
             samples = []
             for _ in range(5):
                 long, short = timed_us(case, n), timed_us(case, 20)
                 samples.append((long - short) / (n - 20) / 2)
             us = statistics.median(samples)
         else:   # rank 1 meets rank 0's barriers
-            for _ in range(10):
+            for _ in range(11):
                 mesh.barrier()
             us = float("nan")
         mesh.barrier()
         mesh.check()
         wrong = int(bad.sum())
         if wrong:
-            raise SystemExit(f"rank {r}: {case['name']}: {wrong} receives saw a wrong payload or timed out")
+            raise SystemExit(f"rank {r}: {case['name']}: {wrong} payload words or task ids were wrong, or a "
+                             "wait timed out")
         rows.append((case["name"], case.get("scope", "sys"), 4 * case.get("words", 0), us))
     if r == 0:
         print(f"{'case':<28} {'scope':<5} {'payload B':>9} {'one-way us':>10}")
         for name, scope, nbytes, us in rows:
             print(f"{name:<28} {scope:<5} {nbytes:>9} {us:>10.2f}")
-        print(f"OK sync latency ({len(rows)} cases, {'GPU' if gpu else 'interpreted, untimed'})", flush=True)
+        print(f"OK sync latency ({len(rows)} cases, {'untimed' if args.check else 'GPU'})", flush=True)
     mesh.close()
 
 

@@ -275,7 +275,8 @@ def _skinny_plans(**env):
     import os
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", _PLAN_PROBE], env={**os.environ, **env}, capture_output=True,
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ETDIST_GEMM_RS_")}   # defaults unless asked
+    out = subprocess.run([sys.executable, "-c", _PLAN_PROBE], env={**clean, **env}, capture_output=True,
                          text=True, check=True).stdout
     return {int(line.split()[0]): tuple(map(int, line.split()[1:])) for line in out.splitlines()}
 
@@ -340,13 +341,15 @@ def _whole_tiles(**env):
     import os
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", _WHOLE_PROBE], env={**os.environ, **env}, capture_output=True,
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ETDIST_WHOLE_")}   # defaults unless asked
+    out = subprocess.run([sys.executable, "-c", _WHOLE_PROBE], env={**clean, **env}, capture_output=True,
                          text=True, check=True).stdout
     return {(line.split()[0], int(line.split()[1])): tuple(map(int, line.split()[2:])) for line in out.splitlines()}
 
 
 def test_whole_gather_tile_knobs():
-    """ETDIST_WHOLE_32 / _AG / _MLP set one class each; ETDIST_WHOLE_TILES every class of both ops."""
+    """ETDIST_WHOLE_32 / _AG / _MLP set one class each; ETDIST_WHOLE_TILES every class of both ops,
+    except a class that its own knob sets."""
     default = _whole_tiles()
     assert default == {("all_gather_gemm", 16): (32, 128, 64, 4, 6), ("all_gather_gemm", 128): (64, 128, 128, 4, 4),
                        ("tensor_parallel_mlp", 16): (32, 128, 64, 4, 6), ("tensor_parallel_mlp", 128): (64, 128, 64, 4, 4)}
@@ -354,6 +357,9 @@ def test_whole_gather_tile_knobs():
     assert one == {**default, ("all_gather_gemm", 128): (64, 64, 128, 4, 3)}
     every = _whole_tiles(ETDIST_WHOLE_TILES="64,128,64,4,4")
     assert set(every.values()) == {(64, 128, 64, 4, 4)}
+    both = _whole_tiles(ETDIST_WHOLE_TILES="64,128,64,4,4", ETDIST_WHOLE_32="16,128,64,4,6")
+    assert both[("all_gather_gemm", 16)] == both[("tensor_parallel_mlp", 16)] == (16, 128, 64, 4, 6)
+    assert both[("all_gather_gemm", 128)] == (64, 128, 64, 4, 4)
 
 
 def test_a_new_kernel_never_finds_a_freed_kernels_state():

@@ -239,6 +239,9 @@ class CudaKernel:
         key = (tuple((n, t.shape, t.dtype) if isinstance(t, torch.Tensor) else (n, None, None)
                      for n, t in inputs.items()), tuple(sorted(sizes.items())) if sizes else ())
         if key != st.bind_key:  # a new shape: check everything, agree across ranks, prepare, remember
+            if st.arena is not None:   # a failed launch may not have reached the pinned word yet: a peer
+                _sync(mesh)            # that raised on it would leave us waiting in the agreement
+                self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
             bound = self._agree(mesh, inputs, sizes, out)
             if st.shape is None or st.shape.sizes != bound:
                 self._prepare(mesh, st, bound)
@@ -267,12 +270,7 @@ class CudaKernel:
             if self.interpreted:  # synchronous, on CPU tensors: errors are known at once
                 self.module.megakernel[(st.programs,)](*st.shape.args(values), NUM_PROGRAMS=st.programs,
                                                        USE_ASM=False)
-                words = st.arena[:ERR_WORDS].tolist()
-                # a peer may already have refused its next call (it finished this one before we read
-                # the record): that refusal is the next call's, raised there (_check_pending)
-                done = int(st.arena[ArenaLayout(mesh.world_size).finished])
-                if not (words[0] == ERR_REFUSED and words[6] > done):
-                    self._raise_if_failed(mesh, st, words)
+                self._raise_if_this_call_failed(mesh, st)
                 return outs
             if not self._launch_direct(mesh, st, values):
                 st.compiled = self.module.megakernel[(st.programs,)](
@@ -311,7 +309,7 @@ class CudaKernel:
         if st is None or st.arena is None:
             return
         _sync(mesh)
-        self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].cpu().tolist())
+        self._raise_if_this_call_failed(mesh, st)
 
     def trace(self, mesh, gather: bool = True) -> list[tuple]:
         """The last launch's tasks as (rank, SM, label, start us, end us) rows, every rank's when
@@ -497,6 +495,18 @@ class CudaKernel:
         _sync(mesh)
         if st.error_np is not None:
             st.error_np[0] = ERR_REFUSED
+
+    def _raise_if_this_call_failed(self, mesh, st: _MeshState) -> None:
+        """After the last launch has finished (synced): raise its error, if any. A peer may already
+        have refused its next call (it finished this one before we read the record, and every
+        generated kernel ends in the exit rendezvous, so no rank is more than one call ahead): that
+        refusal is the next call's and is raised there (_check_pending), not here."""
+        words = st.arena[:ERR_WORDS].tolist()
+        if words[0] == ERR_REFUSED and words[6] > int(st.arena[ArenaLayout(mesh.world_size).finished]):
+            if st.error_np is not None:
+                st.error_np[0] = ERR_REFUSED
+            return
+        self._raise_if_failed(mesh, st, words)
 
     def _check_pending(self, mesh, st: _MeshState) -> None:
         # the pinned word changes only when a launch's copy lands (after that launch), so a nonzero

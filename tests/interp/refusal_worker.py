@@ -40,6 +40,7 @@ def main():
     want = gemm_rs.reference([i["x"] for i in ins], [i["w"] for i in ins])[r]
     y = kernel(mesh, x=ins[r]["x"], w=ins[r]["w"])["y"]          # the shape is prepared on every rank
     assert torch.allclose(y.double(), want, rtol=1e-4, atol=1e-4)
+    kernel.check(mesh)   # rank 0 (paused) reads the peer's refusal of call 2 here: not this call's error
     x = ins[r]["x"] * 2
     if r == R - 1:
         x = x.t().contiguous().t()                                 # same shape, not contiguous
