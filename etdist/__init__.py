@@ -7,6 +7,7 @@ from .fusion import (CounterError, DeadlockError, DoubleNotifyError, EtdistError
                      Graph, GraphError, InputError, RuntimeFault, cdiv, compile, eq, every, grouped, logical_and,
                      maximum, minimum, row_chunks, where)
 from .fusion.tiles import block, shift
+from .knobs import KnobError
 from .mesh import Mesh, MeshError, PeerTimeoutError, ShapeMismatchError, current_mesh, init_mesh
 from . import collectives, nn, ops
 from .collectives import all_gather, all_reduce, all_to_all, reduce_scatter

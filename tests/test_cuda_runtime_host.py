@@ -384,7 +384,8 @@ def test_tile_config_knob_format():
     assert TileConfig.parse("16,128,128,4,6,swap") == TileConfig(16, 128, 128, 4, 6, swap_ab=True)
     assert TileConfig.parse("64, 64, 128, 4, 4") == TileConfig(64, 64, 128, 4, 4)
     assert fp32_config(TileConfig(16, 128, 128, 4, 6, True)) == TileConfig(16, 128, 64, 4, 3, True)
-    for bad in ("64,64,128", "64,64,128,4,4,fast", "64,64,x,4,4", "64,64,128,4,4,swap,swap"):
+    for bad in ("64,64,128", "64,64,128,4,4,fast", "64,64,x,4,4", "64,64,128,4,4,swap,swap", "0,0,0,0,0",
+                "48,64,64,4,4", "8,64,64,4,4", "64,64,64,3,4", "64,64,64,32,4", "64,64,64,4,0"):
         with pytest.raises(ValueError, match="block_m,block_n,block_k,warps,stages"):
             TileConfig.parse(bad)
 

@@ -10,14 +10,13 @@ one H200 (persistent grouped loop, 128x256x64 tiles, bf16, M=8192): 0.99-1.02x t
 torch.mm, against 1.16-1.19x for the cp.async pointer loads (scratch A/B, BENCHMARKS.md).
 Descriptors live in Triton's per-program global scratch (the runtime provides it).
 """
-import os
-
 import triton
 import triton.language as tl
 
+from .. import knobs
 from .sync import async_proxy_fence
 
-TMA_ENABLED = os.environ.get("ETDIST_TMA", "1") != "0"   # ETDIST_TMA=0: the pointer loads, for A/B runs
+TMA_ENABLED = knobs.read("ETDIST_TMA", knobs.flag, True)   # ETDIST_TMA=0: the pointer loads, for A/B runs
 
 
 def use_tma(align: int) -> bool:

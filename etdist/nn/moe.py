@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .. import fusion
+from ..knobs import KnobError
 from ..fusion.errors import InputError
 from ..ops.gemm_rs import refusal_reaches_peers
 from ..workloads import moe as moe_graph
@@ -54,11 +55,14 @@ def gpu_tiles(large: bool = False) -> GpuTiles:
     text = os.environ.get(name)
     if not text:
         return LARGE_TILES if large else GpuTiles()
-    values = [int(v) for v in text.split(",")]
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
     pow2 = lambda v: v > 0 and v & (v - 1) == 0   # noqa: E731
     if len(values) != 5 or not all(pow2(v) and v >= 16 for v in values[:3]) or not pow2(values[3]) \
             or values[4] < 1:
-        raise ValueError(f"{name}={text!r}: want block_m,block,block_n,warps,stages (blocks "
+        raise KnobError(f"{name}={text!r}: want block_m,block,block_n,warps,stages (blocks "
                          "powers of two >= 16, as tl.arange and tl.dot need; warps a power of two)")
     return GpuTiles(*values)
 

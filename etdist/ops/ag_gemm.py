@@ -1,17 +1,17 @@
 """All-gather + GEMM as one persistent kernel per GPU."""
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
+from .. import knobs
 from ..workloads import ag_gemm
-from .gemm_rs import LARGE, TileConfig, cached_kernel, check_operands, fp32_config, refusal_reaches_peers, total_rows_of
+from .gemm_rs import LARGE, TILE_KNOBS, TileConfig, cached_kernel, check_operands, fp32_config, refusal_reaches_peers, total_rows_of
 
 # Up to WHOLE_MAX_M rows the gather (tiny) completes first and GEMM tiles span every row, so the
 # weights are read once; above, row tiles start per source as its rows arrive (overlap).
-WHOLE_MAX_M = int(os.environ.get("ETDIST_WHOLE_MAX_M", "128"))
+WHOLE_MAX_M = knobs.read("ETDIST_WHOLE_MAX_M", knobs.non_negative_int, 128)
 WHOLE_SMALL_M = 32   # the whole-gather variants' two size classes: M <= 32, and up to WHOLE_MAX_M
 
 # Their tiles, from launch/tune_decode.py on 2x H200 (records gemm_rs_skinny_ab, commit fa617fe,
@@ -28,8 +28,8 @@ WHOLE_MLP = TileConfig(64, 128, 64, 4, 4)   # tensor_parallel_mlp, the same M
 def _override(name: str, default: TileConfig) -> TileConfig:
     """Tuning knobs: ETDIST_WHOLE_<NAME>="block_m,block_n,block_k,warps,stages" for one class, and
     ETDIST_WHOLE_TILES for every class of both ops at once (launch/tune_decode.py's A/B)."""
-    text = os.environ.get(f"ETDIST_WHOLE_{name}") or os.environ.get("ETDIST_WHOLE_TILES")
-    return TileConfig.parse(text) if text else default
+    every = knobs.read("ETDIST_WHOLE_TILES", TileConfig.parse, default)
+    return knobs.read(f"ETDIST_WHOLE_{name}", TileConfig.parse, every)
 
 
 WHOLE_32, WHOLE_AG, WHOLE_MLP = _override("32", WHOLE_32), _override("AG", WHOLE_AG), _override("MLP", WHOLE_MLP)
@@ -52,6 +52,7 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
        when M is not R x rows). w: [K, N_local] row-major. Rows are multiplied as they arrive,
        this rank's own first.
     """
+    knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)
         M = total_rows_of("all_gather_gemm", total_rows, x, mesh.world_size)

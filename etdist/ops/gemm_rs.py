@@ -4,12 +4,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from .. import knobs
 from ..fusion import compile as et_compile
 from ..fusion.cuda_runtime import post_refusal
 from ..fusion.errors import InputError
@@ -28,12 +28,19 @@ class TileConfig:
 
     @classmethod
     def parse(cls, text: str) -> "TileConfig":
-        """"block_m,block_n,block_k,warps,stages[,swap]" (the knobs' format)."""
+        """"block_m,block_n,block_k,warps,stages[,swap]" (the knobs' format): blocks powers of two
+        >= 16 (tl.arange and tl.dot need them), warps a power of two up to 16, stages >= 1."""
         fields = [f.strip() for f in text.split(",")]
         swap = fields[5:] == ["swap"]
+        want = (f"tile config {text!r}: want block_m,block_n,block_k,warps,stages[,swap] (blocks powers of "
+                "two >= 16, warps a power of two <= 16, stages >= 1)")
         if len(fields) not in (5, 6) or (len(fields) == 6 and not swap) or not all(f.isdigit() for f in fields[:5]):
-            raise ValueError(f"tile config {text!r}: want block_m,block_n,block_k,warps,stages[,swap]")
-        return cls(*(int(f) for f in fields[:5]), swap_ab=swap)
+            raise ValueError(want)
+        bm, bn, bk, warps, stages = (int(f) for f in fields[:5])
+        pow2 = lambda v: v > 0 and v & (v - 1) == 0   # noqa: E731
+        if not (all(pow2(b) and b >= 16 for b in (bm, bn, bk)) and pow2(warps) and warps <= 16 and stages >= 1):
+            raise ValueError(want)
+        return cls(bm, bn, bk, warps, stages, swap_ab=swap)
 
 
 # Size classes, one compiled kernel for every M in each. Up to 128 rows, the skinny graph (all
@@ -51,8 +58,7 @@ LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BE
 
 def _override(name: str, default: TileConfig) -> TileConfig:
     """Tuning knob: ETDIST_GEMM_RS_<NAME>="block_m,block_n,block_k,warps,stages[,swap]"."""
-    text = os.environ.get(f"ETDIST_GEMM_RS_{name}")
-    return TileConfig.parse(text) if text else default
+    return knobs.read(f"ETDIST_GEMM_RS_{name}", TileConfig.parse, default)
 
 
 SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY),
@@ -65,9 +71,10 @@ SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _over
 # tasks per SM.
 _CLASSES = sorted(((SKINNY_32, 1.0), (SKINNY, 1.0), (SKINNY_128, 2.0)), key=lambda c: c[0].block_m)
 SKINNY_CLASSES = tuple(cfg for cfg, _ in _CLASSES)   # each serves M <= its block_m, in this order
-_tasks_text = os.environ.get("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM")
-SKINNY_TASKS_PER_SM = ({cfg: float(_tasks_text) for cfg in SKINNY_CLASSES} if _tasks_text else
+_tasks = knobs.read("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM", knobs.positive_float, None)
+SKINNY_TASKS_PER_SM = ({cfg: _tasks for cfg in SKINNY_CLASSES} if _tasks else
                        dict(reversed(_CLASSES)))   # dict() keeps the last write: the first class wins
+TILE_KNOBS = ("ETDIST_GEMM_RS_", "ETDIST_WHOLE_", "ETDIST_TMA")   # what the fused ops' plans read
 
 
 def skinny_tasks_per_sm(cfg: TileConfig) -> float:
@@ -123,6 +130,7 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     Returns [rows owned, N] in x's dtype (bf16/fp16/fp32), accumulated in fp32 per rank and summed
     in fp32 across ranks (partials travel in x's dtype; fp32 inputs multiply as TF32 on tensor cores).
     """
+    knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
     cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index))

@@ -6,10 +6,11 @@ from typing import Optional
 
 import torch
 
+from .. import knobs
 from ..fusion.errors import InputError
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
-from .gemm_rs import TileConfig, cached_kernel, check_operands, fp32_config, refusal_reaches_peers, total_rows_of
+from .gemm_rs import TILE_KNOBS, TileConfig, cached_kernel, check_operands, fp32_config, refusal_reaches_peers, total_rows_of
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 _KERNELS: dict = {}
@@ -25,6 +26,7 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
        its up columns; w_down: [I_r, H] its rows of the down projection (row-major, as
        `etdist.workloads.mlp.shard` makes them). Returns [rows_r, H] in x's dtype.
     """
+    knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("tensor_parallel_mlp", "etdist.workloads.mlp", x, w_gate_up, mesh)
         if not isinstance(w_down, torch.Tensor) or w_down.dim() != 2:
