@@ -59,6 +59,19 @@ def test_bad_modules_and_inputs_are_refused():
         mlp(torch.randn(3, 32))
     with pytest.raises(et.MeshError, match="call etdist.init_mesh"):
         et.nn.TensorParallelMLP(64, 128)  # no mesh and nothing simulated
+    with pytest.raises(et.InputError, match="or torch.float32"):
+        et.nn.TensorParallelMLP(64, 128, simulate_world=2, dtype=torch.float64)
+
+
+def test_a_layer_built_without_weights_has_random_ones():
+    """Built from sizes (not from_dense), the weights were torch.empty: NaN or garbage out. They are
+    seeded random, as nn.MoE's, so a layer is usable (and reproducible) before real weights load."""
+    a = et.nn.TensorParallelMLP(64, 128, simulate_world=2, dtype=torch.float32)
+    b = et.nn.TensorParallelMLP(64, 128, simulate_world=2, dtype=torch.float32)
+    x = torch.randn(5, 64)
+    y = a(x)
+    assert torch.isfinite(y).all() and y.abs().max() > 0
+    torch.testing.assert_close(y, b(x))
 
 
 def test_from_dense_refuses_mismatched_projections():

@@ -64,7 +64,9 @@ def test_bad_sizes_and_inputs_are_refused_before_running():
                               ((0, I, E, K), {}, "hidden must be a positive int, got 0"),
                               ((H, 0, E, K), {}, "expert_intermediate must be a positive int, got 0"),
                               ((H, I, E, 2.5), {}, "top_k must be a positive int, got 2.5"),
-                              ((H, I, E, K), dict(dtype=torch.int32), "dtype must be a floating-point torch.dtype")):
+                              ((H, I, E, K), dict(dtype=torch.int32), "dtype must be a floating-point torch.dtype"),
+                              ((H, I, E, K), dict(dtype=torch.float64), r"torch.bfloat16, torch.float16 or torch.float32"),
+                              ((H, I, E, K), dict(dtype=torch.float8_e4m3fn), "got torch.float8_e4m3fn")):
         with pytest.raises(et.InputError, match=msg):
             et.nn.MoE(*args, **{"simulate_world": 2, **kwargs})
     moe = et.nn.MoE(H, I, E, K, simulate_world=2, dtype=torch.float32)
@@ -72,7 +74,8 @@ def test_bad_sizes_and_inputs_are_refused_before_running():
     want = moe(x)
     for bad, msg in (([0.0] * H, r"x must be a tensor \[..., 24\], got list"), (torch.tensor(1.0), "0-d tensor"),
                      (torch.ones(3, H, dtype=torch.int64), "x is torch.int64; pass the hidden states as a floating"),
-                     (torch.randn(3, H, device="meta"), "simulated ranks run on the CPU runtime")):
+                     (torch.randn(3, H, device="meta"), "simulated ranks run on the CPU runtime"),
+                     (torch.randn(3, H, dtype=torch.bfloat16), r"x is torch.bfloat16, the layer's weights torch.float32")):
         with pytest.raises(et.InputError, match=msg):
             moe(bad)
     torch.testing.assert_close(moe(x), want)
@@ -130,3 +133,18 @@ def test_large_tiles_serve_large_expert_batches():
     qwen = et.nn.MoE(32, 16, 128, 8, simulate_world=2, dtype=torch.float32)
     assert [mixtral.large_tiles(t) for t in (1, 128, 1024, 4096)] == [False, False, True, True]
     assert [qwen.large_tiles(t) for t in (16, 1024, 4096)] == [False, False, True]
+
+
+def test_a_cpu_mesh_points_to_simulated_ranks(monkeypatch, tmp_path):
+    """On a CPU mesh the layers built fine and failed at the first call ("compiled for GPUs"); they
+    now refuse at construction and say how to run on a CPU."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("ETDIST_SHM_DIR", str(tmp_path))
+    mesh = et.init_mesh(backend="cpu", world_size=1, rank=0)
+    try:
+        with pytest.raises(et.InputError, match="not a GPU mesh; on a CPU, build the layer with simulate_world=R"):
+            et.nn.MoE(H, I, E, K, mesh=mesh)
+        with pytest.raises(et.InputError, match="TensorParallelMLP: mesh 'cpu' is not a GPU mesh"):
+            et.nn.TensorParallelMLP(64, 128, mesh=mesh)
+    finally:
+        mesh.close()

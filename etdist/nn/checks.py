@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import operator
+import os
 
 import torch
 
@@ -20,7 +21,7 @@ def positive_ints(owner: str, **values) -> None:
 
 
 def float_dtype(owner: str, dtype) -> None:
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise InputError(f"{owner}: dtype must be a floating-point torch.dtype (torch.bfloat16, torch.float16 "
                          f"or torch.float32), got {dtype!r}")
 
@@ -34,3 +35,16 @@ def hidden_states(owner: str, x, hidden: int) -> None:
         raise InputError(f"{owner}: x has {x.shape[-1]} features, the layer {hidden}")
     if not x.is_floating_point():
         raise InputError(f"{owner}: x is {x.dtype}; pass the hidden states as a floating-point tensor")
+
+
+def layer_mesh(owner: str, mesh):
+    """The mesh a layer runs its ranks on (the current one if None): a GPU mesh. A cpu mesh runs
+    the layer's generated kernel only under Triton's interpreter (TRITON_INTERPRET=1, for tests);
+    on a CPU the layer simulates its ranks instead."""
+    from ..mesh import current_mesh
+    mesh = mesh or current_mesh()
+    if getattr(mesh, "backend", None) != "nvshmem" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise InputError(f"{owner}: mesh {getattr(mesh, 'backend', mesh)!r} is not a GPU mesh; on a CPU, build the "
+                         f"layer with simulate_world=R (R ranks simulated in this process on the CPU runtime) "
+                         f"and no mesh")
+    return mesh

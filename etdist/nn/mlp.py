@@ -25,7 +25,7 @@ from ..ops import mlp as mlp_ops
 from ..ops.gemm_rs import refusal_reaches_peers
 from ..ops.mlp import tensor_parallel_mlp
 from ..workloads import mlp as mlp_graph
-from .checks import float_dtype, hidden_states, positive_ints
+from .checks import float_dtype, hidden_states, layer_mesh, positive_ints
 
 _CPU_TILE = 16
 
@@ -42,8 +42,7 @@ class TensorParallelMLP(nn.Module):
         if simulate_world is not None:
             positive_ints("TensorParallelMLP", simulate_world=simulate_world)
         if simulate_world is None:
-            from ..mesh import current_mesh
-            mesh = mesh or current_mesh()
+            mesh = layer_mesh("TensorParallelMLP", mesh)
             world, shards = mesh.world_size, 1
             device = device or mesh.device
         else:
@@ -54,11 +53,14 @@ class TensorParallelMLP(nn.Module):
         self.hidden, self.intermediate, self.world, self.mesh = hidden, intermediate, world, mesh
         self.sequence_parallel, self.simulated = sequence_parallel, simulate_world is not None
         n = intermediate // world
+        gen = torch.Generator(device=device).manual_seed(0)   # random weights until from_dense loads real ones
+
+        def param(*shape, scale):
+            return nn.Parameter((torch.randn(*shape, generator=gen, device=device) * scale).to(dtype),
+                                requires_grad=False)
         # one shard per rank held here: ours on GPUs, all of them when simulating
-        self.w_gate_up = nn.ParameterList([nn.Parameter(torch.empty(hidden, 2 * n, dtype=dtype, device=device),
-                                                        requires_grad=False) for _ in range(shards)])
-        self.w_down = nn.ParameterList([nn.Parameter(torch.empty(n, hidden, dtype=dtype, device=device),
-                                                     requires_grad=False) for _ in range(shards)])
+        self.w_gate_up = nn.ParameterList([param(hidden, 2 * n, scale=hidden ** -0.5) for _ in range(shards)])
+        self.w_down = nn.ParameterList([param(n, hidden, scale=intermediate ** -0.5) for _ in range(shards)])
         self._kernel = None
 
     @classmethod

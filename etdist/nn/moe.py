@@ -25,7 +25,7 @@ from ..knobs import KnobError
 from ..fusion.errors import InputError
 from ..ops.gemm_rs import refusal_reaches_peers
 from ..workloads import moe as moe_graph
-from .checks import float_dtype, hidden_states, positive_ints
+from .checks import float_dtype, hidden_states, layer_mesh, positive_ints
 
 _KERNELS: dict = {}
 
@@ -82,8 +82,7 @@ class MoE(nn.Module):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k={top_k} must be between 1 and num_experts={num_experts}")
         if simulate_world is None:
-            from ..mesh import current_mesh
-            mesh = mesh or current_mesh()
+            mesh = layer_mesh("MoE", mesh)
             world, shards, device = mesh.world_size, 1, device or mesh.device
         else:
             world, shards, device = int(simulate_world), int(simulate_world), device or "cpu"
@@ -165,7 +164,9 @@ class MoE(nn.Module):
             hidden_states("MoE", x, self.hidden)
             if self.simulated and x.device.type != "cpu":
                 raise InputError(f"MoE: x is on {x.device}; simulated ranks run on the CPU runtime: pass a CPU tensor")
-        lead, x2 = x.shape[:-1], x.reshape(-1, self.hidden).to(self.router.dtype)
+            if x.dtype != self.router.dtype:
+                raise InputError(f"MoE: x is {x.dtype}, the layer's weights {self.router.dtype}: pass x.to({self.router.dtype})")
+        lead, x2 = x.shape[:-1], x.reshape(-1, self.hidden)
         if self.simulated:
             y = self._simulated(x2)
         else:
