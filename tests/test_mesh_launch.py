@@ -149,3 +149,24 @@ def test_host_group_is_destroyed_at_exit_when_nobody_closed_it(tmp_path):
     p1.wait(timeout=120)
     assert p0.returncode == 0, p0.stdout + p0.stderr
     assert "destroyed" in p0.stdout
+
+
+def test_a_peer_that_skips_a_collective_is_named_not_gloos_raw_error(tmp_path):
+    """Rank 1 exits where rank 0 calls a collective at a new shape (the ranks agree on the shape
+    through the host group first): gloo's 'Connection closed by peer ... GLHF!' or its bare timeout
+    became a PeerTimeoutError that says what a rank did wrong."""
+    script = tmp_path / "skip.py"
+    script.write_text(
+        "import torch, etdist as et\n"
+        "mesh = et.init_mesh(backend='cpu', watchdog_s=5)\n"
+        "if mesh.rank == 1:\n"
+        "    raise SystemExit(0)\n"
+        "try:\n"
+        "    et.all_reduce(torch.ones(8), mesh=mesh)\n"
+        "except et.PeerTimeoutError as e:\n"
+        "    print('named:', e)\n")
+    env = dict(os.environ, ETDIST_SHM_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(script)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert "named: rank 0: the ranks' host" in p.stdout and "every rank must make the same calls" in p.stdout, \
+        (p.stdout + p.stderr)[-3000:]

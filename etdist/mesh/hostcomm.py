@@ -8,11 +8,12 @@ under mpirun mpi4py, and a single process needs nothing.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
 from typing import Any, List
 
-from .errors import MeshError
+from .errors import MeshError, PeerTimeoutError
 from .launch import Launch, Launcher
 
 
@@ -43,6 +44,7 @@ class TorchComm(HostComm):
 
         self.dist = dist
         self.rank, self.world_size = launch.rank, launch.world_size
+        self.timeout_s = max(timeout_s, 1.0)
         self.owns_group, self._closed = not dist.is_initialized(), False
         if self.owns_group:
             missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
@@ -65,16 +67,31 @@ class TorchComm(HostComm):
 
     def broadcast(self, obj, root=0):
         box = [obj]
-        self.dist.broadcast_object_list(box, src=root, group=self.group)
+        with self._peers_answer("broadcast"):
+            self.dist.broadcast_object_list(box, src=root, group=self.group)
         return box[0]
 
     def allgather(self, obj):
         out = [None] * self.world_size
-        self.dist.all_gather_object(out, obj, group=self.group)
+        with self._peers_answer("allgather"):
+            self.dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def barrier(self):
-        self.dist.barrier(group=self.group)
+        with self._peers_answer("barrier"):
+            self.dist.barrier(group=self.group)
+
+    @contextlib.contextmanager
+    def _peers_answer(self, what: str):
+        """gloo's own errors when a peer never joins (a timeout) or has exited (connection closed)
+        say nothing of why: name the likely cause."""
+        try:
+            yield
+        except RuntimeError as e:
+            raise PeerTimeoutError(
+                f"rank {self.rank}: the ranks' host {what} failed: a peer did not make the same call "
+                f"within {self.timeout_s:g} s, or it has exited (every rank must make the same calls in the "
+                f"same order; the first call at a new shape agrees on it across ranks). gloo: {e}") from e
 
     def close(self):
         if self.owns_group and not self._closed and self.dist.is_initialized():
