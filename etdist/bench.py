@@ -74,6 +74,23 @@ def cells(cfg: Config):
                     yield name, _value(s), int(world), int(M)
 
 
+def skipped_cells(cfg: Config) -> list[str]:
+    """The workload/world pairs of the sweep that cells() leaves out, and why (said, not hidden)."""
+    why = []
+    for w in cfg.workload.names:
+        name = _value(w)
+        if not WORKLOADS[name].needs_experts:
+            continue
+        if cfg.model.num_experts == 0:
+            why.append(f"{name}: model {cfg.model.name!r} is dense (no experts)")
+            continue
+        for world in cfg.mesh.worlds:
+            if cfg.model.num_experts % world:
+                why.append(f"{name} at {world} ranks: {cfg.model.num_experts} experts do not split over {world} "
+                           "ranks (the expert count must be a multiple of the world size)")
+    return why
+
+
 def check_config(cfg: Config) -> None:
     """Values the config's types let through but no cell can run with (a negative token count, no
     ranks, no interleaving...): refused before any cell runs, naming the override to fix."""
@@ -103,8 +120,8 @@ def run(cfg: Config, console: Optional[Console] = None, part: tuple[int, int] = 
     check_config(cfg)
     todo = list(cells(cfg))
     if not todo:
-        raise SystemExit("no cells to run: check workload/schedule/mesh.worlds/bench.tokens "
-                         f"(model {cfg.model.name!r} has {cfg.model.num_experts} experts)")
+        raise SystemExit("no cells to run: check workload/schedule/mesh.worlds/bench.tokens"
+                         + "".join(f"; skipped {w}" for w in skipped_cells(cfg)))
     mine = todo[part[0]::part[1]]
     kernels: dict = {}
     rows = []
@@ -146,18 +163,21 @@ def table(rows: list[Row]) -> Table:
     return t
 
 
-def write_results(rows: list[Row], folder: pathlib.Path) -> pathlib.Path:
+def write_results(rows: list[Row], folder: pathlib.Path, also: Optional[str] = None) -> pathlib.Path:
     """Records (DESIGN.md's schema; `eager` = the float64 torch reference in one process), then
-    the report tables and plots made from them, all under `folder`."""
+    the report tables and plots made from them, all under `folder`; the records also appended
+    under `also` (bench.results_dir) when given."""
     from . import report
 
     env = {**records.env_info(), "device": "CPU runtime (simulated ranks)"}
     results = folder / "results"
     for r in rows:
-        records.append(results / f"{r.workload}.jsonl", records.make_record(
+        rec = records.make_record(
             workload=r.workload, model=r.model, M=r.M, world=r.world, schedule=r.schedule,
             ours_us=1e3 * r.wall_ms, baselines={"eager": 1e3 * r.reference_ms}, floor_us=None,
-            rel_err=r.max_rel_err, env=env, notes=f"{r.tasks} tasks, {r.skipped} skipped by the routing"))
+            rel_err=r.max_rel_err, env=env, notes=f"{r.tasks} tasks, {r.skipped} skipped by the routing")
+        for where in filter(None, (results, also)):
+            records.append(pathlib.Path(where) / f"{r.workload}.jsonl", rec)
     report.write_report(str(results), str(folder / "report.md"), str(folder / "plots"))
     return results
 
@@ -211,11 +231,15 @@ def main(cfg: Config) -> None:
     order = {cell: k for k, cell in enumerate(cells(cfg))}
     rows.sort(key=lambda r: order[(r.workload, r.schedule, r.world, r.M)])
     console.print(table(rows))
+    for why in skipped_cells(cfg):
+        console.print(f"skipped {why}")
     if nprocs > 1:
         console.print(f"{len(rows)} cells over {nprocs} processes")
     folder = pathlib.Path(HydraConfig.get().runtime.output_dir)
-    results = write_results(rows, folder)
-    console.print(f"records: {os.path.relpath(results)}  report: {os.path.relpath(folder / 'report.md')}")
+    results = write_results(rows, folder, cfg.bench.results_dir)
+    console.print(f"records: {os.path.relpath(results)}"
+                  + (f" and {cfg.bench.results_dir}" if cfg.bench.results_dir else "")
+                  + f"  report: {os.path.relpath(folder / 'report.md')}")
     worst = max(r.max_rel_err for r in rows)
     if worst > 1e-4:
         raise SystemExit(f"max relative error {worst:.2e} exceeds 1e-4")

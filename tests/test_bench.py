@@ -80,6 +80,16 @@ def test_dense_models_skip_moe_cells():
     assert rows and all(name != "moe" for name, *_ in rows)
 
 
+def test_cells_left_out_are_named_with_the_reason():
+    """mesh.worlds=[3] ran its 8 rows and the MoE ones vanished without a word."""
+    assert bench.skipped_cells(cfg("mesh.worlds=[2,3]")) == [
+        "moe at 3 ranks: 8 experts do not split over 3 ranks (the expert count must be a multiple of the world size)"]
+    assert bench.skipped_cells(cfg("model=qwen3_8b")) == ["moe: model 'qwen3_8b' is dense (no experts)"]
+    assert bench.skipped_cells(cfg("mesh.worlds=[1,2]")) == []
+    with pytest.raises(SystemExit, match="skipped moe at 3 ranks: 8 experts do not split"):
+        bench.run(cfg("workload=moe", "mesh.worlds=[3]"))
+
+
 def test_main_command_prints_the_table(tmp_path):
     out = subprocess.run([sys.executable, "-m", "etdist.bench", "mesh.worlds=[1,2]", "bench.interleavings=1",
                           f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
@@ -88,7 +98,18 @@ def test_main_command_prints_the_table(tmp_path):
         assert word in out.stdout
     lines = [line for f in (tmp_path / "results").glob("*.jsonl") for line in f.read_text().splitlines()]
     assert len(lines) == 20  # 5 workloads x 2 schedules x 2 worlds, DESIGN.md's records
-    assert "### moe" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "### moe" in report and "from results/*.jsonl" in report
+    assert "A correctness run: simulated ranks" in report and "(vs the float64 reference, eager)" in report
+
+
+def test_results_dir_takes_the_cpu_records_too(tmp_path):
+    """bench.results_dir was honoured on GPUs only; the CPU run ignored it silently."""
+    out = subprocess.run([sys.executable, "-m", "etdist.bench", "mesh.worlds=[1]", "bench.interleavings=1",
+                          "workload=gemm_rs", f"bench.results_dir={tmp_path / 'also'}", f"hydra.run.dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "also" / "gemm_rs.jsonl").read_text() == (tmp_path / "run" / "results" / "gemm_rs.jsonl").read_text()
 
 
 def test_gpu_plan_runs_what_gpus_have_and_names_the_rest():
