@@ -13,7 +13,10 @@
 #          (ETDIST_WHOLE_TILES=64,128,64,4,4) against today's size classes, alternated, in one call;
 #   moe    nn.MoE's small-class tiles at 1, 16 and 128 tokens (launch/tune-moe.sh): today's
 #          64,64,128,8,3 against narrower column tiles (more gate/up tasks per expert at one token)
-#          and 16-row tiles; all compile for sm_90a without spills (checked on the CPU).
+#          and 16-row tiles; all compile for sm_90a without spills (checked on the CPU);
+#   moegroup  nn.MoE at 1024 and 4096 tokens (static, EP=2), its expert GEMMs walked row tile after
+#          row tile (ETDIST_MOE_GROUP_M=1, the order before the grouping) against groups of 8 row
+#          tiles per weight block (the default), alternated (not decode: it rides along, ~2 min).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=${NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME:-lo} NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4G}
@@ -22,7 +25,7 @@ RESULTS=${RESULTS:-$(mktemp -d)}
 quiet() { grep -vE '^(W1|\[W|Setting OMP|\*{5})'; }
 rows() { grep -E '^\[[0-9]+/[0-9]+\]' | cut -c1-120; }
 T0=$SECONDS
-for step in ${@:-sync trace whole moe}; do
+for step in ${@:-sync trace whole moe moegroup}; do
   case $step in
     sync)
       echo "== sync latency"
@@ -44,7 +47,14 @@ for step in ${@:-sync trace whole moe}; do
       echo "== nn.MoE small-class tiles at 1/16/128 tokens (static)"
       CONFIGS=${MOE_CONFIGS:-"64,64,128,8,3 64,64,64,8,4 16,64,64,8,4 16,64,32,8,6"} TOKENS='[1,16,128]' \
         timeout 280 bash launch/tune-moe.sh 2>&1 | cut -c1-140 ;;
-    *) echo "unknown step $step (sync, trace, whole, moe)"; exit 2 ;;
+    moegroup)
+      echo "== nn.MoE expert tile order at 1024/4096 tokens: row tile after row tile (old), then groups of 8"
+      for group in 1 8; do
+        ETDIST_MOE_GROUP_M=$group RESULTS=$RESULTS/moegroup-$group MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b \
+          WORKLOADS=moe SCHEDULE=static timeout 150 bash launch/bench-gpu.sh bench=gpu_moe 'bench.tokens=[1024,4096]' \
+          2>&1 | rows | sed "s/^/group $group /"
+      done ;;
+    *) echo "unknown step $step (sync, trace, whole, moe, moegroup)"; exit 2 ;;
   esac
   echo "-- $step done at $((SECONDS - T0)) s"
 done

@@ -165,3 +165,23 @@ def test_moe_aligned_sizes(schedule):
     bad, _ = moe.make_inputs(2, 9, 24, 16, E=4, seed=5)
     with pytest.raises(et.InputError, match=r"H=24 is not a multiple of 16"):
         kernel.run(bad)
+
+
+def test_moe_expert_tiles_walk_groups_of_row_tiles_per_weight_block():
+    """The expert GEMM tasks ran row tile after row tile: mixtral at 4096 tokens has 16 row tiles
+    per expert and 112 gate/up column blocks, so a wave of programs never shared a weight block and
+    every row tile re-read its expert's weights from HBM. Now a wave walks 8 row tiles (numbered
+    expert after expert) per column block: consecutive tasks share one weight block, and the order
+    is still every (row tile, column block) once."""
+    ir = moe.moe_layer(top_k=2, block_m=128, block=64, block_n=128).to_ir()
+    env = dict(T=4096, H=4096, I=14336, E=8, E_local=4, WORLD=2, RANK=0)
+    for name, cols in (("gate_up", 14336 // 128), ("down", 4096 // 128)):
+        task = next(t for t in ir.tasks if t.name == name)
+        bind = dict(task.bind)
+        n_name = "n" if name == "gate_up" else "h"
+        total = task.grid[0].evaluate(env)
+        pairs = [(bind["j"].evaluate({**env, "q": q}), bind[n_name].evaluate({**env, "q": q})) for q in range(total)]
+        max_tiles = total // cols
+        assert sorted(pairs) == [(j, n) for j in range(max_tiles) for n in range(cols)]
+        assert pairs[:8] == [(j, 0) for j in range(8)]            # 8 row tiles on one weight block
+        assert pairs[8:16] == [(j, 1) for j in range(8)]

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .. import fusion
+from .. import knobs
 from ..knobs import KnobError
 from ..fusion.errors import InputError
 from ..ops.gemm_rs import refusal_reaches_peers
@@ -46,6 +47,9 @@ class GpuTiles(NamedTuple):
 # tiles). So the large tiles serve calls whose average rows per expert fill four of them.
 LARGE_TILES = GpuTiles(128, 64, 128, 8, 3)
 LARGE_ROWS_PER_EXPERT = 4 * LARGE_TILES.block_m
+# Expert GEMM tiles walk groups of this many row tiles per weight block (moe_layer's group_m; 1: row
+# tile after row tile, as before the grouping, for A/B runs)
+GROUP_M = knobs.read("ETDIST_MOE_GROUP_M", knobs.positive_int, 8)
 
 
 def gpu_tiles(large: bool = False) -> GpuTiles:
@@ -142,16 +146,18 @@ class MoE(nn.Module):
         if kernel is not None:
             return kernel
         dtype = self.router.dtype
+        if target == "cuda":
+            knobs.check("ETDIST_MOE_GROUP_M")
         tiles = gpu_tiles(large) if target == "cuda" else None
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
-        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align)
+        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align, GROUP_M)
         if key not in _KERNELS:
             if target == "cpu":
                 graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts)
             else:
                 graph = moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype,
                                             max_experts=self.num_experts, block=tiles.block, block_n=tiles.block_n,
-                                            align=align)
+                                            align=align, group_m=GROUP_M)
             _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target)
             if target == "cuda":
                 _KERNELS[key].num_warps, _KERNELS[key].num_stages = tiles.num_warps, tiles.num_stages

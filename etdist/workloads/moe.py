@@ -30,11 +30,13 @@ from etdist.kernels.gemm_tiles import use_tma
 
 
 def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
-              block: int = 16, block_n: int | None = None, align: int = 1) -> et.Graph:
+              block: int = 16, block_n: int | None = None, align: int = 1, group_m: int = 8) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
-    kernel vectorise its loads, which is what lets Triton pipeline the expert GEMMs' loops)."""
+    kernel vectorise its loads, which is what lets Triton pipeline the expert GEMMs' loops).
+    group_m: the expert GEMM tiles run in groups of that many row tiles per weight column block
+    (et.grouped)."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
     BN = block_n or block
@@ -144,9 +146,20 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         first = int(t.tile_end[e - 1]) if e else 0
         return e, t.slots[e, et.block(j - first, block_m, int(t.counts[e]))]
 
-    @g.task(grid=(max_tiles, et.cdiv(I, BN)), wait=lambda j, n: tiled[0], notify=lambda j, n: act_ready[j],
-            triton=moe_tiles.moe_gate_up, constexprs=expert_gemm)
-    def gate_up(t, j, n):
+    # The expert GEMM tiles walk groups of group_m row tiles per weight column block (et.grouped):
+    # a wave of programs then reads each weight block once per group, not once per row tile. Row
+    # tiles are numbered expert after expert, so a group shares one expert's weights wherever the
+    # expert has several (mixtral at 4096 tokens: 16 row tiles per expert; walked row tile after row
+    # tile, its 112 gate/up column blocks re-read the expert's weights from HBM for every one).
+    gu_tiles, h_tiles = et.cdiv(I, BN), et.cdiv(H, BN)
+    gu = lambda q: et.grouped(q, max_tiles, gu_tiles, group_m)   # noqa: E731  (row tile j, column block n)
+    dn = lambda q: et.grouped(q, max_tiles, h_tiles, group_m)    # noqa: E731  (row tile j, column block h)
+
+    @g.task(grid=(max_tiles * gu_tiles,), wait=lambda q: tiled[0], notify=lambda q: act_ready[gu(q)[0]],
+            triton=moe_tiles.moe_gate_up, constexprs=expert_gemm,
+            bind=dict(j=lambda q: gu(q)[0], n=lambda q: gu(q)[1]))
+    def gate_up(t, q):
+        j, n = t(gu(q)[0]), t(gu(q)[1])
         if j >= int(t.ntiles[0]):
             return                                       # no such tile at this routing: notify only
         e, rows = expert_rows(t, j)
@@ -158,10 +171,12 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
 
     # act_ready[j] comes after tiled (gate_up waits on it): waiting on both would only walk the
     # dynamic queue's consumers of `tiled` once more per down tile
-    @g.task(grid=(max_tiles, et.cdiv(H, BN)), wait=lambda j, h: act_ready[j],
-            when=lambda j, h: j < ntiles[0], notify=lambda j, h: done[0],
-            triton=moe_tiles.moe_down, constexprs=expert_gemm)
-    def down(t, j, h):
+    @g.task(grid=(max_tiles * h_tiles,), wait=lambda q: act_ready[dn(q)[0]],
+            when=lambda q: dn(q)[0] < ntiles[0], notify=lambda q: done[0],
+            triton=moe_tiles.moe_down, constexprs=expert_gemm,
+            bind=dict(j=lambda q: dn(q)[0], h=lambda q: dn(q)[1]))
+    def down(t, q):
+        j, h = t(dn(q)[0]), t(dn(q)[1])
         e, rows = expert_rows(t, j)
         cols = et.block(h, BN, t.H)
         t.expert_out.reshape(-1, t.H)[rows, cols] = t.act[rows] @ t.w_down[e][:, cols]
