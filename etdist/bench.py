@@ -166,7 +166,8 @@ def table(rows: list[Row]) -> Table:
 def write_results(rows: list[Row], folder: pathlib.Path, also: Optional[str] = None) -> pathlib.Path:
     """Records (DESIGN.md's schema; `eager` = the float64 torch reference in one process), then
     the report tables and plots made from them, all under `folder`; the records also appended
-    under `also` (bench.results_dir) when given."""
+    under `also`/cpu (bench.results_dir) when given: apart from GPU records, whose cells they would
+    otherwise replace in a report (a cell is keyed without its device)."""
     from . import report
 
     env = {**records.env_info(), "device": "CPU runtime (simulated ranks)"}
@@ -176,7 +177,7 @@ def write_results(rows: list[Row], folder: pathlib.Path, also: Optional[str] = N
             workload=r.workload, model=r.model, M=r.M, world=r.world, schedule=r.schedule,
             ours_us=1e3 * r.wall_ms, baselines={"eager": 1e3 * r.reference_ms}, floor_us=None,
             rel_err=r.max_rel_err, env=env, notes=f"{r.tasks} tasks, {r.skipped} skipped by the routing")
-        for where in filter(None, (results, also)):
+        for where in filter(None, (results, also and pathlib.Path(also) / "cpu")):
             records.append(pathlib.Path(where) / f"{r.workload}.jsonl", rec)
     report.write_report(str(results), str(folder / "report.md"), str(folder / "plots"))
     return results
@@ -238,7 +239,7 @@ def main(cfg: Config) -> None:
     folder = pathlib.Path(HydraConfig.get().runtime.output_dir)
     results = write_results(rows, folder, cfg.bench.results_dir)
     console.print(f"records: {os.path.relpath(results)}"
-                  + (f" and {cfg.bench.results_dir}" if cfg.bench.results_dir else "")
+                  + (f" and {pathlib.Path(cfg.bench.results_dir) / 'cpu'}" if cfg.bench.results_dir else "")
                   + f"  report: {os.path.relpath(folder / 'report.md')}")
     worst = max(r.max_rel_err for r in rows)
     if worst > 1e-4:

@@ -25,7 +25,8 @@ for sched in ("static", "dynamic"):
     layer = et.nn.MoE(H, I, E, K, schedule=sched)
     x = torch.randn(T, H, device=mesh.device, dtype=torch.bfloat16)
     plain = time_ranks(lambda: layer(x), device=mesh.device)
-    g = moe_graph.moe_layer(K, block_m=64, dtype=torch.bfloat16, max_experts=E, block=64, block_n=128, align=16)
+    g = moe_graph.moe_layer(K, block_m=64, dtype=torch.bfloat16, max_experts=E, block=64, block_n=128, align=16,
+                            group_m=et.nn.moe.GROUP_M)   # ETDIST_MOE_GROUP_M, as the layer
     kernel = et.compile(g, schedule=sched, target="cuda", trace=True)
     kernel.num_warps, kernel.num_stages = 8, 3
     args = dict(x=x, wg=layer.router.data, w_gate_up=layer.w_gate_up[0].data, w_down=layer.w_down[0].data)

@@ -104,12 +104,15 @@ def test_main_command_prints_the_table(tmp_path):
 
 
 def test_results_dir_takes_the_cpu_records_too(tmp_path):
-    """bench.results_dir was honoured on GPUs only; the CPU run ignored it silently."""
+    """bench.results_dir was honoured on GPUs only; the CPU run ignored it silently. CPU records go
+    to its cpu/ folder: in the folder itself they would replace GPU records' cells in a report."""
     out = subprocess.run([sys.executable, "-m", "etdist.bench", "mesh.worlds=[1]", "bench.interleavings=1",
                           "workload=gemm_rs", f"bench.results_dir={tmp_path / 'also'}", f"hydra.run.dir={tmp_path / 'run'}"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert (tmp_path / "also" / "gemm_rs.jsonl").read_text() == (tmp_path / "run" / "results" / "gemm_rs.jsonl").read_text()
+    assert (tmp_path / "also" / "cpu" / "gemm_rs.jsonl").read_text() == \
+        (tmp_path / "run" / "results" / "gemm_rs.jsonl").read_text()
+    assert not list((tmp_path / "also").glob("*.jsonl"))
 
 
 def test_gpu_plan_runs_what_gpus_have_and_names_the_rest():

@@ -59,8 +59,9 @@ def test_bad_modules_and_inputs_are_refused():
         mlp(torch.randn(3, 32))
     with pytest.raises(et.MeshError, match="call etdist.init_mesh"):
         et.nn.TensorParallelMLP(64, 128)  # no mesh and nothing simulated
-    with pytest.raises(et.InputError, match="or torch.float32"):
-        et.nn.TensorParallelMLP(64, 128, simulate_world=2, dtype=torch.float64)
+    with pytest.raises(et.InputError, match=r"or torch.float32\), got torch.float64"):
+        et.nn.TensorParallelMLP(64, 128, dtype=torch.float64)    # GPUs: no float64 kernels
+    et.nn.TensorParallelMLP(64, 128, simulate_world=2, dtype=torch.float64)   # simulated ranks: fine
 
 
 def test_a_layer_built_without_weights_has_random_ones():

@@ -65,7 +65,6 @@ def test_bad_sizes_and_inputs_are_refused_before_running():
                               ((H, 0, E, K), {}, "expert_intermediate must be a positive int, got 0"),
                               ((H, I, E, 2.5), {}, "top_k must be a positive int, got 2.5"),
                               ((H, I, E, K), dict(dtype=torch.int32), "dtype must be a floating-point torch.dtype"),
-                              ((H, I, E, K), dict(dtype=torch.float64), r"torch.bfloat16, torch.float16 or torch.float32"),
                               ((H, I, E, K), dict(dtype=torch.float8_e4m3fn), "got torch.float8_e4m3fn")):
         with pytest.raises(et.InputError, match=msg):
             et.nn.MoE(*args, **{"simulate_world": 2, **kwargs})
@@ -148,3 +147,15 @@ def test_a_cpu_mesh_points_to_simulated_ranks(monkeypatch, tmp_path):
             et.nn.TensorParallelMLP(64, 128, mesh=mesh)
     finally:
         mesh.close()
+
+
+def test_float64_is_for_simulated_ranks_only():
+    """The GPU kernels take bf16/fp16/fp32 (refused before any mesh is looked up); simulated ranks
+    run float64 too, and match the float64 reference."""
+    with pytest.raises(et.InputError, match=r"or torch.float32\), got torch.float64"):
+        et.nn.MoE(H, I, E, K, dtype=torch.float64)
+    gate, up, down, router = (w.double() for w in dense_weights())
+    moe = et.nn.MoE(H, I, E, K, simulate_world=2, dtype=torch.float64).load_experts(gate, up, down, router)
+    x = torch.randn(5, H, dtype=torch.float64)
+    got, want = moe(x), torch_moe(x, gate, up, down, router)
+    assert got.dtype == torch.float64 and ((got - want).abs().max() / want.abs().max()).item() < 1e-5   # logits in fp32

@@ -63,7 +63,9 @@ class TorchComm(HostComm):
             raise MeshError(f"torch.distributed is initialised as rank {dist.get_rank()} of "
                             f"{dist.get_world_size()} but the mesh is rank {self.rank} of {self.world_size}")
         # Objects travel through a gloo group so that no CUDA stream or NCCL comm is involved.
-        self.group = dist.new_group(backend="gloo") if want_nccl or not self.owns_group else None
+        # (with the mesh's timeout: a new group's default is gloo's 30 minutes)
+        self.group = (dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout_s))
+                      if want_nccl or not self.owns_group else None)
 
     def broadcast(self, obj, root=0):
         box = [obj]

@@ -20,10 +20,12 @@ def positive_ints(owner: str, **values) -> None:
             raise InputError(f"{owner}: {name} must be a positive int, got {v!r}")
 
 
-def float_dtype(owner: str, dtype) -> None:
-    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+def float_dtype(owner: str, dtype, simulated: bool = False) -> None:
+    """The GPU kernels take bf16, fp16 and fp32; simulated ranks (the CPU runtime) float64 too."""
+    allowed = (torch.bfloat16, torch.float16, torch.float32) + ((torch.float64,) if simulated else ())
+    if dtype not in allowed:
         raise InputError(f"{owner}: dtype must be a floating-point torch.dtype (torch.bfloat16, torch.float16 "
-                         f"or torch.float32), got {dtype!r}")
+                         f"or torch.float32{', or torch.float64 when simulating' if simulated else ''}), got {dtype!r}")
 
 
 def hidden_states(owner: str, x, hidden: int) -> None:

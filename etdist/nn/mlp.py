@@ -33,12 +33,12 @@ _CPU_TILE = 16
 class TensorParallelMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, mesh=None, activation: str = "silu",
                  dtype: torch.dtype = torch.bfloat16, sequence_parallel: bool = True,
-                 simulate_world: Optional[int] = None, device=None):
+                 simulate_world: Optional[int] = None, device=None, init_weights: bool = True):
         super().__init__()
         if activation != "silu":
             raise ValueError(f"activation {activation!r} is not supported: SwiGLU ('silu') only")
         positive_ints("TensorParallelMLP", hidden=hidden, intermediate=intermediate)
-        float_dtype("TensorParallelMLP", dtype)
+        float_dtype("TensorParallelMLP", dtype, simulated=simulate_world is not None)
         if simulate_world is not None:
             positive_ints("TensorParallelMLP", simulate_world=simulate_world)
         if simulate_world is None:
@@ -53,9 +53,12 @@ class TensorParallelMLP(nn.Module):
         self.hidden, self.intermediate, self.world, self.mesh = hidden, intermediate, world, mesh
         self.sequence_parallel, self.simulated = sequence_parallel, simulate_world is not None
         n = intermediate // world
-        gen = torch.Generator(device=device).manual_seed(0)   # random weights until from_dense loads real ones
+        gen = torch.Generator(device=device).manual_seed(0)   # seeded random weights, unless
+        # init_weights=False: left as allocated, for a caller that fills them (from_dense)
 
         def param(*shape, scale):
+            if not init_weights:
+                return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
             return nn.Parameter((torch.randn(*shape, generator=gen, device=device) * scale).to(dtype),
                                 requires_grad=False)
         # one shard per rank held here: ours on GPUs, all of them when simulating
@@ -84,7 +87,8 @@ class TensorParallelMLP(nn.Module):
             # judged by what it computes: libraries have their own SiLU classes
             raise ValueError(f"from_dense: activation {type(act).__name__} is not supported (SiLU only)")
         mlp = cls(wg.shape[1], wg.shape[0], mesh=mesh, dtype=wg.dtype, sequence_parallel=sequence_parallel,
-                  simulate_world=simulate_world, device=None if simulate_world is None else wg.device)
+                  simulate_world=simulate_world, device=None if simulate_world is None else wg.device,
+                  init_weights=False)
         gate_up, down = mlp_graph.shard(wg.detach().t(), wu.detach().t(), wd.detach().t(), mlp.world)
         ranks = range(mlp.world) if mlp.simulated else [mlp.mesh.rank]
         with torch.no_grad():

@@ -80,7 +80,7 @@ class MoE(nn.Module):
             raise ValueError(f"schedule must be 'static' or 'dynamic', got {schedule!r}")
         positive_ints("MoE", hidden=hidden, expert_intermediate=expert_intermediate, num_experts=num_experts,
                       top_k=top_k)
-        float_dtype("MoE", dtype)
+        float_dtype("MoE", dtype, simulated=simulate_world is not None)
         if simulate_world is not None:
             positive_ints("MoE", simulate_world=simulate_world)
         if not 1 <= top_k <= num_experts:
@@ -147,7 +147,7 @@ class MoE(nn.Module):
             return kernel
         dtype = self.router.dtype
         if target == "cuda":
-            knobs.check("ETDIST_MOE_GROUP_M")
+            knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_TMA")
         tiles = gpu_tiles(large) if target == "cuda" else None
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
         key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align, GROUP_M)
