@@ -33,6 +33,17 @@ def read(name: str, parse: Callable[[str], T], default):
         return default
 
 
+def now(name: str, parse: Callable[[str], T], default):
+    """For a knob read where it is used (not at import): its parsed value, or KnobError naming it."""
+    text = os.environ.get(name, "")
+    if text == "":
+        return default
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise KnobError(f"{name}={text!r}: {e}") from None
+
+
 def check(*prefixes: str) -> None:
     """Raise KnobError if a variable starting with one of `prefixes` had a bad value."""
     bad = [why for name, why in _BAD.items() if name.startswith(prefixes)]
@@ -44,6 +55,13 @@ def positive_int(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise ValueError("want a positive integer")
     return int(text)
+
+
+def power_of_two(text: str) -> int:
+    v = positive_int(text) if text.strip().isdigit() else 0
+    if v < 1 or v & (v - 1):
+        raise ValueError("want a power of two")
+    return v
 
 
 def non_negative_int(text: str) -> int:

@@ -9,8 +9,9 @@ import os
 from typing import Dict
 
 import torch
-from triton import knobs
+from triton import knobs as triton_knobs
 
+from .. import knobs
 from ..kernels.exchange import exchange_kernel
 from ..kernels.interpret import patch_interpreter
 from ..kernels.launch_hooks import hooks_active
@@ -48,8 +49,8 @@ def plan_chunk(plan: Plan, slot_elems: int, programs: int, align: int, block: in
     return choose_chunk(max(basis, 1), programs, align, block)
 
 
-def _knob(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+def _knob(name: str, default: int, parse=knobs.positive_int) -> int:
+    return knobs.now(name, parse, default)
 
 
 def _compiled(mesh: Mesh, args: dict, constexprs: dict, num_warps: int):
@@ -91,7 +92,8 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
     if not (plan.aligned(align) and x.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0
             and ws.slot_elems(x.dtype) % align == 0):
         align = 1
-    block, num_warps = _knob("ETDIST_BLOCK", BLOCK), _knob("ETDIST_NUM_WARPS", NUM_WARPS)
+    block = _knob("ETDIST_BLOCK", BLOCK, knobs.power_of_two)            # tl.arange's size
+    num_warps = _knob("ETDIST_NUM_WARPS", NUM_WARPS, knobs.power_of_two)
     lay = mesh.layout
     packed = torch.zeros(4 * w + 3, dtype=torch.int64, device=mesh.device)
     args = dict(x_ptr=x, out_ptr=out, plan_ptr=packed, scratch_ptr=ws.scratch.view(x.dtype),
@@ -121,7 +123,7 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
 
     def launch():
         if hooks_active():  # profilers: pass their hooks and metadata, as Triton's own path does
-            hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+            hooks = triton_knobs.runtime.launch_enter_hook, triton_knobs.runtime.launch_exit_hook
             stream = raw_stream(index)
             run(programs, 1, 1, stream, function, meta, kernel.launch_metadata((programs, 1, 1), stream, *full),
                 *hooks, *flat)

@@ -6,10 +6,10 @@ Size: ETDIST_WORKSPACE_MB (default 1024 on GPUs, 64 on CPU); bigger messages go 
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
+from .. import knobs
 from ..mesh import Mesh
 
 MAX_CHUNKS = 4096
@@ -47,7 +47,7 @@ def get_workspace(mesh: Mesh) -> Workspace:
     ws = mesh.cache.get("collectives.workspace")
     if ws is None:
         default = "64" if mesh.backend == "cpu" else "1024"
-        mb = float(os.environ.get("ETDIST_WORKSPACE_MB", default))
+        mb = knobs.now("ETDIST_WORKSPACE_MB", knobs.positive_float, float(default))
         ws = Workspace(mesh, int(mb * 2**20))
         mesh.cache["collectives.workspace"] = ws
     return ws

@@ -65,9 +65,9 @@ def gpu_tiles(large: bool = False) -> GpuTiles:
         values = []
     pow2 = lambda v: v > 0 and v & (v - 1) == 0   # noqa: E731
     if len(values) != 5 or not all(pow2(v) and v >= 16 for v in values[:3]) or not pow2(values[3]) \
-            or values[4] < 1:
+            or values[3] > 16 or values[4] < 1:
         raise KnobError(f"{name}={text!r}: want block_m,block,block_n,warps,stages (blocks "
-                         "powers of two >= 16, as tl.arange and tl.dot need; warps a power of two)")
+                         "powers of two >= 16, as tl.arange and tl.dot need; warps a power of two <= 16)")
     return GpuTiles(*values)
 
 
