@@ -7,10 +7,11 @@
 #   MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=both bash launch/bench-gpu.sh bench=gpu_moe
 #     (add model.routing_skew=1.5 for skewed routing; the last bench= wins)
 set -uo pipefail
+PYTHON=${PYTHON:-python3}   # the interpreter to run (e.g. a venv's, without activating it)
 cd "$(dirname "$0")/.."
 MODELS=qwen3_8b,llama31_8b,gemma2_9b,gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b
-NPROC=${NPROC:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
+NPROC=${NPROC:-$($PYTHON -c 'import torch; print(torch.cuda.device_count())')}
 export NPROC
 bash launch/torchrun.sh -m model=${MODELS_OVERRIDE:-$MODELS} workload=${WORKLOADS:-gemm_rs,ag_gemm,mlp} schedule=${SCHEDULE:-static} bench=gpu \
   bench.results_dir=${RESULTS:-bench/results} "$@" 2>&1 | grep -vE '^(W1|\[W|Setting OMP|\*{5})'
-if [ "${RESULTS:-bench/results}" = bench/results ]; then python3 -m etdist.report > /dev/null && echo "BENCHMARKS.md regenerated"; fi
+if [ "${RESULTS:-bench/results}" = bench/results ]; then $PYTHON -m etdist.report > /dev/null && echo "BENCHMARKS.md regenerated"; fi

@@ -46,7 +46,7 @@ def test_mpiexec_sweep(tmp_path):
 
 def test_launch_scripts_pass_overrides(tmp_path):
     """launch/torchrun.sh runs the main command with the overrides given to it."""
-    env = dict(os.environ, NPROC="2", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, NPROC="2", PYTHONPATH=str(ROOT), PYTHON=sys.executable)
     p = subprocess.run(["bash", str(ROOT / "launch" / "torchrun.sh"), *ARGS], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
