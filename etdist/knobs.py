@@ -20,21 +20,9 @@ class KnobError(ValueError):
 _BAD: dict[str, str] = {}   # variable -> what is wrong with its value
 
 
-def read(name: str, parse: Callable[[str], T], default):
-    """The parsed value of environment variable `name`, or `default` when it is unset or empty; a
-    value `parse` rejects (ValueError) is recorded for `check` and the default is returned."""
-    text = os.environ.get(name, "")
-    if text == "":
-        return default
-    try:
-        return parse(text)
-    except ValueError as e:
-        _BAD[name] = f"{name}={text!r}: {e}"
-        return default
-
-
 def now(name: str, parse: Callable[[str], T], default):
-    """For a knob read where it is used (not at import): its parsed value, or KnobError naming it."""
+    """The parsed value of environment variable `name`, or `default` when it is unset or empty; a
+    value `parse` rejects (ValueError) raises KnobError naming it (for a knob read where it is used)."""
     text = os.environ.get(name, "")
     if text == "":
         return default
@@ -44,8 +32,19 @@ def now(name: str, parse: Callable[[str], T], default):
         raise KnobError(f"{name}={text!r}: {e}") from None
 
 
+def read(name: str, parse: Callable[[str], T], default):
+    """`now` for a knob read at import: a bad value is recorded for `check` and the default returned."""
+    try:
+        return now(name, parse, default)
+    except KnobError as e:
+        _BAD[name] = str(e)
+        return default
+
+
 def check(*prefixes: str) -> None:
     """Raise KnobError if a variable starting with one of `prefixes` had a bad value."""
+    if not _BAD:   # the usual case, on every call of an op: nothing to look through
+        return
     bad = [why for name, why in _BAD.items() if name.startswith(prefixes)]
     if bad:
         raise KnobError("; ".join(bad) + " (fix or unset it; README.md lists the knobs)")
@@ -78,6 +77,19 @@ def positive_float(text: str) -> float:
     if not math.isfinite(v) or v <= 0:
         raise ValueError("want a finite number > 0")
     return v
+
+
+def tile(text: str, blocks: str = "block_m,block_n,block_k") -> tuple[int, ...]:
+    """"<blocks>,warps,stages" as ints: three blocks, powers of two >= 16 (tl.arange and tl.dot
+    need them), warps a power of two <= 16, stages >= 1."""
+    fields = [f.strip() for f in text.split(",")]
+    pow2 = lambda v: v > 0 and v & (v - 1) == 0   # noqa: E731
+    values = [int(f) for f in fields] if all(f.isdigit() for f in fields) else []
+    if len(values) != 5 or not (all(pow2(b) and b >= 16 for b in values[:3]) and pow2(values[3])
+                                and values[3] <= 16 and values[4] >= 1):
+        raise ValueError(f"want {blocks},warps,stages (blocks powers of two >= 16, warps a power of two "
+                         "<= 16, stages >= 1)")
+    return tuple(values)
 
 
 def flag(text: str) -> bool:

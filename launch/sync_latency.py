@@ -27,6 +27,19 @@ from etdist.kernels.sync import notify, peer_base, wait
 QSIZE = 64   # a ready queue's ring; each party has at most one entry in flight
 
 
+@triton.jit
+def _receive(lanes, data, stamp, other, ctrl, ctrl_peers, rank, max_spins, offs, WORDS: tl.constexpr,
+             BLOCK: tl.constexpr, SCOPE: tl.constexpr, USE_ASM: tl.constexpr):
+    """Wait for the other party's turn `stamp`, then count the payload words that are not `stamp`
+    (a timed-out wait counts one)."""
+    ok = wait(lanes + other, stamp, max_spins, ctrl, ctrl_peers, rank, 2, 1, other, stamp, SCOPE, USE_ASM)
+    wrong = 1 - ok
+    for w0 in range(0, WORDS, BLOCK):
+        got = tl.load(data + other * WORDS + w0 + offs, mask=w0 + offs < WORDS, other=stamp, volatile=True)
+        wrong += tl.sum((got != stamp).to(tl.int32), 0)
+    return wrong
+
+
 # n and base change from launch to launch: specialised (divisibility by 16), they would compile
 # new binaries inside the timed launches
 @triton.jit(do_not_specialize=["rank", "n", "base"])
@@ -45,20 +58,14 @@ def _pingpong(lanes, lanes_peers, data, data_peers, bad, ctrl, ctrl_peers, rank,
     for i in range(n):
         stamp = base + i + 1
         if me == 1:   # party 1 answers: wait for turn i, then send it back
-            ok = wait(lanes + other, stamp, max_spins, ctrl, ctrl_peers, rank, 2, 1, other, stamp, SCOPE, USE_ASM)
-            for w0 in range(0, WORDS, BLOCK):
-                got = tl.load(data + other * WORDS + w0 + offs, mask=w0 + offs < WORDS, other=stamp, volatile=True)
-                wrong += tl.sum((got != stamp).to(tl.int32), 0)
-            wrong += 1 - ok
+            wrong += _receive(lanes, data, stamp, other, ctrl, ctrl_peers, rank, max_spins, offs, WORDS, BLOCK,
+                              SCOPE, USE_ASM)
         for w0 in range(0, WORDS, BLOCK):
             tl.store(to_data + me * WORDS + w0 + offs, stamp + 0 * offs, mask=w0 + offs < WORDS)
         notify(to_lanes + me, 1, False, SCOPE)
         if me == 0:
-            ok = wait(lanes + other, stamp, max_spins, ctrl, ctrl_peers, rank, 2, 1, other, stamp, SCOPE, USE_ASM)
-            for w0 in range(0, WORDS, BLOCK):
-                got = tl.load(data + other * WORDS + w0 + offs, mask=w0 + offs < WORDS, other=stamp, volatile=True)
-                wrong += tl.sum((got != stamp).to(tl.int32), 0)
-            wrong += 1 - ok
+            wrong += _receive(lanes, data, stamp, other, ctrl, ctrl_peers, rank, max_spins, offs, WORDS, BLOCK,
+                              SCOPE, USE_ASM)
     tl.atomic_add(bad + me, wrong)
 
 
@@ -149,11 +156,9 @@ def main():
     rows = []
     for case in cases:
         if args.check:   # functional only: the payloads and task ids are checked below
+            mesh.barrier()
             if case["cross"] or r == 0:
-                mesh.barrier()
                 launch(case, n)
-            else:
-                mesh.barrier()
             us = float("nan")
         elif case["cross"] or r == 0:   # one GPU's cases run on rank 0 alone
             timed_us(case, 20)          # warm-up: the compile, and the first touch of the buffers

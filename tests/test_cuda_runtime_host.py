@@ -270,15 +270,21 @@ for M in (16, 32, 64, 128):
 """
 
 
-def _skinny_plans(**env):
-    """{M: (block_m, block_n, swap, splits)} in a fresh interpreter (the knobs are read at import)."""
+def _probe_lines(code: str, **env) -> list[list[str]]:
+    """The words of each line `code` prints in a fresh interpreter (the knobs are read at import),
+    with no ETDIST_* variable but `env` (defaults unless asked)."""
     import os
     import subprocess
     import sys
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ETDIST_GEMM_RS_")}   # defaults unless asked
-    out = subprocess.run([sys.executable, "-c", _PLAN_PROBE], env={**clean, **env}, capture_output=True,
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ETDIST_")}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True,
                          text=True, check=True).stdout
-    return {int(line.split()[0]): tuple(map(int, line.split()[1:])) for line in out.splitlines()}
+    return [line.split() for line in out.splitlines()]
+
+
+def _skinny_plans(**env):
+    """{M: (block_m, block_n, swap, splits)}."""
+    return {int(w[0]): tuple(map(int, w[1:])) for w in _probe_lines(_PLAN_PROBE, **env)}
 
 
 def test_a_class_knob_changes_only_its_own_class():
@@ -337,14 +343,8 @@ for name in ("all_gather_gemm", "tensor_parallel_mlp"):
 
 
 def _whole_tiles(**env):
-    """{(op, M): (block_m, block_n, block_k, warps, stages)} in a fresh interpreter (knobs are read at import)."""
-    import os
-    import subprocess
-    import sys
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ETDIST_WHOLE_")}   # defaults unless asked
-    out = subprocess.run([sys.executable, "-c", _WHOLE_PROBE], env={**clean, **env}, capture_output=True,
-                         text=True, check=True).stdout
-    return {(line.split()[0], int(line.split()[1])): tuple(map(int, line.split()[2:])) for line in out.splitlines()}
+    """{(op, M): (block_m, block_n, block_k, warps, stages)}."""
+    return {(w[0], int(w[1])): tuple(map(int, w[2:])) for w in _probe_lines(_WHOLE_PROBE, **env)}
 
 
 def test_whole_gather_tile_knobs():

@@ -239,9 +239,9 @@ class CudaKernel:
         key = (tuple((n, t.shape, t.dtype) if isinstance(t, torch.Tensor) else (n, None, None)
                      for n, t in inputs.items()), tuple(sorted(sizes.items())) if sizes else ())
         if key != st.bind_key:  # a new shape: check everything, agree across ranks, prepare, remember
-            if st.arena is not None:   # a failed launch may not have reached the pinned word yet: a peer
-                _sync(mesh)            # that raised on it would leave us waiting in the agreement
-                self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
+            # a failed launch may not have reached the pinned word yet: a peer that raised on it
+            # would leave us waiting in the agreement
+            self._check_pending(mesh, st, now=True)
             bound = self._agree(mesh, inputs, sizes, out)
             if st.shape is None or st.shape.sizes != bound:
                 self._prepare(mesh, st, bound)
@@ -488,7 +488,7 @@ class CudaKernel:
         at their next wait and every rank raises at its next call or check(), as after a timeout."""
         _sync(mesh)
         # the launch refused: every rank has finished the same launches (each needs every rank)
-        launch = int(st.arena[ArenaLayout(mesh.world_size).finished]) + 1
+        launch = self._launches_done(mesh, st) + 1
         words = torch.tensor([ERR_REFUSED, mesh.rank, 0, 0, 0, -1, launch, 0], dtype=torch.int32)
         for r in range(mesh.world_size):
             mesh.peer(st.arena, r)[:ERR_WORDS].copy_(words)
@@ -496,25 +496,29 @@ class CudaKernel:
         if st.error_np is not None:
             st.error_np[0] = ERR_REFUSED
 
+    @staticmethod
+    def _launches_done(mesh, st: _MeshState) -> int:
+        """The launches this GPU has finished on this mesh (the arena word the kernel bumps)."""
+        return int(st.arena[ArenaLayout(mesh.world_size).finished])
+
     def _raise_if_this_call_failed(self, mesh, st: _MeshState) -> None:
         """After the last launch has finished (synced): raise its error, if any. A peer may already
         have refused its next call (it finished this one before we read the record, and every
         generated kernel ends in the exit rendezvous, so no rank is more than one call ahead): that
         refusal is the next call's and is raised there (_check_pending), not here."""
         words = st.arena[:ERR_WORDS].tolist()
-        if words[0] == ERR_REFUSED and words[6] > int(st.arena[ArenaLayout(mesh.world_size).finished]):
+        if words[0] == ERR_REFUSED and words[6] > self._launches_done(mesh, st):
             if st.error_np is not None:
                 st.error_np[0] = ERR_REFUSED
             return
         self._raise_if_failed(mesh, st, words)
 
-    def _check_pending(self, mesh, st: _MeshState) -> None:
-        # the pinned word changes only when a launch's copy lands (after that launch), so a nonzero
-        # word is a finished launch's error: no event to query per call
-        if st.error_np is not None and st.error_np[0] != 0:
+    def _check_pending(self, mesh, st: _MeshState, now: bool = False) -> None:
+        """Raise a finished launch's error. Per call only the pinned word is read: it changes only when
+        a launch's copy lands (after that launch), so nonzero means a finished launch failed; `now`
+        (after a sync) and the interpreter (CPU memory) read the record itself."""
+        if st.arena is not None and (now or self.interpreted or st.error_np[0] != 0):
             _sync(mesh)
-            self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].cpu().tolist())
-        elif self.interpreted and st.arena is not None:   # CPU memory: read the record itself
             self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
 
     def _raise_if_failed(self, mesh, st: _MeshState, words) -> None:

@@ -28,8 +28,8 @@ def float_dtype(owner: str, dtype, simulated: bool = False) -> None:
                          f"or torch.float32{', or torch.float64 when simulating' if simulated else ''}), got {dtype!r}")
 
 
-def hidden_states(owner: str, x, hidden: int) -> None:
-    """x: a tensor [..., hidden] of floating-point values."""
+def hidden_states(owner: str, x, hidden: int, dtype: torch.dtype) -> None:
+    """x: a tensor [..., hidden] of the layer's floating-point dtype."""
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
         got = "a 0-d tensor" if isinstance(x, torch.Tensor) else type(x).__name__
         raise InputError(f"{owner}: x must be a tensor [..., {hidden}], got {got}")
@@ -37,6 +37,8 @@ def hidden_states(owner: str, x, hidden: int) -> None:
         raise InputError(f"{owner}: x has {x.shape[-1]} features, the layer {hidden}")
     if not x.is_floating_point():
         raise InputError(f"{owner}: x is {x.dtype}; pass the hidden states as a floating-point tensor")
+    if x.dtype != dtype:
+        raise InputError(f"{owner}: x is {x.dtype}, the layer's weights {dtype}: pass x.to({dtype})")
 
 
 def layer_mesh(owner: str, mesh):

@@ -105,10 +105,7 @@ class TensorParallelMLP(nn.Module):
     def forward(self, x: torch.Tensor, total_rows: Optional[int] = None) -> torch.Tensor:
         # refused here on one rank only, the peers' launches stop too (every rank raises)
         with refusal_reaches_peers(None if self.simulated else self.mesh, mlp_ops._KERNELS):
-            hidden_states("TensorParallelMLP", x, self.hidden)
-            dtype = self.w_down[0].dtype
-            if x.dtype != dtype:
-                raise InputError(f"TensorParallelMLP: x is {x.dtype}, the layer's weights {dtype}: pass x.to({dtype})")
+            hidden_states("TensorParallelMLP", x, self.hidden, self.w_down[0].dtype)
         lead = x.shape[:-1]
         if self.simulated and total_rows is not None and total_rows != x[..., 0].numel():
             raise InputError(f"TensorParallelMLP: total_rows={total_rows!r} but x has {x[..., 0].numel()} rows; "

@@ -14,7 +14,6 @@ the tokens are split over the simulated ranks (padded to a multiple of R). Forwa
 """
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional
 
 import torch
@@ -22,7 +21,6 @@ from torch import nn
 
 from .. import fusion
 from .. import knobs
-from ..knobs import KnobError
 from ..fusion.errors import InputError
 from ..ops.gemm_rs import refusal_reaches_peers
 from ..workloads import moe as moe_graph
@@ -56,19 +54,8 @@ def gpu_tiles(large: bool = False) -> GpuTiles:
     """Tuning knobs: ETDIST_MOE_TILES / ETDIST_MOE_TILES_LARGE="block_m,block,block_n,warps,stages"
     (the small and large size class; read when a module builds its kernel)."""
     name = "ETDIST_MOE_TILES_LARGE" if large else "ETDIST_MOE_TILES"
-    text = os.environ.get(name)
-    if not text:
-        return LARGE_TILES if large else GpuTiles()
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    pow2 = lambda v: v > 0 and v & (v - 1) == 0   # noqa: E731
-    if len(values) != 5 or not all(pow2(v) and v >= 16 for v in values[:3]) or not pow2(values[3]) \
-            or values[3] > 16 or values[4] < 1:
-        raise KnobError(f"{name}={text!r}: want block_m,block,block_n,warps,stages (blocks "
-                         "powers of two >= 16, as tl.arange and tl.dot need; warps a power of two <= 16)")
-    return GpuTiles(*values)
+    values = knobs.now(name, lambda text: knobs.tile(text, "block_m,block,block_n"), None)
+    return GpuTiles(*values) if values else (LARGE_TILES if large else GpuTiles())
 
 
 class MoE(nn.Module):
@@ -167,11 +154,9 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # refused here on one rank only, the peers' launches stop too (every rank raises)
         with refusal_reaches_peers(None if self.simulated else self.mesh, self._compiled):
-            hidden_states("MoE", x, self.hidden)
+            hidden_states("MoE", x, self.hidden, self.router.dtype)
             if self.simulated and x.device.type != "cpu":
                 raise InputError(f"MoE: x is on {x.device}; simulated ranks run on the CPU runtime: pass a CPU tensor")
-            if x.dtype != self.router.dtype:
-                raise InputError(f"MoE: x is {x.dtype}, the layer's weights {self.router.dtype}: pass x.to({self.router.dtype})")
         lead, x2 = x.shape[:-1], x.reshape(-1, self.hidden)
         if self.simulated:
             y = self._simulated(x2)

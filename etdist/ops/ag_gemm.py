@@ -25,11 +25,13 @@ WHOLE_AG = TileConfig(64, 128, 128, 4, 4)   # all_gather_gemm, WHOLE_SMALL_M < M
 WHOLE_MLP = TileConfig(64, 128, 64, 4, 4)   # tensor_parallel_mlp, the same M
 
 
+_EVERY = knobs.read("ETDIST_WHOLE_TILES", TileConfig.parse, None)
+
+
 def _override(name: str, default: TileConfig) -> TileConfig:
     """Tuning knobs: ETDIST_WHOLE_<NAME>="block_m,block_n,block_k,warps,stages" for one class, and
     ETDIST_WHOLE_TILES for every class of both ops at once (launch/tune_decode.py's A/B)."""
-    every = knobs.read("ETDIST_WHOLE_TILES", TileConfig.parse, default)
-    return knobs.read(f"ETDIST_WHOLE_{name}", TileConfig.parse, every)
+    return knobs.read(f"ETDIST_WHOLE_{name}", TileConfig.parse, _EVERY or default)
 
 
 WHOLE_32, WHOLE_AG, WHOLE_MLP = _override("32", WHOLE_32), _override("AG", WHOLE_AG), _override("MLP", WHOLE_MLP)
