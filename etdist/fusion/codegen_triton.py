@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Optional
 
+from .. import knobs
 from .errors import GraphError
 from .expr import Expr, as_expr, var
 from .ir import GraphIR, TaskSpec
@@ -95,7 +97,7 @@ def kernel_params(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> li
     ps += [f"{t.name}_peers" for t in ir.tensors if t.symmetric]
     ps += list(ir.sizes)
     ps += ["arena", "arena_peers"] + [f"ev_{e.name}_off" for e in ir.events]
-    ps += ["max_spins"]
+    ps += ["max_spins", "error_host"]   # error_host: pinned host memory, the record's first word per launch
     return ps + (["trace_buf"] if trace else []) + (QUEUE_PARAMS if dynamic else [])
 
 
@@ -130,12 +132,35 @@ def _linear(dims: list[str], coord: list[str]) -> str:
     return text
 
 
-def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
+def claim_ahead_mode() -> str:
+    """ETDIST_CLAIM_AHEAD: when a program of the dynamic schedule claims its next queue index.
+    `off`: after its task (claim and wait back to back, ~1.4 us on one H200); `notify`: after the
+    task's body, before its notifies, whose release fence then waits for the claim and the body's
+    stores together; `start`: when the task starts, if its entry was there at the first look (tasks
+    were waiting: holding the next index then delays no idle program), else as `off`."""
+    return knobs.now("ETDIST_CLAIM_AHEAD", _claim_mode, CLAIM_AHEAD_DEFAULT)
+
+
+CLAIM_AHEAD_DEFAULT = "notify"
+CLAIM_AHEAD_MODES = ("off", "notify", "start")
+
+
+def _claim_mode(text: str) -> str:
+    if text not in CLAIM_AHEAD_MODES:
+        raise ValueError(f"want one of {', '.join(CLAIM_AHEAD_MODES)}")
+    return text
+
+
+def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, claim_ahead: Optional[str] = None) -> str:
     """Source text of a module defining `megakernel` for this graph. trace=True adds a `trace_buf`
     argument (int64, TRACE_WORDS per task, indexed by the task's global id) and the timer reads that
     fill it; without it the kernel has neither (a compile-time switch: costs nothing when off).
     dynamic=True: programs pop ready tasks from the rank's queue instead of walking the static
-    formula, and notifies that complete an event element push its consumers (ready_queue.py)."""
+    formula, and notifies that complete an event element push its consumers (ready_queue.py);
+    `claim_ahead` (default: the ETDIST_CLAIM_AHEAD knob) says when a program claims its next index."""
+    claim = (claim_ahead or claim_ahead_mode()) if dynamic else "off"
+    if claim not in CLAIM_AHEAD_MODES:
+        raise GraphError(f"claim_ahead={claim!r}: want one of {CLAIM_AHEAD_MODES}")
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
     for t in ir.tasks:
         if t.triton_body is None:
@@ -160,8 +185,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
     if trace:
         out("from etdist.kernels.sync import trace_clock as _et_clock")
     if dynamic:
-        out("from etdist.kernels.ready_queue import next_task as _et_next, notify_release as _et_release, "
-            "push as _et_push, rewind_head as _et_rewind")
+        out("from etdist.kernels.ready_queue import claim as _et_claim, take as _et_take, "
+            "notify_release as _et_release, push as _et_push, rewind_head as _et_rewind")
     out("")
     for t in ir.tasks:
         out(f"# _et_body_{t.name} is bound to {t.triton_body.__module__}.{t.triton_body.__name__}")
@@ -201,17 +226,26 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
             with out.indent():
                 out("_et_push(rq, tl.load(rq + rq_init + _et_k), rq_q, _et_k < rq_ninit)")
             out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
+            out("_et_claimed = _et_claim(rq)")   # this program's next queue index (-1: not claimed yet)
             out("_et_more = 1")
             out("while _et_more != 0:")
             with out.indent():
-                out(f"_et_gid = _et_next(rq, rq_q, _et_limit, max_spins, arena, arena_peers, RANK, WORLD, "
-                    f"{event_code(len(ir.events), 1)}, epoch)")
+                out(f"_et_gid, _et_hit = _et_take(rq, _et_claimed, rq_q, _et_limit, max_spins, arena, arena_peers, "
+                    f"RANK, WORLD, {event_code(len(ir.events), 1)}, epoch)")
+                out("_et_claimed = _et_claimed * 0 - 1")
                 out("if _et_gid < 0:")
                 with out.indent():
                     out("_et_more = 0")
                 out("else:")
                 with out.indent():
-                    _emit_dispatch(out, ir, tx, trace, dynamic)
+                    if claim == "start":   # tasks were waiting for programs: this claim holds up no idle one
+                        out("if _et_hit != 0:")
+                        with out.indent():
+                            out("_et_claimed = _et_claim(rq)")
+                    _emit_dispatch(out, ir, tx, trace, dynamic, claim)
+                    out("if _et_claimed < 0:")
+                    with out.indent():
+                        out("_et_claimed = _et_claim(rq)")
         else:
             out(f"for _et_gid in range(_et_pid, {ends[-1] if ends else 0}, NUM_PROGRAMS):")
             with out.indent():
@@ -224,6 +258,10 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
         # claiming from the queue and run its tasks.
         out("if _et_last != 0:")
         with out.indent():
+            # the error record's first word straight into pinned host memory, where the host reads it
+            # at the next call without a sync (a copy after each launch cost ~2 us of device time and
+            # a stream operation)
+            out("tl.store(error_host, tl.load(arena, volatile=True))")
             out(f"tl.atomic_xchg(arena + {ArenaLayout.in_kernel('ev_epoch')}, ev_epoch, sem='relaxed', scope='gpu')")
             if dynamic:  # the queue's head back to the tasks pushed (claims overshoot it at the end)
                 out("_et_rewind(rq, _et_limit)")
@@ -256,17 +294,17 @@ def _target(e, count: str) -> str:
     return count if e.count.is_data_dependent else f"ev_epoch * ({count})"
 
 
-def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, dynamic: bool) -> None:
+def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, dynamic: bool, claim: str = "off") -> None:
     """The branch on the global task id `_et_gid`: one arm per device function."""
     for k, t in enumerate(ir.tasks):
         kw = "if" if k == 0 else "elif" if k < len(ir.tasks) - 1 else "else"
         out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
         with out.indent():
-            _emit_task(out, ir, k, t, tx, trace, dynamic)
+            _emit_task(out, ir, k, t, tx, trace, dynamic, claim)
 
 
 def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = False,
-               dynamic: bool = False) -> None:
+               dynamic: bool = False, claim: str = "off") -> None:
     if trace:
         out("_et_t0, _et_sm = _et_clock(_et_gid)")
     out(f"_et_t = _et_gid - _et_end{k - 1}" if k else "_et_t = _et_gid")
@@ -296,6 +334,10 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
     out(f"if {cond}:")
     with out.indent():
         out(f"_et_body_{t.name}({', '.join(_bind_body_args(ir, t, tx))})")
+        if dynamic and claim == "notify" and t.notifies:   # the notifies' release fence waits for it too
+            out("if _et_claimed < 0:")
+            with out.indent():
+                out("_et_claimed = _et_claim(rq)")
         for acc in t.notifies:
             i, e = events[acc.event]
             dims = [f"_et_ev_{e.name}_d{d}" for d in range(len(e.shape))]
@@ -363,7 +405,7 @@ def signature(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> dict[s
             sig[p] = _TRITON_TYPES[str(ir.tensor(p).dtype)]
         elif p.endswith("_peers"):
             sig[p] = "*i64"
-        elif p == "arena":
+        elif p in ("arena", "error_host"):
             sig[p] = "*i32"
         elif p in ("trace_buf", "rq"):
             sig[p] = "*i64"

@@ -44,6 +44,9 @@ from .expr import RANK_NAME, evaluate
 from .ir import Role
 
 DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
+# ETDIST_ERROR_WORD_COPY=1 also copies the error word to the host after each launch, as before the
+# kernel stored it there itself (the ninth session's A/B; costs ~2 us of device time per call)
+ERROR_WORD_COPY = os.environ.get("ETDIST_ERROR_WORD_COPY", "0") == "1"
 # Keys of kernels' state in mesh.cache. Not id(kernel): a freed kernel's id is reused by a new one,
 # which then found the old state on some ranks and not on others (their collectives desynchronised).
 _KERNEL_IDS = itertools.count()
@@ -141,7 +144,9 @@ class _MeshState:
     shape: Optional[_Shape] = None
     bind_key: Optional[tuple] = None  # input shapes/dtypes + sizes of the last call: skip re-binding
     programs: int = 0
-    error_word: Optional[torch.Tensor] = None  # pinned copy of the arena's error word, per launch
+    # The arena's error word as the kernel leaves it, in pinned host memory: each launch's last
+    # program stores it there (the kernel's `error_host`), and the host reads it at the next call
+    error_word: Optional[torch.Tensor] = None
     error_np: object = None   # the same memory as numpy: read per call for ~0.1 us (not a tensor op)
     arena_head: Optional[torch.Tensor] = None   # arena[:1], sliced once
     compiled: object = None  # Triton's compiled kernel, once launched: later calls skip its dispatch
@@ -278,7 +283,8 @@ class CudaKernel:
                     num_stages=self.num_stages, launch_cooperative_grid=True)
         finally:
             triton_allocation._allocator.reset(scratch)
-        st.error_word.copy_(st.arena_head, non_blocking=True)  # read at the next call, without a sync
+        if ERROR_WORD_COPY:   # the A/B switch: the copy the kernel's own store replaced
+            st.error_word.copy_(st.arena_head, non_blocking=True)
         return outs
 
     def _launch_direct(self, mesh, st: _MeshState, values: dict) -> bool:
@@ -407,7 +413,9 @@ class CudaKernel:
         st.arena[ArenaLayout(world).ev_epoch:].zero_()  # counters and ev_epoch; errors, exit lanes, epoch kept
         env = {**bound, RANK_NAME: mesh.rank}
         fixed = {**scratch, **bound, RANK_NAME: mesh.rank, "arena": st.arena, "arena_peers": st.arena_peers,
-                 "max_spins": mesh.watchdog_spins()}
+                 "max_spins": mesh.watchdog_spins(),
+                 # the interpreter's programs run on CPU tensors: a word that nothing reads there
+                 "error_host": st.error_word if st.error_word is not None else torch.zeros(1, dtype=torch.int32)}
         fixed.update({f"ev_{e.name}_off": offsets[e.name] for e in self.ir.events})
         fixed.update({f"{name}_peers": mesh.peer_ptrs(t) for name, t in scratch.items()
                       if self.ir.tensor(name).symmetric})
@@ -515,7 +523,7 @@ class CudaKernel:
 
     def _check_pending(self, mesh, st: _MeshState, now: bool = False) -> None:
         """Raise a finished launch's error. Per call only the pinned word is read: it changes only when
-        a launch's copy lands (after that launch), so nonzero means a finished launch failed; `now`
+        a launch's last program stores it (the launch's end), so nonzero means a finished launch failed; `now`
         (after a sync) and the interpreter (CPU memory) read the record itself."""
         if st.arena is not None and (now or self.interpreted or st.error_np[0] != 0):
             _sync(mesh)

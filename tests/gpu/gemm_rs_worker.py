@@ -84,6 +84,16 @@ def check_peer_skips(mesh):
     kernel.check(mesh)
     if mesh.rank == 0:
         et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+        # The launch ends (watchdog) and its last program stores the error word in pinned host
+        # memory: the next call must raise from that word alone, before it launches
+        torch.cuda.synchronize(mesh.device)
+        try:
+            et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+        except et.RuntimeFault as e:
+            assert "watchdog" in str(e), str(e)
+            print("OK error-word rank 0", flush=True)
+        else:
+            raise AssertionError("the next call did not see the failed launch's error word")
         try:
             kernel.check(mesh)
         except et.RuntimeFault as e:

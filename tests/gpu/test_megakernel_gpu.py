@@ -53,7 +53,7 @@ def test_missing_peer_raises_within_watchdog():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     rc, out = torchrun(2, "--case", "peer-skips", timeout=120)
-    assert out.count("OK watchdog") == 2, out[-5000:]
+    assert out.count("OK watchdog") == 2 and "OK error-word" in out, out[-5000:]
 
 
 def test_a_refusal_on_one_rank_stops_the_other_ranks_launch():
