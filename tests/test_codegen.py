@@ -167,7 +167,7 @@ def test_all_gather_gemm_graph_compiles():
 def test_dynamic_schedule_pops_a_ready_queue_and_releases_consumers():
     ir = gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
     src = generate(ir, dynamic=True)
-    assert "while _et_more != 0:" in src and "_et_take(rq, _et_claimed, rq_q, _et_limit" in src
+    assert "while _et_more != 0:" in src and "_et_next(rq, rq_q, _et_limit" in src
     assert "for _et_gid in range(" not in src                        # no static formula
     assert src.count("_et_release(") == 1 and "_et_notify(" not in src
     assert "ev_epoch * (WORLD)" in src                                # arrived's count, for the release

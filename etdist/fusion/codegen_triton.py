@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Optional
 
-from .. import knobs
 from .errors import GraphError
 from .expr import Expr, as_expr, var
 from .ir import GraphIR, TaskSpec
@@ -132,35 +130,12 @@ def _linear(dims: list[str], coord: list[str]) -> str:
     return text
 
 
-def claim_ahead_mode() -> str:
-    """ETDIST_CLAIM_AHEAD: when a program of the dynamic schedule claims its next queue index.
-    `off`: after its task (claim and wait back to back, ~1.4 us on one H200); `notify`: after the
-    task's body, before its notifies, whose release fence then waits for the claim and the body's
-    stores together; `start`: when the task starts, if its entry was there at the first look (tasks
-    were waiting: holding the next index then delays no idle program), else as `off`."""
-    return knobs.now("ETDIST_CLAIM_AHEAD", _claim_mode, CLAIM_AHEAD_DEFAULT)
-
-
-CLAIM_AHEAD_DEFAULT = "notify"
-CLAIM_AHEAD_MODES = ("off", "notify", "start")
-
-
-def _claim_mode(text: str) -> str:
-    if text not in CLAIM_AHEAD_MODES:
-        raise ValueError(f"want one of {', '.join(CLAIM_AHEAD_MODES)}")
-    return text
-
-
-def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, claim_ahead: Optional[str] = None) -> str:
+def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
     """Source text of a module defining `megakernel` for this graph. trace=True adds a `trace_buf`
     argument (int64, TRACE_WORDS per task, indexed by the task's global id) and the timer reads that
     fill it; without it the kernel has neither (a compile-time switch: costs nothing when off).
     dynamic=True: programs pop ready tasks from the rank's queue instead of walking the static
-    formula, and notifies that complete an event element push its consumers (ready_queue.py);
-    `claim_ahead` (default: the ETDIST_CLAIM_AHEAD knob) says when a program claims its next index."""
-    claim = (claim_ahead or claim_ahead_mode()) if dynamic else "off"
-    if claim not in CLAIM_AHEAD_MODES:
-        raise GraphError(f"claim_ahead={claim!r}: want one of {CLAIM_AHEAD_MODES}")
+    formula, and notifies that complete an event element push its consumers (ready_queue.py)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
     for t in ir.tasks:
         if t.triton_body is None:
@@ -185,8 +160,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, claim_ahea
     if trace:
         out("from etdist.kernels.sync import trace_clock as _et_clock")
     if dynamic:
-        out("from etdist.kernels.ready_queue import claim as _et_claim, take as _et_take, "
-            "notify_release as _et_release, push as _et_push, rewind_head as _et_rewind")
+        out("from etdist.kernels.ready_queue import next_task as _et_next, notify_release as _et_release, "
+            "push as _et_push, rewind_head as _et_rewind")
     out("")
     for t in ir.tasks:
         out(f"# _et_body_{t.name} is bound to {t.triton_body.__module__}.{t.triton_body.__name__}")
@@ -226,26 +201,17 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, claim_ahea
             with out.indent():
                 out("_et_push(rq, tl.load(rq + rq_init + _et_k), rq_q, _et_k < rq_ninit)")
             out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
-            out("_et_claimed = _et_claim(rq)")   # this program's next queue index (-1: not claimed yet)
             out("_et_more = 1")
             out("while _et_more != 0:")
             with out.indent():
-                out(f"_et_gid, _et_hit = _et_take(rq, _et_claimed, rq_q, _et_limit, max_spins, arena, arena_peers, "
-                    f"RANK, WORLD, {event_code(len(ir.events), 1)}, epoch)")
-                out("_et_claimed = _et_claimed * 0 - 1")
+                out(f"_et_gid = _et_next(rq, rq_q, _et_limit, max_spins, arena, arena_peers, RANK, WORLD, "
+                    f"{event_code(len(ir.events), 1)}, epoch)")
                 out("if _et_gid < 0:")
                 with out.indent():
                     out("_et_more = 0")
                 out("else:")
                 with out.indent():
-                    if claim == "start":   # tasks were waiting for programs: this claim holds up no idle one
-                        out("if _et_hit != 0:")
-                        with out.indent():
-                            out("_et_claimed = _et_claim(rq)")
-                    _emit_dispatch(out, ir, tx, trace, dynamic, claim)
-                    out("if _et_claimed < 0:")
-                    with out.indent():
-                        out("_et_claimed = _et_claim(rq)")
+                    _emit_dispatch(out, ir, tx, trace, dynamic)
         else:
             out(f"for _et_gid in range(_et_pid, {ends[-1] if ends else 0}, NUM_PROGRAMS):")
             with out.indent():
@@ -259,8 +225,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, claim_ahea
         out("if _et_last != 0:")
         with out.indent():
             # the error record's first word straight into pinned host memory, where the host reads it
-            # at the next call without a sync (a copy after each launch cost ~2 us of device time and
-            # a stream operation)
+            # at the next call without a sync (a copy after each launch cost 8-15 us per call at decode
+            # sizes, eager or replayed from a CUDA graph: BENCHMARKS.md, ninth session)
             out("tl.store(error_host, tl.load(arena, volatile=True))")
             out(f"tl.atomic_xchg(arena + {ArenaLayout.in_kernel('ev_epoch')}, ev_epoch, sem='relaxed', scope='gpu')")
             if dynamic:  # the queue's head back to the tasks pushed (claims overshoot it at the end)
@@ -294,17 +260,17 @@ def _target(e, count: str) -> str:
     return count if e.count.is_data_dependent else f"ev_epoch * ({count})"
 
 
-def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, dynamic: bool, claim: str = "off") -> None:
+def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, dynamic: bool) -> None:
     """The branch on the global task id `_et_gid`: one arm per device function."""
     for k, t in enumerate(ir.tasks):
         kw = "if" if k == 0 else "elif" if k < len(ir.tasks) - 1 else "else"
         out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
         with out.indent():
-            _emit_task(out, ir, k, t, tx, trace, dynamic, claim)
+            _emit_task(out, ir, k, t, tx, trace, dynamic)
 
 
 def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = False,
-               dynamic: bool = False, claim: str = "off") -> None:
+               dynamic: bool = False) -> None:
     if trace:
         out("_et_t0, _et_sm = _et_clock(_et_gid)")
     out(f"_et_t = _et_gid - _et_end{k - 1}" if k else "_et_t = _et_gid")
@@ -334,10 +300,6 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
     out(f"if {cond}:")
     with out.indent():
         out(f"_et_body_{t.name}({', '.join(_bind_body_args(ir, t, tx))})")
-        if dynamic and claim == "notify" and t.notifies:   # the notifies' release fence waits for it too
-            out("if _et_claimed < 0:")
-            with out.indent():
-                out("_et_claimed = _et_claim(rq)")
         for acc in t.notifies:
             i, e = events[acc.event]
             dims = [f"_et_ev_{e.name}_d{d}" for d in range(len(e.shape))]

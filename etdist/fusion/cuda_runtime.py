@@ -45,7 +45,8 @@ from .ir import Role
 
 DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
 # ETDIST_ERROR_WORD_COPY=1 also copies the error word to the host after each launch, as before the
-# kernel stored it there itself (the ninth session's A/B; costs ~2 us of device time per call)
+# kernel stored it there itself: only to re-run the ninth session's A/B (the copy cost 8-15 us per
+# call at decode sizes, eager and in CUDA graphs; BENCHMARKS.md)
 ERROR_WORD_COPY = os.environ.get("ETDIST_ERROR_WORD_COPY", "0") == "1"
 # Keys of kernels' state in mesh.cache. Not id(kernel): a freed kernel's id is reused by a new one,
 # which then found the old state on some ranks and not on others (their collectives desynchronised).
