@@ -25,10 +25,6 @@ class FakeMesh:
     def watchdog_spins(self): return 1 << 30
     def barrier(self): pass
 
-class FakeEvent:
-    def record(self): pass
-    def query(self): return True
-
 class FakeCompiled:
     function, packed_metadata = 0, None
     def run(self, *args): pass
@@ -38,7 +34,7 @@ mesh = FakeMesh()
 rs_op._sm_count = lambda i: 132
 def new_state(self, mesh):
     word = torch.zeros(1, dtype=torch.int32)
-    return cr._MeshState(programs=132, error_word=word, error_np=word.numpy(), launched=FakeEvent(), compiled=FakeCompiled())
+    return cr._MeshState(programs=132, error_word=word, error_np=word.numpy(), compiled=FakeCompiled())
 cr.CudaKernel._new_state = new_state
 cr.hooks_active = lambda: False
 M = int(sys.argv[1]) if len(sys.argv) > 1 else 16
