@@ -10,7 +10,7 @@ on tensor cores in the input dtype, IEEE fp32 for fp32 inputs.
 import triton
 import triton.language as tl
 
-from .sync import peer_base
+from .gemm_tiles import aligned_peer
 
 
 @triton.jit
@@ -83,8 +83,10 @@ def moe_dispatch(d, b, c, x, topk_ids, recv, recv_peers, recv_expert, recv_exper
     expert (-1 for slots it does not serve)."""
     dst = (RANK + d) % WORLD
     S = _i64(T) * TOP_K
-    recv_d = peer_base(recv_peers, dst, recv) + RANK * S * H
-    expert_d = peer_base(recv_expert_peers, dst, recv_expert) + RANK * S
+    # aligned_peer, not peer_base: a pointer loaded from the table is stored through 2 bytes at a
+    # time (st.global.b16, one NVLink write each); as an offset from `recv` the stores are 16-byte
+    recv_d = aligned_peer(recv, recv_peers, dst) + RANK * S * H
+    expert_d = aligned_peer(recv_expert, recv_expert_peers, dst) + RANK * S
     s = b * BS + tl.arange(0, BS).to(tl.int64)
     ok = s < S
     ids = tl.load(topk_ids + s, mask=ok, other=0)
@@ -201,7 +203,7 @@ def moe_send_back(d, b, c, recv_expert, expert_out, back, back_peers, T, H, RANK
     [c*WH, (c+1)*WH), into its back[me]."""
     dst = (RANK + d) % WORLD
     S = _i64(T) * TOP_K
-    back_d = peer_base(back_peers, dst, back) + RANK * S * H
+    back_d = aligned_peer(back, back_peers, dst) + RANK * S * H   # 16-byte stores (see moe_dispatch)
     s = b * BS + tl.arange(0, BS).to(tl.int64)
     mine = tl.load(recv_expert + dst * S + s, mask=s < S, other=-1) >= 0
     for h0 in range(c * WH, tl.minimum(H, (c + 1) * WH), BH):
