@@ -128,6 +128,25 @@ def test_index_names_may_not_shadow_kernel_parameters():
         generate(g.to_ir())
 
 
+@pytest.mark.parametrize("name", ["error_host", "arena", "max_spins"])
+def test_tensors_and_sizes_may_not_take_the_kernels_own_parameter_names(name):
+    for as_size in (False, True):
+        g = et.Graph("taken")
+        n = g.size(name if as_size else "n")
+        g.input("x" if as_size else name, (n,))
+
+        @triton.jit
+        def body():
+            pass
+
+        @g.task(grid=(1,), triton=body)
+        def a(t, i):
+            pass
+
+        with pytest.raises(et.GraphError, match="the megakernel's own parameters"):
+            generate(g.to_ir())
+
+
 def test_event_codes_round_trip():
     for e, lin in [(0, 0), (3, 12345), (7, (1 << 20) - 1)]:
         assert decode_event_code(event_code(e, lin)) == (e, lin)

@@ -137,6 +137,10 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
     dynamic=True: programs pop ready tasks from the rank's queue instead of walking the static
     formula, and notifies that complete an event element push its consumers (ready_queue.py)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
+    runtime = {"arena", "arena_peers", "max_spins", "error_host", "trace_buf", *QUEUE_PARAMS}
+    taken = sorted(runtime & ({t.name for t in ir.tensors} | set(ir.sizes)))
+    if taken:
+        raise GraphError(f"graph {ir.name!r}: {taken} name the megakernel's own parameters; rename the tensor or size")
     for t in ir.tasks:
         if t.triton_body is None:
             raise GraphError(f"task {t.name!r} has no GPU tile body: pass triton=<@triton.jit fn> to g.task")

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from triton.runtime import _allocation as triton_allocation
 
+from .. import knobs
 from ..kernels.launch_hooks import hooks_active
 from .bind import MapTable, bind, bind_inputs
 from .schedule_dynamic import release_plan
@@ -47,7 +48,7 @@ DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
 # ETDIST_ERROR_WORD_COPY=1 also copies the error word to the host after each launch, as before the
 # kernel stored it there itself: only to re-run the ninth session's A/B (the copy cost 8-15 us per
 # call at decode sizes, eager and in CUDA graphs; BENCHMARKS.md)
-ERROR_WORD_COPY = os.environ.get("ETDIST_ERROR_WORD_COPY", "0") == "1"
+ERROR_WORD_COPY = knobs.read("ETDIST_ERROR_WORD_COPY", knobs.flag, False)
 # Keys of kernels' state in mesh.cache. Not id(kernel): a freed kernel's id is reused by a new one,
 # which then found the old state on some ranks and not on others (their collectives desynchronised).
 _KERNEL_IDS = itertools.count()
@@ -201,6 +202,7 @@ class CudaKernel:
                 raise GraphError(f"symmetric tensor {s.name!r}: its shape {list(s.shape)} depends on RANK; "
                                  "on target='cuda' every rank holds the same symmetric buffers (size it "
                                  "for the largest rank, e.g. with the chunk size)")
+        knobs.check("ETDIST_ERROR_WORD_COPY")
         self.table, self.ir, self.schedule = table, table.ir, schedule
         self.programs, self.num_warps, self.num_stages = programs, num_warps, num_stages
         self.trace_on = trace
@@ -415,8 +417,7 @@ class CudaKernel:
         env = {**bound, RANK_NAME: mesh.rank}
         fixed = {**scratch, **bound, RANK_NAME: mesh.rank, "arena": st.arena, "arena_peers": st.arena_peers,
                  "max_spins": mesh.watchdog_spins(),
-                 # the interpreter's programs run on CPU tensors: a word that nothing reads there
-                 "error_host": st.error_word if st.error_word is not None else torch.zeros(1, dtype=torch.int32)}
+                 "error_host": self._error_host(st)}
         fixed.update({f"ev_{e.name}_off": offsets[e.name] for e in self.ir.events})
         fixed.update({f"{name}_peers": mesh.peer_ptrs(t) for name, t in scratch.items()
                       if self.ir.tensor(name).symmetric})
@@ -477,6 +478,15 @@ class CudaKernel:
             st.rq_peers = mesh.peer_ptrs(st.rq)
         st.rq[:n].copy_(host)
         fixed.update(lay, rq=st.rq, rq_peers=st.rq_peers, rq_ninit=len(initial), rq_total=T)
+
+    def _error_host(self, st: _MeshState) -> torch.Tensor:
+        """Where the kernel leaves its error word: the pinned word on GPUs; under the interpreter
+        (CPU tensors, errors read from the arena itself) a word that nothing reads."""
+        if self.interpreted:
+            return torch.zeros(1, dtype=torch.int32)
+        if st.error_word is None:
+            raise RuntimeError(f"graph {self.ir.name!r}: no pinned error word for the kernel to store into")
+        return st.error_word
 
     def _buffer(self, mesh, st: _MeshState, spec, shape) -> torch.Tensor:
         n = math.prod(shape)

@@ -223,6 +223,10 @@ class Mesh:
         if _CURRENT is self:
             _CURRENT = None
         try:
+            if self.device.type == "cuda":
+                # kernels still running may store into host words the cache owns (a megakernel's
+                # pinned error word): freed now, the pinned allocator could hand them out again
+                torch.cuda.synchronize(self.device)
             self.cache.clear()
             self._allocs.clear()
             self._ptr_cache.clear()
