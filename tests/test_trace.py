@@ -67,6 +67,8 @@ def test_summary_of_one_rank():
     text = summary(rows, rank=0)
     assert "span 20.0 us over 2 programs, busy 70%" in text           # 28 us busy of 2 x 20
     matmul = next(l for l in text.splitlines() if l.strip().startswith("matmul"))
-    assert matmul.split()[1:] == ["2", "0.0", "10.0", "10.0", "10.0", "1.0"]
+    assert matmul.split()[1:] == ["2", "0.0", "10.0", "10.0", "10.0", "1.0", "nan"]   # first on their programs
+    reduce = next(l for l in text.splitlines() if l.strip().startswith("reduce"))
+    assert reduce.split()[-1] == "2.00"                                 # 12.0 - 10.0 on program 1
     assert "median 2.00 us" in text and "sum 0.00 ms" in text
     assert summary(rows, rank=5) == "rank 5: no tasks"

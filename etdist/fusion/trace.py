@@ -72,8 +72,10 @@ def write_chrome(trace: Iterable[tuple], path, track: str = "program") -> pathli
 
 def summary(trace: Iterable[tuple], rank: int = 0) -> str:
     """One rank's trace rows as text: span, programs (SMs) and their busy share; per task kind the
-    count, first start, last end, mean and p90 duration, mean wait; the gaps between consecutive
-    tasks on a program (the scheduling overhead). What launch/trace_gemm_rs.py and trace_moe.py print."""
+    count, first start, last end, mean and p90 duration, mean wait, and the mean gap before it (from
+    the end of the task before it on its program: where a schedule's hand-offs cost, by kind); the
+    gaps between consecutive tasks on a program (the scheduling overhead). What
+    launch/trace_gemm_rs.py and trace_moe.py print."""
     mine = [r for r in trace if r[0] == rank]
     if not mine:
         return f"rank {rank}: no tasks"
@@ -81,17 +83,27 @@ def summary(trace: Iterable[tuple], rank: int = 0) -> str:
     by_program: dict = {}
     kinds: dict = {}
     for _, program, label, start, end in mine:
-        by_program.setdefault(program, []).append((start, end))
+        kind = label.split("@")[0]
+        by_program.setdefault(program, []).append((start, end, kind))
         waited = label.rsplit("waited ", 1)[1].split(" ")[0] if "waited " in label else "0"
-        kinds.setdefault(label.split("@")[0], []).append((start, end, float(waited)))
-    busy = sum(e - s for s, e in (x for v in by_program.values() for x in v))
+        kinds.setdefault(kind, []).append((start, end, float(waited)))
+    gaps, gaps_before = [], {}
+    for v in by_program.values():
+        v.sort()
+        for a, b in zip(v, v[1:]):
+            gaps.append(b[0] - a[1])
+            gaps_before.setdefault(b[2], []).append(b[0] - a[1])
+    gaps.sort()
+    busy = sum(e - s for v in by_program.values() for s, e, _ in v)
     lines = [f"rank {rank}: span {span:.1f} us over {len(by_program)} programs, busy {busy / (span * len(by_program)):.0%}",
-             f"  {'task':12} {'n':>6} {'first':>8} {'last end':>9} {'mean us':>8} {'p90 us':>7} {'mean wait':>9}"]
+             f"  {'task':12} {'n':>6} {'first':>8} {'last end':>9} {'mean us':>8} {'p90 us':>7} {'mean wait':>9} "
+             f"{'gap before':>10}"]
     for name, v in kinds.items():
         d = sorted(e - s for s, e, _ in v)
+        before = gaps_before.get(name)
         lines.append(f"  {name:12} {len(v):6d} {min(s for s, _, _ in v):8.1f} {max(e for _, e, _ in v):9.1f} "
-                     f"{sum(d) / len(d):8.1f} {d[len(d) * 9 // 10]:7.1f} {sum(w for *_, w in v) / len(v):9.1f}")
-    gaps = sorted(b[0] - a[1] for v in by_program.values() for a, b in zip(sorted(v), sorted(v)[1:]))
+                     f"{sum(d) / len(d):8.1f} {d[len(d) * 9 // 10]:7.1f} {sum(w for *_, w in v) / len(v):9.1f} "
+                     f"{sum(before) / len(before) if before else float('nan'):10.2f}")
     if gaps:
         lines.append(f"  gaps between tasks on a program: median {gaps[len(gaps) // 2]:.2f} us, "
                      f"p90 {gaps[len(gaps) * 9 // 10]:.2f}, sum {sum(gaps) / 1e3:.2f} ms")
