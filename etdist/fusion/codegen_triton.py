@@ -85,7 +85,7 @@ TRACE_WORDS = 4   # per task in trace mode: start ns, waits done ns, end ns, SM 
 
 
 # the dynamic schedule's ready queue (etdist.kernels.ready_queue): buffer, peers, then offsets
-QUEUE_PARAMS = ["rq", "rq_peers", "rq_q", "rq_pending", "rq_waits", "rq_rowptr", "rq_cols", "rq_init",
+QUEUE_PARAMS = ["rq", "rq_peers", "rq_q", "rq_pending", "rq_rowptr", "rq_cols", "rq_init",
                 "rq_ninit", "rq_total"]
 
 
@@ -325,7 +325,7 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
                 if e.count.is_data_dependent:   # its target reads a tensor one thread of this task may
                     out("tl.debug_barrier()")   # just have written (every thread evaluates it)
                 out(f"_et_release({base} + ev_{e.name}_off + {lin}, {_target(e, n)}, "
-                    f"ev_{e.name}_off + {lin}, {owner}, rq, rq_peers, rq_q, rq_pending, rq_waits, rq_rowptr, "
+                    f"ev_{e.name}_off + {lin}, {owner}, rq, rq_peers, rq_q, rq_pending, rq_rowptr, "
                     f"rq_cols, ev_epoch, RANK, {scope!r})")
             else:
                 out(f"_et_notify({base} + ev_{e.name}_off + {lin}, 1, False, {scope!r})")

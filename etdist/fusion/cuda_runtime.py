@@ -438,8 +438,8 @@ class CudaKernel:
     def _prepare_queue(self, mesh, st: _MeshState, bound: dict, offsets: dict, event_shapes: dict, at: int,
                        fixed: dict) -> None:
         """The dynamic schedule's tables at these sizes (ready_queue.py's layout): this rank's inverse
-        map as CSR over its arena words, each task's number of waits, the tasks that wait on
-        nothing; plus a zeroed queue. One symmetric int64 buffer, sized by the largest rank."""
+        map as CSR over its arena words (each entry with its task's number of waits), the tasks that
+        wait on nothing; plus a zeroed queue. One symmetric int64 buffer, sized by the largest rank."""
         plan = release_plan(bind(self.table, bound), mesh.rank)
         env = {**bound, RANK_NAME: mesh.rank}
         waits, initial = list(plan.waits), list(plan.initial)
@@ -454,18 +454,17 @@ class CudaKernel:
             word = offsets[ev] + int(np.ravel_multi_index(coord, event_shapes[ev]))
             by_word.setdefault(word, []).extend(gids)
         rowptr, cols = [0] * (at + 1), []
-        for w in range(at):
-            cols.extend(by_word.get(w, ()))
+        for w in range(at):   # a consumer's entry carries its number of waits: waits << 32 | task
+            cols.extend((waits[g] << 32) | g for g in by_word.get(w, ()))
             rowptr[w + 1] = len(cols)
         T = len(waits)
         T_max, C_max, I_max = (max(v) for v in zip(*mesh.comm.allgather((T, len(cols), len(initial)))))
         Q = 1 << max(0, (T_max - 1).bit_length())
-        lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_waits": 2 + Q + T_max, "rq_rowptr": 2 + Q + 2 * T_max}
+        lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_rowptr": 2 + Q + T_max}
         lay["rq_cols"] = lay["rq_rowptr"] + at + 1
         lay["rq_init"] = lay["rq_cols"] + max(C_max, 1)
         n = lay["rq_init"] + max(I_max, 1)
         host = torch.zeros(n, dtype=torch.int64)
-        host[lay["rq_waits"]:lay["rq_waits"] + T] = torch.tensor(waits, dtype=torch.int64)
         host[lay["rq_rowptr"]:lay["rq_rowptr"] + at + 1] = torch.tensor(rowptr, dtype=torch.int64)
         host[lay["rq_cols"]:lay["rq_cols"] + len(cols)] = torch.tensor(cols, dtype=torch.int64)
         host[lay["rq_init"]:lay["rq_init"] + len(initial)] = torch.tensor(sorted(initial), dtype=torch.int64)

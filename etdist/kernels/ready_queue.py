@@ -2,13 +2,16 @@
 
 Layout of the int64 buffer `rq` (offsets are kernel arguments, the same on every rank):
 
-    [0] head (claims) | [1] tail (pushes) | [2, 2+Q) slots | pending[task] | waits[task] |
-    rowptr[arena word] | cols | initial tasks
+    [0] head (claims) | [1] tail (pushes) | [2, 2+Q) slots | pending[task] | rowptr[arena word] |
+    cols | initial tasks
 
 A finished task that brings an event element to its count walks that element's consumers
-(rowptr/cols: the inverse map, built on the host per shape) on the rank that owns the element,
-bumps each one's pending count, and pushes the ones whose every wait is now complete: a sys-scope
-atomic on that rank's tail, then the slot stored with release. Slot i holds (i + 1) << 32 | task,
+(rowptr/cols: the inverse map, built on the host per shape; each entry waits << 32 | task, its
+number of waits with it) on the rank that owns the element, bumps the pending count of each one
+that waits on more than this element, and pushes the ones whose every wait is now complete: a
+sys-scope atomic on that rank's tail, then the slot stored with release. A consumer with one wait
+is pushed at once: no other notifier shares its count, so the bump (a dependent sys-scope atomic
+on the release's path) would decide nothing. Slot i holds (i + 1) << 32 | task,
 so a program that claimed index i knows when its entry has landed (the stamp is compared in 32
 bits: (index + 1) << 32 wraps once a mesh has pushed 2^31 tasks, and a slot is never more than one
 lap stale). Head and tail only grow (each launch pushes and claims every task once), so counters
@@ -72,7 +75,7 @@ def rewind_head(q, limit):
 
 
 @triton.jit
-def notify_release(counter, target, index, owner, rq, rq_peers, QSIZE, PENDING, WAITS, ROWPTR, COLS,
+def notify_release(counter, target, index, owner, rq, rq_peers, QSIZE, PENDING, ROWPTR, COLS,
                    ev_epoch, RANK, SCOPE: tl.constexpr, BLOCK: tl.constexpr = 128):
     """Notify an event element (release, as sync.notify) and, if this brought it to `target`,
     release its consumers on rank `owner`: `index` is the element's word in the owner's arena.
@@ -89,6 +92,8 @@ def notify_release(counter, target, index, owner, rq, rq_peers, QSIZE, PENDING, 
         lanes = tl.arange(0, BLOCK)
         for c0 in range(start, stop, BLOCK):
             ok = c0 + lanes < stop
-            g = tl.load(q + COLS + c0 + lanes, mask=ok, other=0)
-            p = tl.atomic_add(q + PENDING + g, 1 + 0 * g, mask=ok, sem="acq_rel", scope="sys")   # peers bump it too
-            push(q, g, QSIZE, ok & (p + 1 == ev_epoch * tl.load(q + WAITS + g, mask=ok, other=0)))
+            entry = tl.load(q + COLS + c0 + lanes, mask=ok, other=0)
+            g, waits = entry & 0xFFFFFFFF, entry >> 32
+            shared = ok & (waits > 1)
+            p = tl.atomic_add(q + PENDING + g, 1 + 0 * g, mask=shared, sem="acq_rel", scope="sys")   # peers bump it too
+            push(q, g, QSIZE, (ok & (waits == 1)) | (shared & (p + 1 == ev_epoch * waits)))
