@@ -128,7 +128,7 @@ def test_index_names_may_not_shadow_kernel_parameters():
         generate(g.to_ir())
 
 
-@pytest.mark.parametrize("name", ["error_host", "arena", "max_spins"])
+@pytest.mark.parametrize("name", ["error_host", "arena", "max_spins", "epoch", "NUM_PROGRAMS", "tl"])
 def test_tensors_and_sizes_may_not_take_the_kernels_own_parameter_names(name):
     for as_size in (False, True):
         g = et.Graph("taken")
@@ -340,3 +340,21 @@ def test_moe_copies_store_to_peers_16_bytes_at_a_time(fn, sig):
     src = triton.compiler.ASTSource(fn, sig, constexprs={}, attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
     assert "st.global.v4.b32" in ptx and "st.global.b16" not in ptx
+
+
+def test_a_tensor_named_like_a_symmetric_tensors_peer_table_is_refused():
+    g = et.Graph("twice")
+    n = g.size("n")
+    g.scratch("x", (n,), torch.float32, symmetric=True)
+    g.input("x_peers", (n,))
+
+    @triton.jit
+    def body():
+        pass
+
+    @g.task(grid=(1,), triton=body)
+    def a(t, i):
+        pass
+
+    with pytest.raises(et.GraphError, match="two kernel parameters"):
+        generate(g.to_ir())

@@ -69,6 +69,22 @@ def test_nvshmem4py_missing_names_the_package(monkeypatch):
         import_nvshmem()
 
 
+def test_symmetric_copies_must_be_256_byte_congruent(monkeypatch):
+    """The kernels address a peer's copy as a 256-byte multiple from their own (aligned_peer): a
+    backend whose copies are not congruent must be refused at allocation, not read wrong later."""
+    with init_mesh(backend="cpu") as mesh:
+        alloc = mesh.impl.alloc
+        freed = []
+        monkeypatch.setattr(mesh, "world_size", 2)
+        monkeypatch.setattr(mesh.impl, "alloc", lambda n: (lambda v: [v[0], v[0][16:]])(alloc(n + 256)))
+        monkeypatch.setattr(mesh.impl, "free", lambda views: freed.append(views))
+        monkeypatch.setattr(mesh.comm, "allgather", lambda obj: [obj, obj])
+        held = len(mesh._allocs)
+        with pytest.raises(MeshError, match="256-byte"):
+            mesh.empty((8,), torch.float32)
+        assert len(freed) == 1 and len(mesh._allocs) == held   # given back, not kept
+
+
 def test_current_mesh_requires_init():
     with pytest.raises(MeshError, match="init_mesh"):
         current_mesh()

@@ -137,10 +137,18 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
     dynamic=True: programs pop ready tasks from the rank's queue instead of walking the static
     formula, and notifies that complete an event element push its consumers (ready_queue.py)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
-    runtime = {"arena", "arena_peers", "max_spins", "error_host", "trace_buf", *QUEUE_PARAMS}
-    taken = sorted(runtime & ({t.name for t in ir.tensors} | set(ir.sizes)))
+    # names the generated module defines itself (parameters, the launch epochs, its imports)
+    runtime = {"arena", "arena_peers", "max_spins", "error_host", "trace_buf", *QUEUE_PARAMS, "epoch", "ev_epoch",
+               "NUM_PROGRAMS", "USE_ASM", "tl", "triton", "megakernel"}
+    names = [t.name for t in ir.tensors] + list(ir.sizes)
+    taken = sorted(runtime & set(names))
     if taken:
         raise GraphError(f"graph {ir.name!r}: {taken} name the megakernel's own parameters; rename the tensor or size")
+    params = kernel_params(ir, trace, dynamic)
+    twice = sorted({n for n in params if params.count(n) > 1})
+    if twice:
+        raise GraphError(f"graph {ir.name!r}: {twice} would name two kernel parameters (a tensor `<x>_peers` next "
+                         f"to a symmetric `x`, or a size named like a tensor); rename one")
     for t in ir.tasks:
         if t.triton_body is None:
             raise GraphError(f"task {t.name!r} has no GPU tile body: pass triton=<@triton.jit fn> to g.task")

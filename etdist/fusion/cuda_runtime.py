@@ -458,6 +458,8 @@ class CudaKernel:
             cols.extend((waits[g] << 32) | g for g in by_word.get(w, ()))
             rowptr[w + 1] = len(cols)
         T = len(waits)
+        if T >= 2 ** 31:   # queue entries and slots carry a task id in 31 bits (next_task's int32)
+            raise GraphError(f"graph {self.ir.name!r}: {T} tasks at these sizes; the dynamic schedule takes < 2**31")
         T_max, C_max, I_max = (max(v) for v in zip(*mesh.comm.allgather((T, len(cols), len(initial)))))
         Q = 1 << max(0, (T_max - 1).bit_length())
         lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_rowptr": 2 + Q + T_max}

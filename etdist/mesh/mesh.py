@@ -86,7 +86,14 @@ class Mesh:
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         nbytes = -(-max(nbytes, 1) // _ALIGN) * _ALIGN
         views = self.impl.alloc(nbytes)
-        self._allocs.append(_Alloc(views, views[self.rank].data_ptr(), nbytes))
+        base = views[self.rank].data_ptr()
+        if any((v.data_ptr() - base) % _ALIGN for v in views):
+            # the kernels address a peer's copy as a multiple of 256 bytes from their own
+            # (gemm_tiles.aligned_peer: what lets Triton vectorise the stores): never silently wrong
+            self.impl.free(views)
+            raise MeshError(f"mesh.empty: the ranks' copies of a symmetric allocation are not {_ALIGN}-byte "
+                            f"congruent ({[hex(v.data_ptr()) for v in views]}); the backend must align them")
+        self._allocs.append(_Alloc(views, base, nbytes))
         return views[self.rank].view(dtype)[: math.prod(shape)].view(shape)
 
     def _find(self, t: torch.Tensor):
