@@ -53,8 +53,8 @@ def timeline(replay):
     return period, [(n[:48], len(d) / CALLS, statistics.median(d)) for n, d in by_name.items()]
 
 
-def show(what, period, rows):
-    print(f"rank {mesh.rank} {what}: {period:.1f} us per call", flush=True)
+def show(what, rank, period, rows):
+    print(f"rank {rank} {what}: {period:.1f} us per call", flush=True)
     for name, n, us in rows:
         print(f"    {name:48} {n:4.1f}/call {us:8.1f} us", flush=True)
 
@@ -66,11 +66,10 @@ cases = {
     "mm + NCCL reduce-scatter (graph)": B.gemm_rs_graph(M, K, N, device=mesh.device),
 }
 for what, replay in cases.items():
-    period, rows = timeline(replay)
-    for r in range(mesh.world_size):
-        dist.barrier()
-        if r == mesh.rank:
-            show(what, period, rows)
+    everyone = mesh.comm.allgather(timeline(replay))   # (period, rows) of every rank, printed by rank 0
+    if mesh.rank == 0:
+        for rank, (period, rows) in enumerate(everyone):
+            show(what, rank, period, rows)
 
 cfg, splits, _, build = op.kernel_plan(M, K, N, x.dtype, op._sm_count(mesh.device.index))
 kernel = et.compile(build(), schedule="static", target="cuda", trace=True)
@@ -83,15 +82,13 @@ for _ in range(CALLS):          # the host queues these ahead of the GPU: both r
 kernel(mesh, x=x, w=ws[0])
 trace_rows = kernel.trace(mesh)
 spans = [max((r[4] for r in trace_rows if r[0] == rank), default=0.0) for rank in range(mesh.world_size)]
-kern = torch.tensor([kern_us], device=mesh.device)
-kerns = [torch.empty_like(kern) for _ in range(mesh.world_size)]
-dist.all_gather(kerns, kern)
+kerns = mesh.comm.allgather(kern_us)
 if mesh.rank == 0:
     path = tr.write_chrome(trace_rows, f"{os.environ.get('OUT', '/tmp')}/gemm_rs_M{M}_N{N}.json", track="SM")
     print(f"== M={M} N={N} K={K} {cfg} splits={splits}, traced kernel in a graph {period:.1f} us per call; "
           f"Chrome trace {path}")
     for rank in range(mesh.world_size):
-        k_us = float(kerns[rank])
+        k_us = kerns[rank]
         print(f"rank {rank}: kernel {k_us:.1f} us (profiler, traced build), task span {spans[rank]:.1f} us, "
               f"outside tasks {k_us - spans[rank]:.1f} us (program start, exit rendezvous)")
         print(tr.summary(trace_rows, rank), flush=True)

@@ -84,6 +84,11 @@ def decode_event_code(code: int) -> tuple[int, int] | None:
 TRACE_WORDS = 4   # per task in trace mode: start ns, waits done ns, end ns, SM << 32 | program
 
 
+# what every megakernel takes besides the graph's tensors, sizes and event offsets (error_host:
+# pinned host memory, where the last program leaves the error record's first word)
+OWN_PARAMS = ["arena", "arena_peers", "max_spins", "error_host"]
+# names the generated module defines itself: the launch epochs, the constexprs, its imports
+MODULE_NAMES = {"epoch", "ev_epoch", "NUM_PROGRAMS", "USE_ASM", "tl", "triton", "megakernel"}
 # the dynamic schedule's ready queue (etdist.kernels.ready_queue): buffer, peers, then offsets
 QUEUE_PARAMS = ["rq", "rq_peers", "rq_q", "rq_pending", "rq_rowptr", "rq_cols", "rq_init",
                 "rq_ninit", "rq_total"]
@@ -94,8 +99,7 @@ def kernel_params(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> li
     ps = [t.name for t in ir.tensors]
     ps += [f"{t.name}_peers" for t in ir.tensors if t.symmetric]
     ps += list(ir.sizes)
-    ps += ["arena", "arena_peers"] + [f"ev_{e.name}_off" for e in ir.events]
-    ps += ["max_spins", "error_host"]   # error_host: pinned host memory, the record's first word per launch
+    ps += [f"ev_{e.name}_off" for e in ir.events] + OWN_PARAMS
     return ps + (["trace_buf"] if trace else []) + (QUEUE_PARAMS if dynamic else [])
 
 
@@ -137,11 +141,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
     dynamic=True: programs pop ready tasks from the rank's queue instead of walking the static
     formula, and notifies that complete an event element push its consumers (ready_queue.py)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
-    # names the generated module defines itself (parameters, the launch epochs, its imports)
-    runtime = {"arena", "arena_peers", "max_spins", "error_host", "trace_buf", *QUEUE_PARAMS, "epoch", "ev_epoch",
-               "NUM_PROGRAMS", "USE_ASM", "tl", "triton", "megakernel"}
-    names = [t.name for t in ir.tensors] + list(ir.sizes)
-    taken = sorted(runtime & set(names))
+    taken = sorted({*OWN_PARAMS, "trace_buf", *QUEUE_PARAMS, *MODULE_NAMES} & {*(t.name for t in ir.tensors), *ir.sizes})
     if taken:
         raise GraphError(f"graph {ir.name!r}: {taken} name the megakernel's own parameters; rename the tensor or size")
     params = kernel_params(ir, trace, dynamic)

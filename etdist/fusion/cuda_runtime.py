@@ -150,7 +150,6 @@ class _MeshState:
     # program stores it there (the kernel's `error_host`), and the host reads it at the next call
     error_word: Optional[torch.Tensor] = None
     error_np: object = None   # the same memory as numpy: read per call for ~0.1 us (not a tensor op)
-    arena_head: Optional[torch.Tensor] = None   # arena[:1], sliced once
     compiled: object = None  # Triton's compiled kernel, once launched: later calls skip its dispatch
     rq: Optional[torch.Tensor] = None        # the dynamic schedule's ready queue + tables (symmetric)
     rq_peers: Optional[torch.Tensor] = None
@@ -287,7 +286,7 @@ class CudaKernel:
         finally:
             triton_allocation._allocator.reset(scratch)
         if ERROR_WORD_COPY:   # the A/B switch: the copy the kernel's own store replaced
-            st.error_word.copy_(st.arena_head, non_blocking=True)
+            st.error_word.copy_(st.arena[:1], non_blocking=True)
         return outs
 
     def _launch_direct(self, mesh, st: _MeshState, values: dict) -> bool:
@@ -410,7 +409,6 @@ class CudaKernel:
                 mesh.free(st.arena)
                 st.arena = None
             st.arena = mesh.empty((max(at, 4096),), torch.int32)
-            st.arena_head = st.arena[:1]
             st.arena_peers = mesh.peer_ptrs(st.arena)
         _sync(mesh)
         st.arena[ArenaLayout(world).ev_epoch:].zero_()  # counters and ev_epoch; errors, exit lanes, epoch kept
