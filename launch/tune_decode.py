@@ -6,11 +6,12 @@ For each config: ag_gemm and mlp (the whole-gather variants: etdist.ops.ag_gemm.
 gemm_rs (the skinny split-K variant: etdist.ops.gemm_rs.SKINNY_CLASSES, M <= its block_m) at M in
 {16, 128} on two shapes; us per call (batched, slowest rank). Pick by the geometric mean. Configs
 are block_m,block_n,block_k,warps,stages and, for gemm_rs, the split-K tasks per SM (last field).
-Every cell is first checked against a float32 reference (relative error, worst rank): a config
+OPS=gemm_rs (a comma list) times only those ops. Every cell is first checked against a float32 reference (relative error, worst rank): a config
 whose error exceeds 2e-2 anywhere is printed as WRONG and left out of the ranking.
 """
 import itertools
 import math
+import os
 import sys
 
 import torch
@@ -37,6 +38,7 @@ if sys.argv[1:]:   # configs given on the command line replace the list above (s
 dist.init_process_group("cpu:gloo,cuda:nccl")
 mesh = et.init_mesh()
 R, dev, bf16 = mesh.world_size, mesh.device, torch.bfloat16
+OPS = tuple(os.environ.get("OPS", "gemm_rs,ag_gemm,mlp").split(","))
 
 
 def cell(op, model, M):
@@ -76,7 +78,7 @@ for cfg, tasks_per_sm in zip(CONFIGS, TASKS_PER_SM):
     label = (f"{cfg.block_m},{cfg.block_n},{cfg.block_k},{cfg.num_warps},{cfg.num_stages},{tasks_per_sm:g}"
              + (",swap" if cfg.swap_ab else ""))
     times, worst = {}, 0.0
-    for op, model, M in itertools.product(("gemm_rs", "ag_gemm", "mlp"), ("qwen3_8b", "llama31_70b"), (16, 128)):
+    for op, model, M in itertools.product(OPS, ("qwen3_8b", "llama31_70b"), (16, 128)):
         if op == "gemm_rs" and M > cfg.block_m:
             continue
         try:
@@ -93,7 +95,7 @@ for cfg, tasks_per_sm in zip(CONFIGS, TASKS_PER_SM):
         print(f"{label} (rel err <= {worst:.1e}): " + "  ".join(f"{o}/{m[:6]}/{M} {t:.0f}"
                                                          for (o, m, M), t in times.items()), flush=True)
 if mesh.rank == 0:
-    for op in ("gemm_rs", "ag_gemm", "mlp"):
+    for op in OPS:
         for M in (16, 128):
             ranked = sorted((math.exp(sum(math.log(t) for (o, _, m), t in times.items() if o == op and m == M) /
                                       max(1, sum(1 for (o, _, m) in times if o == op and m == M))), label)
