@@ -292,7 +292,7 @@ def test_a_class_knob_changes_only_its_own_class():
     64-row class's tile made M <= 64 aim at 2 tasks per SM (8 slices instead of 4). And a knob
     that puts a class out of size order still gives each M the smallest class that holds it."""
     default = _skinny_plans()
-    assert default == {16: (32, 128, 1, 4), 32: (32, 128, 1, 4), 64: (64, 128, 0, 4), 128: (128, 64, 0, 4)}
+    assert default == {16: (32, 128, 1, 4), 32: (32, 128, 1, 4), 64: (64, 128, 0, 4), 128: (128, 128, 1, 4)}
     same_tile = _skinny_plans(ETDIST_GEMM_RS_SKINNY_128="64,128,128,4,4")
     assert same_tile[64] == default[64]                 # the first class's one task per SM
     assert same_tile[128] == (128, 256, 0, 1)           # no class holds 128 rows now: the large tiles

@@ -41,11 +41,12 @@ class TileConfig:
 # launch/tune_decode.py on 2x H200, each config checked against float32 first (BENCHMARKS.md,
 # seventh session), us at M=16, qwen3_8b / llama31_70b: 32x128x128 swap-AB (weights on the wgmma
 # M side, 5 stages of 32 KiB in flight), one task per SM, 41 / 87; 64x128x128 one task per SM
-# 49 / 88; the old 64x64x128, two per SM, 55 / 132. The 128-row class (us at M=128, qwen3_32b /
-# llama31_70b: 75 / 108 against 177 / 198 for the LARGE tiles) is from the fourth session.
+# 49 / 88; the old 64x64x128, two per SM, 55 / 132. The 128-row class, tenth session (us at M=128,
+# qwen3_8b / llama31_70b): 128x128x128 swap-AB, 8 warps, 3 stages, one task per SM, 49 / 92; the
+# fourth session's 128x64x128 unswapped, two per SM, 54 / 103 (the LARGE tiles: ~2x that).
 SKINNY_32 = TileConfig(32, 128, 128, 4, 5, swap_ab=True)
 SKINNY = TileConfig(64, 128, 128, 4, 4)
-SKINNY_128 = TileConfig(128, 64, 128, 4, 4)
+SKINNY_128 = TileConfig(128, 128, 128, 8, 3, swap_ab=True)
 LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BENCHMARKS.md)
 
 
@@ -62,7 +63,7 @@ SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _over
 # Knobs may reorder the classes' sizes: each M takes the smallest class that holds it (sorted,
 # stable), and where two classes end up with the same tile the one that serves first keeps its
 # tasks per SM.
-_CLASSES = sorted(((SKINNY_32, 1.0), (SKINNY, 1.0), (SKINNY_128, 2.0)), key=lambda c: c[0].block_m)
+_CLASSES = sorted(((SKINNY_32, 1.0), (SKINNY, 1.0), (SKINNY_128, 1.0)), key=lambda c: c[0].block_m)
 SKINNY_CLASSES = tuple(cfg for cfg, _ in _CLASSES)   # each serves M <= its block_m, in this order
 _tasks = knobs.read("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM", knobs.positive_float, None)
 SKINNY_TASKS_PER_SM = ({cfg: _tasks for cfg in SKINNY_CLASSES} if _tasks else
