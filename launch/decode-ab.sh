@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The decode-size A/Bs, each step time-bounded so that two or three fit in one 10-minute device call
-# (2 GPUs). Name the steps to run (default: all, ~11 minutes: more than one call); records go to $RESULTS (default a
+# (2 GPUs). Name the steps to run (default: all, ~15 minutes: more than one call); records go to $RESULTS (default a
 # scratch folder), never to bench/results unless asked.
 #   bash launch/decode-ab.sh sync trace whole      # ~5 minutes
 #   bash launch/decode-ab.sh moe                    # ~4 minutes
@@ -17,6 +17,9 @@
 #   moegroup  nn.MoE at 1024 and 4096 tokens (static, EP=2), its expert GEMMs walked row tile after
 #          row tile (ETDIST_MOE_GROUP_M=1, the order before the grouping) against groups of 8 row
 #          tiles per weight block (the default), alternated twice (not decode: it rides along, ~4 min).
+#   moepin  nn.MoE under the dynamic schedule at 1/128/1024 tokens, zipf-skewed routing (EP=2), the
+#          router's chain queued (ETDIST_MOE_PIN_ROUTER=0, as before) against pinned (the default;
+#          with the static schedule beside it), alternated twice (~4 min);
 #   moetrace  launch/trace_moe.py at 1 and 1024 tokens (qwen3_30b_a3b-sized, EP=2, both schedules):
 #          per task kind its time, its wait and the gap before it (where the dynamic schedule's
 #          hand-offs cost), the dispatch and send_back copies among them (~2 min).
@@ -28,7 +31,7 @@ RESULTS=${RESULTS:-$(mktemp -d)}
 quiet() { grep -vE '^(W1|\[W|Setting OMP|\*{5})'; }
 rows() { grep -E '^\[[0-9]+/[0-9]+\]' | cut -c1-120; }
 T0=$SECONDS
-for step in ${@:-sync trace whole moe moegroup moetrace}; do
+for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
   case $step in
     sync)
       echo "== sync latency"
@@ -58,13 +61,22 @@ for step in ${@:-sync trace whole moe moegroup moetrace}; do
           WORKLOADS=moe SCHEDULE=static timeout 150 bash launch/bench-gpu.sh bench=gpu_moe 'bench.tokens=[1024,4096]' \
           2>&1 | rows | sed "s/^/group $group /"
       done ;;
+    moepin)
+      echo "== nn.MoE dynamic, router chain queued (pin 0) against pinned (pin 1), zipf 1.5"
+      for pin in 0 1 0 1; do
+        [ $((SECONDS - T0)) -gt 420 ] && break
+        sched=dynamic; [ $pin = 1 ] && [ ! -d "$RESULTS/moepin-1" ] && sched=both
+        ETDIST_MOE_PIN_ROUTER=$pin RESULTS=$RESULTS/moepin-$pin MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b \
+          WORKLOADS=moe SCHEDULE=$sched timeout 150 bash launch/bench-gpu.sh bench=gpu_moe 'bench.tokens=[1,128,1024]' \
+          model.routing_skew=1.5 2>&1 | rows | sed "s/^/pin $pin /"
+      done ;;
     moetrace)
       for tokens in 1 1024; do
         echo "== nn.MoE traced at $tokens tokens, both schedules"
         OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_moe.py $tokens \
           2>&1 | quiet | grep -vE 'UserWarning|_warn_once' | tail -32
       done ;;
-    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moetrace)"; exit 2 ;;
+    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, moetrace)"; exit 2 ;;
   esac
   echo "-- $step done at $((SECONDS - T0)) s"
 done

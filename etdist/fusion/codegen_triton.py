@@ -207,27 +207,32 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
             size = " * ".join(f"_et_g{k}_{a}" for a in range(len(t.grid))) or "1"
             out(f"_et_end{k} = {'_et_end' + str(k - 1) + ' + ' if k else ''}{size}")
             ends.append(f"_et_end{k}")
+        n = len(ir.tasks)
+        pinned = next((k for k, t in enumerate(ir.tasks) if not t.pinned), n) if dynamic else n
         if dynamic:
-            # seed the queue with the tasks that wait on nothing, then pop until every task ran
+            # seed the queue with the tasks that wait on nothing
             out("for _et_k in range(_et_pid, rq_ninit, NUM_PROGRAMS):")
             with out.indent():
                 out("_et_push(rq, tl.load(rq + rq_init + _et_k), rq_q, _et_k < rq_ninit)")
+        if pinned:   # every task (static), or the pinned prefix: the static formula, waits spin
+            out(f"for _et_gid in range(_et_pid, {ends[pinned - 1]}, NUM_PROGRAMS):")
+            with out.indent():
+                _emit_dispatch(out, ir, tx, trace, dynamic, range(pinned))
+        if dynamic:
+            # then pop until every queued task ran
             out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
-            out("_et_more = 1")
-            out("while _et_more != 0:")
-            with out.indent():
-                out(f"_et_gid = _et_next(rq, rq_q, _et_limit, max_spins, arena, arena_peers, RANK, WORLD, "
-                    f"{event_code(len(ir.events), 1)}, epoch)")
-                out("if _et_gid < 0:")
+            if pinned < n:
+                out("_et_more = 1")
+                out("while _et_more != 0:")
                 with out.indent():
-                    out("_et_more = 0")
-                out("else:")
-                with out.indent():
-                    _emit_dispatch(out, ir, tx, trace, dynamic)
-        else:
-            out(f"for _et_gid in range(_et_pid, {ends[-1] if ends else 0}, NUM_PROGRAMS):")
-            with out.indent():
-                _emit_dispatch(out, ir, tx, trace, dynamic)
+                    out(f"_et_gid = _et_next(rq, rq_q, _et_limit, max_spins, arena, arena_peers, RANK, WORLD, "
+                        f"{event_code(len(ir.events), 1)}, epoch)")
+                    out("if _et_gid < 0:")
+                    with out.indent():
+                        out("_et_more = 0")
+                    out("else:")
+                    with out.indent():
+                        _emit_dispatch(out, ir, tx, trace, dynamic, range(pinned, n))
         # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
         out(f"_et_last = _et_finish(arena, arena_peers, {ERR_WORDS}, {ArenaLayout.in_kernel('grid')}, "
             f"{ArenaLayout.in_kernel('finished')}, epoch, RANK, WORLD, max_spins, True, "
@@ -272,13 +277,14 @@ def _target(e, count: str) -> str:
     return count if e.count.is_data_dependent else f"ev_epoch * ({count})"
 
 
-def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, dynamic: bool) -> None:
-    """The branch on the global task id `_et_gid`: one arm per device function."""
-    for k, t in enumerate(ir.tasks):
-        kw = "if" if k == 0 else "elif" if k < len(ir.tasks) - 1 else "else"
+def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, dynamic: bool, functions: range) -> None:
+    """The branch on the global task id `_et_gid`: one arm per device function in `functions` (the
+    ids reaching it lie in their range)."""
+    for k in functions:
+        kw = "if" if k == functions[0] else "elif" if k < functions[-1] else "else"
         out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
         with out.indent():
-            _emit_task(out, ir, k, t, tx, trace, dynamic)
+            _emit_task(out, ir, k, ir.tasks[k], tx, trace, dynamic)
 
 
 def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = False,
@@ -294,6 +300,9 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
             out(f"{name} = _et_t % _et_g{k}_{a}")
             out(f"_et_t = _et_t // _et_g{k}_{a}")
     events = {e.name: (i, e) for i, e in enumerate(ir.events)}
+    # events some queued task waits on: their notifies release consumers; the others (waited on by
+    # pinned tasks only, which spin) are plain notifies
+    queued_waits = {a.event for u in ir.tasks if not u.pinned for a in u.waits}
     out("_et_ok = 1")
     for acc in t.waits:
         i, e = events[acc.event]
@@ -326,7 +335,7 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
             lin = _linear(dims, coord)
             base = f"_et_peer(arena_peers, {coord[0]}, arena)" if e.distributed else "arena"
             scope = "sys" if e.distributed else "gpu"
-            if dynamic:  # the element's count at this coordinate (loop variables for spans)
+            if dynamic and e.name in queued_waits:  # the element's count here (loop variables for spans)
                 at = {f"c{d}": (var(coord[d]) if c.op == "span" else c) for d, c in enumerate(acc.coord)}
                 owner = coord[0] if e.distributed else "RANK"
                 n = tx(e.count.substitute(at))

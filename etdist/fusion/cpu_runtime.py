@@ -70,7 +70,7 @@ class _Launch:
             self.plans = [release_plan(b, r) for r in range(self.world)]
             self.pending = [list(p.waits) for p in self.plans]
             self.queues = [deque() for _ in range(self.world)]
-            self.remaining = [b.total] * self.world
+            self.remaining = [b.total - p.pinned for p in self.plans]
             for r, p in enumerate(self.plans):
                 for gid in p.initial:
                     self._release(r, gid)
@@ -134,11 +134,13 @@ class _Launch:
             self.stats.tasks_skipped += 1
 
     # -- programs ----------------------------------------------------------------------------
-    def static_program(self, sched: StaticSchedule, rank: int, p: int) -> Iterator:
+    def static_program(self, rank: int, p: int, sched: StaticSchedule) -> Iterator:
         for gid in sched.tasks_of(p, self.b.total):
             yield from self.run_task(rank, p, gid, wait=True)
 
-    def dynamic_program(self, rank: int, p: int) -> Iterator:
+    def dynamic_program(self, rank: int, p: int, sched: StaticSchedule) -> Iterator:
+        for gid in sched.tasks_of(p, self.plans[rank].pinned):   # the pinned prefix, as static
+            yield from self.run_task(rank, p, gid, wait=True)
         q = self.queues[rank]
         while True:
             if q:
@@ -258,13 +260,9 @@ class CpuKernel:
         per_rank = inputs if isinstance(inputs, Mapping) else dict(enumerate(inputs))   # {rank: dict} or a list
         tensors = [self._allocate(per_rank[r], bound_sizes, r) for r in range(len(per_rank))]
         launch = _Launch(self, b, tensors, self.trace_default if trace is None else trace)
-        if self.schedule == "static":
-            sched = StaticSchedule(self.programs)
-            gens = {(r, p): launch.static_program(sched, r, p)
-                    for r in range(launch.world) for p in range(self.programs)}
-        else:
-            gens = {(r, p): launch.dynamic_program(r, p)
-                    for r in range(launch.world) for p in range(self.programs)}
+        sched = StaticSchedule(self.programs)
+        program = launch.static_program if self.schedule == "static" else launch.dynamic_program
+        gens = {(r, p): program(r, p, sched) for r in range(launch.world) for p in range(self.programs)}
         try:
             _interleave(launch, gens, interleave, seed)
             launch.finish()

@@ -458,8 +458,9 @@ class CudaKernel:
         T = len(waits)
         if T >= 2 ** 31:   # queue entries and slots carry a task id in 31 bits (next_task's int32)
             raise GraphError(f"graph {self.ir.name!r}: {T} tasks at these sizes; the dynamic schedule takes < 2**31")
-        T_max, C_max, I_max = (max(v) for v in zip(*mesh.comm.allgather((T, len(cols), len(initial)))))
-        Q = 1 << max(0, (T_max - 1).bit_length())
+        queued = T - plan.pinned   # pinned tasks run by the static formula, never queued
+        T_max, C_max, I_max, N_max = (max(v) for v in zip(*mesh.comm.allgather((T, len(cols), len(initial), queued))))
+        Q = 1 << max(0, (N_max - 1).bit_length())
         lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_rowptr": 2 + Q + T_max}
         lay["rq_cols"] = lay["rq_rowptr"] + at + 1
         lay["rq_init"] = lay["rq_cols"] + max(C_max, 1)
@@ -476,7 +477,7 @@ class CudaKernel:
             st.rq = mesh.empty((n,), torch.int64)
             st.rq_peers = mesh.peer_ptrs(st.rq)
         st.rq[:n].copy_(host)
-        fixed.update(lay, rq=st.rq, rq_peers=st.rq_peers, rq_ninit=len(initial), rq_total=T)
+        fixed.update(lay, rq=st.rq, rq_peers=st.rq_peers, rq_ninit=len(initial), rq_total=queued)
 
     def _error_host(self, st: _MeshState) -> torch.Tensor:
         """Where the kernel leaves its error word: the pinned word on GPUs; under the interpreter

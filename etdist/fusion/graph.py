@@ -142,7 +142,7 @@ class Graph:
 
     def task(self, grid: Sequence[Size], wait: _MapFn = None, notify: _MapFn = None,
              when: _MapFn = None, name: Optional[str] = None, triton=None, constexprs: Optional[dict] = None,
-             bind: Optional[dict] = None):
+             bind: Optional[dict] = None, pinned: bool = False):
         """Decorator: `body(t, *index)` runs once per index of `grid`.
 
         wait / notify: functions of the index returning an event element or a list of them.
@@ -151,11 +151,16 @@ class Graph:
         triton: the GPU tile body (@triton.jit); its parameters are bound by name: the index
             names, tensor names (pointers), `<tensor>_peers` (peer address tables of symmetric
             tensors), sizes, RANK, WORLD, and the `constexprs` given here.
+        pinned: under schedule="dynamic", these tasks are still dealt to programs by the static
+            formula, and every program runs its share before it pops the ready queue: for the work
+            every run needs (a MoE router), which a queue would only delay by a hop per step of
+            its chain. Pinned functions are declared first and wait only on what pinned tasks notify.
         The decorated function is the torch reference the CPU runtime runs: `body(t, *index)`.
         """
         def register(body: Callable) -> Callable:
             # Traced now: the maps' free names are read at declaration, as a reader expects.
             spec = self._trace_task(body, tuple(grid), wait, notify, when, name or body.__name__)
+            spec = dataclasses.replace(spec, pinned=bool(pinned))
             if triton is not None:
                 idx = tuple(var(p) for p in spec.index_names)
                 binds = tuple(sorted((k, v if isinstance(v, str) else as_expr(v(*idx) if callable(v) else v))
@@ -187,6 +192,7 @@ class Graph:
             if t.name in seen:
                 raise GraphError(f"graph {self.name!r} has two tasks named {t.name!r}")
             seen.add(t.name)
+        _check_pinned(self.name, tasks)
         used = {a.event for t in tasks for a in t.waits + t.notifies}
         events = tuple(e.spec for e in self._events.values())
         sizes = tuple(sorted(set(self._sizes) | {RANK_NAME, WORLD_NAME}))
@@ -229,3 +235,20 @@ class Graph:
                                  "element whose count covers all the notifies instead")
             out.append(Access(r.event.name, r.coord))
         return tuple(out)
+
+
+def _check_pinned(graph: str, tasks) -> None:
+    """Pinned tasks run before any queued one (TaskSpec.pinned): they must be declared first, and
+    wait only on events that pinned tasks alone notify, or a program could spin on a task that no
+    program will pop until it stops spinning."""
+    first_free = next((k for k, t in enumerate(tasks) if not t.pinned), len(tasks))
+    late = [t.name for t in tasks[first_free:] if t.pinned]
+    if late:
+        raise GraphError(f"graph {graph!r}: pinned tasks {late} are declared after the unpinned task "
+                         f"{tasks[first_free].name!r}; declare the pinned ones first")
+    free_notifies = {a.event: t.name for t in tasks if not t.pinned for a in t.notifies}
+    for t in tasks[:first_free]:
+        for a in t.waits:
+            if a.event in free_notifies:
+                raise GraphError(f"graph {graph!r}: pinned task {t.name!r} waits on {a.event!r}, which the "
+                                 f"unpinned task {free_notifies[a.event]!r} notifies; pin it too, or unpin {t.name!r}")

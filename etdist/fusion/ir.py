@@ -77,6 +77,9 @@ class TaskSpec:
     triton_body: Any = field(default=None, compare=False, repr=False)
     constexprs: tuple[tuple[str, Any], ...] = ()
     bind: tuple[tuple[str, Any], ...] = ()  # GPU body parameter -> kernel name or Expr of the index
+    # Under schedule="dynamic", walked by the static formula before any program pops the queue:
+    # work that every routing needs (a MoE layer's router) skips a queue hop per step of its chain.
+    pinned: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Dynamic schedule: a ready queue fed by an inverse map from event elements to consumer tasks.
 
-Tasks without waits start in the queue. Whoever brings an event element to completion walks the
+Pinned tasks (TaskSpec.pinned) come first in id order and never enter the queue: every program
+runs its static share of them before it pops. The rest: tasks without waits start in the queue. Whoever brings an event element to completion walks the
 element's consumers and decrements each one's pending-wait count; a consumer reaching zero is
 evaluated (`when`, which may read data its waits guarded) and pushed, or dropped if it does not
 exist. The plan is plain Python built from a bound graph; runtimes own the queue itself.
@@ -21,6 +22,7 @@ class ReleasePlan:
     consumers: dict  # (event, coord) -> [task ids waiting on it], on this rank
     waits: list      # task id -> number of wait elements
     initial: list    # task ids with no waits, in id order
+    pinned: int      # ids below it are pinned: run by the static formula, not queued
 
 
 def release_plan(b: Bound, rank: int) -> ReleasePlan:
@@ -28,7 +30,10 @@ def release_plan(b: Bound, rank: int) -> ReleasePlan:
     consumers = defaultdict(list)
     waits = [0] * b.total
     initial = []
+    pinned = sum(f.size for f in b.functions if f.maps.spec.pinned)   # a prefix (graph._check_pinned)
     for f in b.functions:
+        if f.maps.spec.pinned:
+            continue
         for local in range(f.size):
             gid = f.offset + local
             elements = f.maps.wait_elements(f.unravel(local), env)
@@ -37,4 +42,4 @@ def release_plan(b: Bound, rank: int) -> ReleasePlan:
                 consumers[el].append(gid)
             if not elements:
                 initial.append(gid)
-    return ReleasePlan(dict(consumers), waits, initial)
+    return ReleasePlan(dict(consumers), waits, initial, pinned)

@@ -48,6 +48,9 @@ LARGE_ROWS_PER_EXPERT = 4 * LARGE_TILES.block_m
 # Expert GEMM tiles walk groups of this many row tiles per weight block (moe_layer's group_m; 1: row
 # tile after row tile, as before the grouping, for A/B runs)
 GROUP_M = knobs.read("ETDIST_MOE_GROUP_M", knobs.positive_int, 8)
+# The router's chain runs pinned under the dynamic schedule (moe_layer's pin_router; 0: queued, as
+# before, for A/B runs)
+PIN_ROUTER = knobs.read("ETDIST_MOE_PIN_ROUTER", knobs.flag, True)
 
 
 def gpu_tiles(large: bool = False) -> GpuTiles:
@@ -134,17 +137,17 @@ class MoE(nn.Module):
             return kernel
         dtype = self.router.dtype
         if target == "cuda":
-            knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_TMA")
+            knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_TMA")
         tiles = gpu_tiles(large) if target == "cuda" else None
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
-        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align, GROUP_M)
+        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align, GROUP_M, PIN_ROUTER)
         if key not in _KERNELS:
             if target == "cpu":
                 graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts)
             else:
                 graph = moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype,
                                             max_experts=self.num_experts, block=tiles.block, block_n=tiles.block_n,
-                                            align=align, group_m=GROUP_M)
+                                            align=align, group_m=GROUP_M, pin_router=PIN_ROUTER)
             _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target)
             if target == "cuda":
                 _KERNELS[key].num_warps, _KERNELS[key].num_stages = tiles.num_warps, tiles.num_stages

@@ -30,13 +30,15 @@ from etdist.kernels.gemm_tiles import use_tma
 
 
 def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
-              block: int = 16, block_n: int | None = None, align: int = 1, group_m: int = 8) -> et.Graph:
+              block: int = 16, block_n: int | None = None, align: int = 1, group_m: int = 8,
+              pin_router: bool = True) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
     kernel vectorise its loads, which is what lets Triton pipeline the expert GEMMs' loops).
     group_m: the expert GEMM tiles run in groups of that many row tiles per weight column block
-    (et.grouped)."""
+    (et.grouped). pin_router: the router's chain (logits to tile_table) is pinned (TaskSpec.pinned:
+    the static formula under the dynamic schedule too); False queues it, for A/B runs."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
     BN = block_n or block
@@ -98,14 +100,17 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BN) + 1)
     returned = g.event("returned", (R,), count=R * slot_blocks * slabs, distributed=True)
 
+    # The router, dispatch and tile planning run at every routing: pinned (the static formula under
+    # the dynamic schedule too), their chain of five steps costs no queue hop (~2 us each, traced)
+    pin = bool(pin_router)
     @g.task(grid=(et.cdiv(T, BT), slices), notify=lambda i, k: scored[i], triton=moe_tiles.moe_logits,
-            constexprs=dict(BT=BT, BE=BE, BK=block, RH=RH))
+            constexprs=dict(BT=BT, BE=BE, BK=block, RH=RH), pinned=pin)
     def logits(t, i, k):                                 # token block i's logits over hidden slice k
         rows, cols = et.block(i, BT, t.T), et.block(k, RH, t.H)
         t.logits[k, rows, :t.E] = t.x[rows, cols].float() @ t.wg[cols].float()
 
     @g.task(grid=(et.cdiv(T, BT),), wait=lambda i: scored[i], notify=lambda i: routed[0],
-            triton=moe_tiles.moe_route, constexprs=dict(TOP_K=top_k, BT=BT, BE=BE, RH=RH))
+            triton=moe_tiles.moe_route, constexprs=dict(TOP_K=top_k, BT=BT, BE=BE, RH=RH), pinned=pin)
     def route(t, i):
         rows = et.block(i, BT, t.T)
         probs = torch.softmax(t.logits[:, rows, :t.E].sum(0), dim=-1)
@@ -114,7 +119,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         t.topk_w[rows] = (w / w.sum(-1, keepdim=True)).to(t.topk_w.dtype)
 
     @g.task(grid=(R, slot_blocks, slabs), wait=lambda d, b, c: routed[0],
-            notify=lambda d, b, c: dispatched[(me + d) % R], triton=moe_tiles.moe_dispatch, constexprs=copy)
+            notify=lambda d, b, c: dispatched[(me + d) % R], triton=moe_tiles.moe_dispatch, constexprs=copy,
+            pinned=pin)
     def dispatch(t, d, b, c):                            # my slots in block b whose expert lives on rank me + d
         dst, n_local = (t.rank + d) % t.world, t.E_local
         s, hs = et.block(b, BS, t.T * top_k), et.block(c, WH, t.H)
@@ -127,14 +133,14 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
             peer.recv_expert[t.rank][s] = torch.where(mine, ids % n_local, -1)
 
     @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: planned[0],
-            triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=1024))
+            triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=1024), pinned=pin)
     def plan(t, e):
         found = (t.recv_expert.reshape(-1) == e).nonzero().flatten()
         t.counts[e] = found.numel()
         t.slots[e, :found.numel()] = found
 
     @g.task(grid=(1,), wait=lambda _: planned[0], notify=lambda _: [tiled[0], done[0]],
-            triton=moe_tiles.moe_tile_table, constexprs=dict(BM=block_m, BE=BE))
+            triton=moe_tiles.moe_tile_table, constexprs=dict(BM=block_m, BE=BE), pinned=pin)
     def tile_table(t, _):
         n = (t.counts + block_m - 1) // block_m
         t.tile_end[:] = n.cumsum(0)
