@@ -306,6 +306,15 @@ def test_op_megakernels_do_not_spill(name, build, warps, stages):
     assert _spill_bytes(kernel.asm["ptx"]) <= 64, name
 
 
+def test_dynamic_moe_megakernel_does_not_spill():
+    """The ready queue's release walk (1024 consumers a block) shares the expert GEMMs' registers."""
+    from etdist.workloads import moe
+    ir = moe.moe_layer(top_k=8, block_m=64, dtype=torch.bfloat16, max_experts=128, block=64, block_n=128,
+                       align=16).to_ir()
+    kernel = compile_for(ir, num_warps=8, num_stages=3, dynamic=True)
+    assert kernel.metadata.shared <= 232448 and _spill_bytes(kernel.asm["ptx"]) <= 64
+
+
 def test_swap_ab_skinny_tile_multiplies_transposed():
     """The weights on the wgmma's M side (64 rows) and 16 token rows on its N side, the weight
     tile read transposed from shared memory; the plain tile pads the rows to a 64-row M side."""

@@ -248,6 +248,7 @@ def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
     assert skinny_splits(4096, 132, 64, 2) == 4            # 64 column tiles x 4 = 256 tasks on 132 SMs
     assert skinny_splits(4096, 132, 128, 1) == 4           # 32 x 4 = 128 tasks: one per SM
     assert skinny_splits(8192, 132, 128, 1) == 2
+    assert skinny_splits(4608, 132, 128, 1) == 3           # 36 x 3 = 108: 4 would make 144, two waves
     assert skinny_splits(128, 132, 64, 2) == 8 and skinny_splits(1 << 20, 132, 64, 2) == 1
     for M, want in ((1, SKINNY_32), (32, SKINNY_32), (33, SKINNY), (64, SKINNY), (65, SKINNY_128), (128, SKINNY_128)):
         cfg, splits, align, _ = kernel_plan(M, 6144, 4096, torch.bfloat16, 132)

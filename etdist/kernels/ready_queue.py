@@ -92,11 +92,13 @@ def rewind_head(q, limit):
 
 @triton.jit
 def notify_release(counter, target, index, owner, rq, rq_peers, QSIZE, PENDING, ROWPTR, COLS,
-                   ev_epoch, RANK, SCOPE: tl.constexpr, BLOCK: tl.constexpr = 128):
+                   ev_epoch, RANK, SCOPE: tl.constexpr, BLOCK: tl.constexpr = 1024):
     """Notify an event element (release, as sync.notify) and, if this brought it to `target`,
     release its consumers on rank `owner`: `index` is the element's word in the owner's arena.
-    The consumers are walked BLOCK at a time, one per thread: an element such as "the routing is
-    planned" can release thousands of tasks, and each costs a few sys-scope atomics."""
+    The consumers are walked BLOCK at a time, a few per thread: an element such as "the routing is
+    planned" can release thousands of tasks, and each block costs a chain of dependent sys-scope
+    atomics (pending counts, the tail claim, the slots), ~2 us; 128 at a time, one MoE element's
+    ~3000 consumers took ~50 us (traced, tenth session)."""
     tl.debug_barrier()
     old = tl.atomic_add(counter, 1, sem="acq_rel", scope=SCOPE)
     if old + 1 == target:
