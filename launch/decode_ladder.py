@@ -127,6 +127,7 @@ def main():
     if interp:
         from etdist.kernels.interpret import patch_interpreter
         patch_interpreter()
+    from etdist.ops.gemm_rs import skinny_splits
     dev = "cpu" if interp else "cuda"
     sms = 132 if interp else torch.cuda.get_device_properties(0).multi_processor_count
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
@@ -143,7 +144,7 @@ def main():
         print(f"{'torch.mm':34s} {us:8.1f} us  {wbytes / us / 1e6:.2f} TB/s", flush=True)
     for kernel, bm, bn, bk, warps, stages, tps in LADDER:
         n_tiles = -(-a.N // bn)
-        splits = max(1, min(8, round(tps * sms / n_tiles)))
+        splits = skinny_splits(a.N, sms, bn, tps)   # as the op plans them
         name = f"{kernel.fn.__name__} {bm}x{bn}x{bk} s{stages} {splits}x{n_tiles} tasks"
         if a.M > bm or (kernel is flat and a.K % (splits * bk)) or (kernel is packed and a.N % bn):
             print(f"{name:34s} skipped at this shape")

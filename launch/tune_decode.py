@@ -35,10 +35,12 @@ if sys.argv[1:]:   # configs given on the command line replace the list above (s
     CONFIGS = [TileConfig.parse(",".join(f[:5] + (["swap"] if a.endswith(",swap") else [])))
                for f, a in zip(fields, sys.argv[1:])]
     TASKS_PER_SM = [float(f[5]) if len(f) > 5 else rs_op.skinny_tasks_per_sm(c) for f, c in zip(fields, CONFIGS)]
+OPS = tuple(op.strip() for op in os.environ.get("OPS", "gemm_rs,ag_gemm,mlp").split(",") if op.strip())
+if not OPS or set(OPS) - {"gemm_rs", "ag_gemm", "mlp"}:
+    raise SystemExit(f"OPS={os.environ.get('OPS')!r}: name some of gemm_rs, ag_gemm, mlp (comma-separated)")
 dist.init_process_group("cpu:gloo,cuda:nccl")
 mesh = et.init_mesh()
 R, dev, bf16 = mesh.world_size, mesh.device, torch.bfloat16
-OPS = tuple(os.environ.get("OPS", "gemm_rs,ag_gemm,mlp").split(","))
 
 
 def cell(op, model, M):

@@ -288,6 +288,14 @@ def _skinny_plans(**env):
     return {int(w[0]): tuple(map(int, w[1:])) for w in _probe_lines(_PLAN_PROBE, **env)}
 
 
+def test_classes_sharing_a_tile_keep_the_first_ones_aim():
+    """The review's case behind the next test, with aims that differ (today's classes all aim at
+    one task per SM, so the subprocess test alone could no longer tell)."""
+    from etdist.ops.gemm_rs import TileConfig, class_aims
+    a, b = TileConfig(32, 128, 128, 4, 5, swap_ab=True), TileConfig(64, 128, 128, 4, 4)
+    assert class_aims([(a, 1.0), (b, 1.5), (b, 2.0)]) == {a: 1.0, b: 1.5}
+
+
 def test_a_class_knob_changes_only_its_own_class():
     """From a review: the tasks per SM were keyed by tile, so a knob giving the 128-row class the
     64-row class's tile made M <= 64 aim at 2 tasks per SM (8 slices instead of 4). And a knob

@@ -47,8 +47,33 @@ def test_pinned_tasks_are_declared_first_and_wait_only_on_pinned_notifiers():
     @g.task(grid=(1,), wait=lambda i: e[0], notify=lambda i: f[0])
     def second(t, i):
         pass
-    with pytest.raises(et.GraphError, match="pinned task 'first' waits on 'f', which the unpinned task 'second' notifies"):
+    with pytest.raises(et.GraphError,
+                       match="pinned task 'first' waits on 'f', which the unpinned task 'second' notifies"):
         g.to_ir()
+
+
+def test_a_pinned_task_waiting_on_a_later_one_is_refused():
+    """The pinned prefix spins as the static schedule does: a wait on a later pinned task (found by
+    review: it compiled, then deadlocked) is refused at compile time, as under "static"."""
+    g = et.Graph("pinned_backwards")
+    g.input("x", (4,))
+    e, f = g.event("e", (1,)), g.event("f", (1,))
+
+    @g.task(grid=(1,), wait=lambda i: e[0], notify=lambda i: f[0], pinned=True)
+    def first(t, i):
+        pass
+
+    @g.task(grid=(1,), notify=lambda i: e[0], pinned=True)
+    def second(t, i):
+        pass
+
+    @g.task(grid=(1,), wait=lambda i: f[0])
+    def third(t, i):
+        pass
+    with pytest.raises(et.GraphError, match=r"pinned task: first\(0,\)@rank0 waits on e\[0\], notified by "
+                                            r"second\(0,\)@rank0, which comes later"):
+        et.compile(g, schedule="dynamic")
+    et.compile(_chain(), schedule="dynamic")   # producers first: fine
 
 
 def test_release_plan_leaves_pinned_tasks_out_of_the_queue():

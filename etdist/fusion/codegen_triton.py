@@ -138,8 +138,9 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
     """Source text of a module defining `megakernel` for this graph. trace=True adds a `trace_buf`
     argument (int64, TRACE_WORDS per task, indexed by the task's global id) and the timer reads that
     fill it; without it the kernel has neither (a compile-time switch: costs nothing when off).
-    dynamic=True: programs pop ready tasks from the rank's queue instead of walking the static
-    formula, and notifies that complete an event element push its consumers (ready_queue.py)."""
+    dynamic=True: programs walk the pinned prefix by the static formula (TaskSpec.pinned), then pop
+    ready tasks from the rank's queue, and notifies that complete an element some queued task
+    waits on push its consumers (ready_queue.py)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
     taken = sorted({*OWN_PARAMS, "trace_buf", *QUEUE_PARAMS, *MODULE_NAMES} & {*(t.name for t in ir.tensors), *ir.sizes})
     if taken:

@@ -1,10 +1,10 @@
 """Dynamic schedule: a ready queue fed by an inverse map from event elements to consumer tasks.
 
 Pinned tasks (TaskSpec.pinned) come first in id order and never enter the queue: every program
-runs its static share of them before it pops. The rest: tasks without waits start in the queue. Whoever brings an event element to completion walks the
-element's consumers and decrements each one's pending-wait count; a consumer reaching zero is
-evaluated (`when`, which may read data its waits guarded) and pushed, or dropped if it does not
-exist. The plan is plain Python built from a bound graph; runtimes own the queue itself.
+runs its static share of them before it pops. Of the rest, tasks without waits start in the
+queue. Whoever brings an event element to completion walks the element's consumers and decrements
+each one's pending-wait count; a consumer reaching zero is evaluated (`when`, which may read data
+its waits guarded) and pushed, or dropped if it does not exist. The plan is plain Python built from a bound graph; runtimes own the queue itself.
 """
 from __future__ import annotations
 

@@ -228,12 +228,14 @@ def _check_acyclic(b: Bound, notifiers, waiters, schedule, at) -> None:
         cycle = path[path.index(node):][::-1]
         raise GraphError("dependency cycle: " + " -> ".join(_label(b, *n) for n in cycle + [cycle[0]])
                          + f" {at}")
-    if schedule != "static":
-        return
+    # The static formula (every task under "static", the pinned prefix under "dynamic") spins on
+    # waits, so a waiter it walks must come after what it waits on.
+    walked = b.total if schedule == "static" else sum(f.size for f in b.functions if f.maps.spec.pinned)
     for (n, w), key in why.items():
-        if n[1] > w[1]:  # equal ids on different ranks are fine: (id, rank) order still progresses
+        if w[1] < walked and n[1] > w[1]:  # equal ids on different ranks are fine: (id, rank) order progresses
+            what = "static schedule" if schedule == "static" else "pinned task"
             raise GraphError(
-                f"static schedule: {_label(b, *w)} waits on {key[1]}{list(key[2])}, notified by "
+                f"{what}: {_label(b, *w)} waits on {key[1]}{list(key[2])}, notified by "
                 f"{_label(b, *n)}, which comes later in the static order (device functions in "
-                f"declaration order, then grid order); declare producers before consumers or use "
-                f"schedule='dynamic' {at}")
+                f"declaration order, then grid order); declare producers before consumers"
+                + (" or use schedule='dynamic'" if schedule == "static" else " or unpin the waiter") + f" {at}")

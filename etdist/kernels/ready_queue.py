@@ -14,7 +14,7 @@ consumer with one wait is pushed at once: no other notifier shares its count, so
 dependent sys-scope atomic on the release's path) would decide nothing. Slot i holds
 (i + 1) << 32 | task, so a program that claimed index i knows when its entry has landed (the stamp is compared in 32
 bits: (index + 1) << 32 wraps once a mesh has pushed 2^31 tasks, and a slot is never more than one
-lap stale). Head and tail only grow (each launch pushes and claims every task once), so counters
+lap stale). Head and tail only grow (each launch pushes and claims every queued task once), so counters
 re-arm by launch epoch as the events do; claims overshoot by one per program at the end of a
 launch, and the last program to finish rewinds the head.
 Only tasks whose waits are all complete are ever queued: no program spins inside a queued task,
@@ -54,8 +54,8 @@ def push_block(q, tasks, QSIZE, ready):
 
 @triton.jit
 def next_task(q, QSIZE, limit, max_spins, ctrl_ptr, ctrl_table, rank, world, event, epoch):
-    """Claim the next queue index and wait for its entry: the task id, or -1 when every task of
-    the launch is claimed (or the watchdog fired: recorded, as in sync.wait).
+    """Claim the next queue index and wait for its entry: the task id, or -1 when every queued task
+    of the launch is claimed (or the watchdog fired: recorded, as in sync.wait).
     One fetch-and-add per claim: a compare-and-swap loop made 132 programs retry against each
     other (traced: 4.6 us median, 26 us p90 between tasks under the dynamic schedule). A program
     stops at its first index >= limit, so the head ends past the launch's last task;
@@ -94,24 +94,31 @@ def rewind_head(q, limit):
 def notify_release(counter, target, index, owner, rq, rq_peers, QSIZE, PENDING, ROWPTR, COLS,
                    ev_epoch, RANK, SCOPE: tl.constexpr, BLOCK: tl.constexpr = 1024):
     """Notify an event element (release, as sync.notify) and, if this brought it to `target`,
-    release its consumers on rank `owner`: `index` is the element's word in the owner's arena.
-    The consumers are walked BLOCK at a time, a few per thread: an element such as "the routing is
-    planned" can release thousands of tasks, and each block costs a chain of dependent sys-scope
-    atomics (pending counts, the tail claim, the slots), ~2 us; 128 at a time, one MoE element's
-    ~3000 consumers took ~50 us (traced, tenth session)."""
+    release its consumers on rank `owner`: `index` is the element's word in the owner's arena."""
     tl.debug_barrier()
     old = tl.atomic_add(counter, 1, sem="acq_rel", scope=SCOPE)
     if old + 1 == target:
         q = rq
         if owner != RANK:
             q = peer_base(rq_peers, owner, rq)
-        start = tl.load(q + ROWPTR + index)
-        stop = tl.load(q + ROWPTR + index + 1)
-        lanes = tl.arange(0, BLOCK)
-        for c0 in range(start, stop, BLOCK):
-            ok = c0 + lanes < stop
-            entry = tl.load(q + COLS + c0 + lanes, mask=ok, other=0)
-            g, waits = entry & 0xFFFFFFFF, entry >> 32
-            shared = ok & (waits > 1)
-            p = tl.atomic_add(q + PENDING + g, 1 + 0 * g, mask=shared, sem="acq_rel", scope="sys")   # peers bump it too
-            push_block(q, g, QSIZE, (ok & (waits == 1)) | (shared & (p + 1 == ev_epoch * waits)))
+        _release_walk(q, index, QSIZE, PENDING, ROWPTR, COLS, ev_epoch, BLOCK)
+
+
+@triton.jit(noinline=True)
+def _release_walk(q, index, QSIZE, PENDING, ROWPTR, COLS, ev_epoch, BLOCK: tl.constexpr):
+    """The element's consumers, BLOCK at a time, a few per thread: an element such as "the routing
+    is planned" can release thousands of tasks, and each block costs a chain of dependent
+    sys-scope atomics (pending counts, the tail claim, the slots), ~2 us. 128 at a time, one MoE
+    element's ~3000 consumers took ~50 us; 1024 at a time, ~33 us (traced, tenth session).
+    Not inlined: inlined into the megakernel, the 1024-wide walk made the expert GEMMs' kernel
+    spill (340 bytes per thread with 128-row tiles); a call keeps its registers to itself."""
+    start = tl.load(q + ROWPTR + index)
+    stop = tl.load(q + ROWPTR + index + 1)
+    lanes = tl.arange(0, BLOCK)
+    for c0 in range(start, stop, BLOCK):
+        ok = c0 + lanes < stop
+        entry = tl.load(q + COLS + c0 + lanes, mask=ok, other=0)
+        g, waits = (entry & 0xFFFFFFFF).to(tl.int32), (entry >> 32).to(tl.int32)
+        shared = ok & (waits > 1)
+        p = tl.atomic_add(q + PENDING + g, 1 + 0 * entry, mask=shared, sem="acq_rel", scope="sys")   # peers bump it too
+        push_block(q, g, QSIZE, (ok & (waits == 1)) | (shared & (p + 1 == ev_epoch * waits)))

@@ -66,8 +66,15 @@ SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _over
 _CLASSES = sorted(((SKINNY_32, 1.0), (SKINNY, 1.0), (SKINNY_128, 1.0)), key=lambda c: c[0].block_m)
 SKINNY_CLASSES = tuple(cfg for cfg, _ in _CLASSES)   # each serves M <= its block_m, in this order
 _tasks = knobs.read("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM", knobs.positive_float, None)
-SKINNY_TASKS_PER_SM = ({cfg: _tasks for cfg in SKINNY_CLASSES} if _tasks else
-                       dict(reversed(_CLASSES)))   # dict() keeps the last write: the first class wins
+
+
+def class_aims(classes) -> dict:
+    """{tile: tasks per SM} of (tile, aim) classes in serving order; where two classes share a tile,
+    the first one's aim (dict() keeps the last write)."""
+    return dict(reversed(tuple(classes)))
+
+
+SKINNY_TASKS_PER_SM = {cfg: _tasks for cfg in SKINNY_CLASSES} if _tasks else class_aims(_CLASSES)
 TILE_KNOBS = ("ETDIST_GEMM_RS_", "ETDIST_WHOLE_", "ETDIST_TMA")   # what the fused ops' plans read
 
 
