@@ -56,9 +56,13 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def _pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
 def power_of_two(text: str) -> int:
-    v = positive_int(text) if text.strip().isdigit() else 0
-    if v < 1 or v & (v - 1):
+    v = int(text) if text.strip().isdigit() else 0
+    if not _pow2(v):
         raise ValueError("want a power of two")
     return v
 
@@ -83,9 +87,8 @@ def tile(text: str, blocks: str = "block_m,block_n,block_k") -> tuple[int, ...]:
     """"<blocks>,warps,stages" as ints: three blocks, powers of two >= 16 (tl.arange and tl.dot
     need them), warps a power of two <= 16, stages >= 1."""
     fields = [f.strip() for f in text.split(",")]
-    pow2 = lambda v: v > 0 and v & (v - 1) == 0   # noqa: E731
     values = [int(f) for f in fields] if all(f.isdigit() for f in fields) else []
-    if len(values) != 5 or not (all(pow2(b) and b >= 16 for b in values[:3]) and pow2(values[3])
+    if len(values) != 5 or not (all(_pow2(b) and b >= 16 for b in values[:3]) and _pow2(values[3])
                                 and values[3] <= 16 and values[4] >= 1):
         raise ValueError(f"want {blocks},warps,stages (blocks powers of two >= 16, warps a power of two "
                          "<= 16, stages >= 1)")

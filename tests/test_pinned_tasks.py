@@ -33,20 +33,23 @@ def _chain(pin_b: bool = True, pin_c: bool = False):
     return g
 
 
+def _one_task_functions(name: str, *specs):
+    """A graph of one-task functions first, second, ... over events e and f; each spec is (the event
+    it waits on, the event it notifies, pinned), "" for none."""
+    g = et.Graph(name)
+    g.input("x", (4,))
+    events = {"e": g.event("e", (1,)), "f": g.event("f", (1,))}
+    for label, (waits, notifies, pinned) in zip(("first", "second", "third"), specs):
+        g.task(grid=(1,), wait=(lambda i, n=waits: events[n][0]) if waits else None,
+               notify=(lambda i, n=notifies: events[n][0]) if notifies else None,
+               pinned=pinned, name=label)(lambda t, i: None)
+    return g
+
+
 def test_pinned_tasks_are_declared_first_and_wait_only_on_pinned_notifiers():
     with pytest.raises(et.GraphError, match=r"pinned tasks \['c'\] are declared after the unpinned task 'b'"):
         _chain(pin_b=False, pin_c=True).to_ir()
-    g = et.Graph("pinned_waits_on_queued")
-    g.input("x", (4,))
-    e, f = g.event("e", (1,)), g.event("f", (1,))
-
-    @g.task(grid=(1,), wait=lambda i: f[0], notify=lambda i: e[0], pinned=True)
-    def first(t, i):
-        pass
-
-    @g.task(grid=(1,), wait=lambda i: e[0], notify=lambda i: f[0])
-    def second(t, i):
-        pass
+    g = _one_task_functions("pinned_waits_on_queued", ("f", "e", True), ("e", "f", False))
     with pytest.raises(et.GraphError,
                        match="pinned task 'first' waits on 'f', which the unpinned task 'second' notifies"):
         g.to_ir()
@@ -55,21 +58,7 @@ def test_pinned_tasks_are_declared_first_and_wait_only_on_pinned_notifiers():
 def test_a_pinned_task_waiting_on_a_later_one_is_refused():
     """The pinned prefix spins as the static schedule does: a wait on a later pinned task (found by
     review: it compiled, then deadlocked) is refused at compile time, as under "static"."""
-    g = et.Graph("pinned_backwards")
-    g.input("x", (4,))
-    e, f = g.event("e", (1,)), g.event("f", (1,))
-
-    @g.task(grid=(1,), wait=lambda i: e[0], notify=lambda i: f[0], pinned=True)
-    def first(t, i):
-        pass
-
-    @g.task(grid=(1,), notify=lambda i: e[0], pinned=True)
-    def second(t, i):
-        pass
-
-    @g.task(grid=(1,), wait=lambda i: f[0])
-    def third(t, i):
-        pass
+    g = _one_task_functions("pinned_backwards", ("e", "f", True), ("", "e", True), ("f", "", False))
     with pytest.raises(et.GraphError, match=r"pinned task: first\(0,\)@rank0 waits on e\[0\], notified by "
                                             r"second\(0,\)@rank0, which comes later"):
         et.compile(g, schedule="dynamic")
@@ -79,7 +68,7 @@ def test_a_pinned_task_waiting_on_a_later_one_is_refused():
 def test_release_plan_leaves_pinned_tasks_out_of_the_queue():
     b = bind(MapTable.build(_chain().to_ir()), {"n": 5, "RANK": 0, "WORLD": 1})
     plan = release_plan(b, 0)
-    assert plan.pinned == 10                                   # a and b: ids 0..9
+    assert b.pinned == 10                                      # a and b: ids 0..9
     assert plan.initial == []                                  # c waits; a is pinned, not seeded
     assert plan.consumers == {("yb", (i,)): [10 + i] for i in range(5)}   # ya's consumers are pinned
     assert all(w == 0 for w in plan.waits[:10]) and plan.waits[10:] == [1] * 5

@@ -15,7 +15,7 @@ import torch
 
 from .errors import GraphError, InputError
 from .expr import RANK_NAME, WORLD_NAME, compile_fn, evaluate, expand_coords, is_span
-from .ir import Access, EventSpec, GraphIR, Role, TaskSpec, TensorSpec
+from .ir import Access, EventSpec, GraphIR, Role, TaskSpec, TensorSpec, pinned_prefix
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,12 @@ class Bound:
     @property
     def total(self) -> int:
         return self.functions[-1].offset + self.functions[-1].size if self.functions else 0
+
+    @property
+    def pinned(self) -> int:
+        """Ids below it are pinned: the static formula runs them under either schedule."""
+        k = pinned_prefix(self.table.ir.tasks)
+        return self.functions[k].offset if k < len(self.functions) else self.total
 
     def decode(self, gid: int) -> tuple[BoundFunction, tuple[int, ...]]:
         """Global task id -> (device function, grid index)."""

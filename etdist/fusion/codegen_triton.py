@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from .errors import GraphError
 from .expr import Expr, as_expr, var
-from .ir import GraphIR, TaskSpec
+from .ir import GraphIR, TaskSpec, pinned_prefix
 
 ERR_WORDS = 8
 EVENT_CODE_BASE = 16
@@ -209,7 +209,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
             out(f"_et_end{k} = {'_et_end' + str(k - 1) + ' + ' if k else ''}{size}")
             ends.append(f"_et_end{k}")
         n = len(ir.tasks)
-        pinned = next((k for k, t in enumerate(ir.tasks) if not t.pinned), n) if dynamic else n
+        pinned = pinned_prefix(ir.tasks) if dynamic else n   # task functions the static formula walks
         if dynamic:
             # seed the queue with the tasks that wait on nothing
             out("for _et_k in range(_et_pid, rq_ninit, NUM_PROGRAMS):")

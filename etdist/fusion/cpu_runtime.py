@@ -70,7 +70,7 @@ class _Launch:
             self.plans = [release_plan(b, r) for r in range(self.world)]
             self.pending = [list(p.waits) for p in self.plans]
             self.queues = [deque() for _ in range(self.world)]
-            self.remaining = [b.total - p.pinned for p in self.plans]
+            self.remaining = [b.total - b.pinned] * self.world
             for r, p in enumerate(self.plans):
                 for gid in p.initial:
                     self._release(r, gid)
@@ -139,7 +139,7 @@ class _Launch:
             yield from self.run_task(rank, p, gid, wait=True)
 
     def dynamic_program(self, rank: int, p: int, sched: StaticSchedule) -> Iterator:
-        for gid in sched.tasks_of(p, self.plans[rank].pinned):   # the pinned prefix, as static
+        for gid in sched.tasks_of(p, self.b.pinned):   # the pinned prefix, as static
             yield from self.run_task(rank, p, gid, wait=True)
         q = self.queues[rank]
         while True:

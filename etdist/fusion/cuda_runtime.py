@@ -438,7 +438,8 @@ class CudaKernel:
         """The dynamic schedule's tables at these sizes (ready_queue.py's layout): this rank's inverse
         map as CSR over its arena words (each entry with its task's number of waits), the tasks that
         wait on nothing; plus a zeroed queue. One symmetric int64 buffer, sized by the largest rank."""
-        plan = release_plan(bind(self.table, bound), mesh.rank)
+        b = bind(self.table, bound)
+        plan = release_plan(b, mesh.rank)
         env = {**bound, RANK_NAME: mesh.rank}
         waits, initial = list(plan.waits), list(plan.initial)
         by_word: dict = {}
@@ -458,7 +459,7 @@ class CudaKernel:
         T = len(waits)
         if T >= 2 ** 31:   # queue entries and slots carry a task id in 31 bits (next_task's int32)
             raise GraphError(f"graph {self.ir.name!r}: {T} tasks at these sizes; the dynamic schedule takes < 2**31")
-        queued = T - plan.pinned   # pinned tasks run by the static formula, never queued
+        queued = T - b.pinned   # pinned tasks run by the static formula, never queued
         T_max, C_max, I_max, N_max = (max(v) for v in zip(*mesh.comm.allgather((T, len(cols), len(initial), queued))))
         Q = 1 << max(0, (N_max - 1).bit_length())
         lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_rowptr": 2 + Q + T_max}

@@ -22,7 +22,7 @@ import torch
 
 from .errors import GraphError
 from .expr import RANK_NAME, WORLD_NAME, Expr, Size, as_expr, load, sym, var
-from .ir import Access, Check, EventSpec, GraphIR, Role, TaskSpec, TensorSpec
+from .ir import Access, Check, EventSpec, GraphIR, Role, TaskSpec, TensorSpec, pinned_prefix
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ def _check_pinned(graph: str, tasks) -> None:
     """Pinned tasks run before any queued one (TaskSpec.pinned): they must be declared first, and
     wait only on events that pinned tasks alone notify, or a program could spin on a task that no
     program will pop until it stops spinning."""
-    first_free = next((k for k, t in enumerate(tasks) if not t.pinned), len(tasks))
+    first_free = pinned_prefix(tasks)
     late = [t.name for t in tasks[first_free:] if t.pinned]
     if late:
         raise GraphError(f"graph {graph!r}: pinned tasks {late} are declared after the unpinned task "

@@ -82,6 +82,11 @@ class TaskSpec:
     pinned: bool = False
 
 
+def pinned_prefix(tasks) -> int:
+    """How many task functions, from the first, are pinned (TaskSpec.pinned; they are declared first)."""
+    return next((k for k, t in enumerate(tasks) if not t.pinned), len(tasks))
+
+
 @dataclass(frozen=True)
 class Check:
     """A condition on sizes that a call must satisfy (e.g. experts divisible by world size)."""

@@ -4,7 +4,8 @@ Pinned tasks (TaskSpec.pinned) come first in id order and never enter the queue:
 runs its static share of them before it pops. Of the rest, tasks without waits start in the
 queue. Whoever brings an event element to completion walks the element's consumers and decrements
 each one's pending-wait count; a consumer reaching zero is evaluated (`when`, which may read data
-its waits guarded) and pushed, or dropped if it does not exist. The plan is plain Python built from a bound graph; runtimes own the queue itself.
+its waits guarded) and pushed, or dropped if it does not exist. The plan is plain Python built
+from a bound graph; runtimes own the queue itself.
 """
 from __future__ import annotations
 
@@ -21,8 +22,7 @@ class ReleasePlan:
 
     consumers: dict  # (event, coord) -> [task ids waiting on it], on this rank
     waits: list      # task id -> number of wait elements
-    initial: list    # task ids with no waits, in id order
-    pinned: int      # ids below it are pinned: run by the static formula, not queued
+    initial: list    # task ids with no waits, in id order (pinned ones, below Bound.pinned, never queue)
 
 
 def release_plan(b: Bound, rank: int) -> ReleasePlan:
@@ -30,7 +30,6 @@ def release_plan(b: Bound, rank: int) -> ReleasePlan:
     consumers = defaultdict(list)
     waits = [0] * b.total
     initial = []
-    pinned = sum(f.size for f in b.functions if f.maps.spec.pinned)   # a prefix (graph._check_pinned)
     for f in b.functions:
         if f.maps.spec.pinned:
             continue
@@ -42,4 +41,4 @@ def release_plan(b: Bound, rank: int) -> ReleasePlan:
                 consumers[el].append(gid)
             if not elements:
                 initial.append(gid)
-    return ReleasePlan(dict(consumers), waits, initial, pinned)
+    return ReleasePlan(dict(consumers), waits, initial)

@@ -230,7 +230,7 @@ def _check_acyclic(b: Bound, notifiers, waiters, schedule, at) -> None:
                          + f" {at}")
     # The static formula (every task under "static", the pinned prefix under "dynamic") spins on
     # waits, so a waiter it walks must come after what it waits on.
-    walked = b.total if schedule == "static" else sum(f.size for f in b.functions if f.maps.spec.pinned)
+    walked = b.total if schedule == "static" else b.pinned
     for (n, w), key in why.items():
         if w[1] < walked and n[1] > w[1]:  # equal ids on different ranks are fine: (id, rank) order progresses
             what = "static schedule" if schedule == "static" else "pinned task"
