@@ -258,8 +258,26 @@ def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
     cfg, splits, _, build = kernel_plan(16, 6144, 4096, torch.float32, 132)
     assert cfg == fp32_config(SKINNY_32) and cfg.swap_ab and splits == skinny_splits(4096, 132, 128, SKINNY_TASKS_PER_SM[SKINNY_32])
     assert build().name.startswith("gemm_rs")
-    cfg, splits, align, build = kernel_plan(129, 6000, 4100, torch.float32, 132)
+    cfg, splits, align, build = kernel_plan(8192, 6000, 4095, torch.float32, 132)
     assert cfg == fp32_config(LARGE) and splits == 1 and align == 1 and build().name == "gemm_rs"
+
+
+def test_large_graph_takes_narrow_tiles_where_large_ones_leave_a_ragged_wave():
+    """Above 128 rows the plan weighs whole waves: gemma2_27b's down projection (N=4608) at M=1024
+    makes 144 LARGE tiles on 132 SMs (two waves) but 288 NARROW ones (three waves of half the work);
+    with many waves (M=8192) or a full one (qwen3_8b, N=4096: 128 tiles) LARGE stays."""
+    from etdist.ops.gemm_rs import LARGE, NARROW, NARROW_SPEED, kernel_plan, large_tile, wave_cost
+    assert wave_cost(1024, 4608, 2, 132, LARGE) == 2 * 128 * 256       # 2 x 4 x 18 = 144 tiles: 2 waves
+    assert wave_cost(1024, 4608, 2, 132, NARROW) == 3 * 128 * 128      # 288 tiles: 3 waves
+    assert wave_cost(1000, 4608, 4, 132, LARGE) == 2 * 128 * 256       # 4 x 2 x 18 = 144 tiles ...
+    assert wave_cost(1000, 4608, 4, 144, LARGE) == 128 * 256           # ... one wave on 144 SMs
+    for M, N, want in ((1024, 4608, NARROW), (1000, 5120, NARROW), (256, 4096, NARROW),
+                       (1024, 4096, LARGE), (8192, 4608, LARGE), (1024, 8192, LARGE)):
+        assert large_tile(M, N, 2, 132) is want, (M, N)
+        cfg, splits, _, build = kernel_plan(M, 6144, N, torch.bfloat16, 132, world=2)
+        assert cfg is want and splits == 1 and build().name == "gemm_rs"
+    # NARROW's slower tile is weighed: a tie in waves keeps LARGE
+    assert wave_cost(1024, 4096, 2, 132, NARROW) / NARROW_SPEED > wave_cost(1024, 4096, 2, 132, LARGE)
 
 
 _PLAN_PROBE = """
@@ -304,7 +322,8 @@ def test_a_class_knob_changes_only_its_own_class():
     assert default == {16: (32, 128, 1, 4), 32: (32, 128, 1, 4), 64: (64, 128, 0, 4), 128: (128, 128, 1, 4)}
     same_tile = _skinny_plans(ETDIST_GEMM_RS_SKINNY_128="64,128,128,4,4")
     assert same_tile[64] == default[64]                 # the first class's one task per SM
-    assert same_tile[128] == (128, 256, 0, 1)           # no class holds 128 rows now: the large tiles
+    assert same_tile[128] == (128, 128, 0, 1)           # no class holds 128 rows now: the large graph's
+    # tiles, NARROW ones (32 LARGE tiles would fill a quarter of the 132 SMs)
     out_of_order = _skinny_plans(ETDIST_GEMM_RS_SKINNY="16,128,128,4,6,swap")
     assert out_of_order[16][:3] == (16, 128, 1) and out_of_order[32] == default[32]
     assert out_of_order[64] == default[128]      # no 64-row class left: the 128-row one serves M=64

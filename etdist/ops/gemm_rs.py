@@ -48,6 +48,12 @@ SKINNY_32 = TileConfig(32, 128, 128, 4, 5, swap_ab=True)
 SKINNY = TileConfig(64, 128, 128, 4, 4)
 SKINNY_128 = TileConfig(128, 128, 128, 8, 3, swap_ab=True)
 LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BENCHMARKS.md)
+# Above 128 rows, where LARGE's tiles fill the SMs badly (gemma2_27b at M=1024: 144 tiles on 132 SMs,
+# a second wave of 12), half-width tiles: 288 tasks in 3 waves of half the work, 1.5 LARGE waves
+# instead of 2. NARROW_SPEED: its tile's speed per SM against LARGE's (standalone A/B, fourth
+# session: 128x128x64 1.05-1.09x of torch.mm's time, 128x256x64 0.99-1.02x).
+NARROW = TileConfig(128, 128, 64, 8, 3)
+NARROW_SPEED = 0.94
 
 
 def _override(name: str, default: TileConfig) -> TileConfig:
@@ -55,8 +61,9 @@ def _override(name: str, default: TileConfig) -> TileConfig:
     return knobs.read(f"ETDIST_GEMM_RS_{name}", TileConfig.parse, default)
 
 
-SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY),
-                                        _override("SKINNY_128", SKINNY_128), _override("LARGE", LARGE))
+SKINNY_32, SKINNY, SKINNY_128, LARGE, NARROW = (
+    _override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY), _override("SKINNY_128", SKINNY_128),
+    _override("LARGE", LARGE), _override("NARROW", NARROW))
 # Tasks per SM that each skinny class's split-K aims at (more slices: more tasks, each shorter).
 # Every task drains and refills its load pipeline, so the 128-wide tiles run best as one long task
 # per SM (A/B above). Tuning knob for every class at once: ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM.
@@ -90,8 +97,26 @@ def fp32_config(cfg: TileConfig) -> TileConfig:
 _KERNELS: dict = {}
 
 
-def tile_config(M: int) -> TileConfig:
-    return next((cfg for cfg in SKINNY_CLASSES if M <= cfg.block_m), LARGE)
+def skinny_class(M: int) -> Optional[TileConfig]:
+    """The smallest skinny class that holds M rows (None above 128: the large graph's tiles)."""
+    return next((cfg for cfg in SKINNY_CLASSES if M <= cfg.block_m), None)
+
+
+def wave_cost(M: int, N: int, world: int, sms: int, cfg: TileConfig) -> int:
+    """Output elements one SM computes in the large graph with `cfg`'s tiles: every SM pays for a
+    whole last wave however few tiles it holds (tasks: world destinations x row tiles x column tiles)."""
+    rows = -(-M // world)                     # rows per owner
+    tasks = world * -(-rows // cfg.block_m) * -(-N // cfg.block_n)
+    return -(-tasks // sms) * cfg.block_m * cfg.block_n
+
+
+def large_tile(M: int, N: int, world: int, sms: int) -> TileConfig:
+    """LARGE, or NARROW where LARGE's waves are so ragged that more, smaller tiles finish first
+    (NARROW_SPEED: its slower tile). At M=8192 the waves are many and LARGE keeps every shape."""
+    if N <= 0 or NARROW == LARGE:
+        return LARGE
+    narrow = wave_cost(M, N, world, sms, NARROW) / NARROW_SPEED
+    return NARROW if narrow < wave_cost(M, N, world, sms, LARGE) else LARGE
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,11 +132,13 @@ def skinny_splits(N: int, sms: int, block_n: int, tasks_per_sm: float) -> int:
     return max(1, min(8, int(tasks_per_sm * sms / -(-N // block_n))))
 
 
-def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int):
-    """What the op compiles for x [M, K] @ w [K, N] on a GPU of `sms` SMs: (tile config, split-K
-    slices, alignment, a builder of the graph). launch/trace_gemm_rs.py traces the same plan."""
-    cfg = tile_config(M)
-    skinny = cfg is not LARGE
+def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int = 2):
+    """What the op compiles for x [M, K] @ w [K, N] on a GPU of `sms` SMs among `world` ranks: (tile
+    config, split-K slices, alignment, a builder of the graph). launch/trace_gemm_rs.py traces the
+    same plan."""
+    cfg = skinny_class(M)
+    skinny = cfg is not None
+    cfg = cfg if skinny else large_tile(M, N, world, sms)
     tasks_per_sm = skinny_tasks_per_sm(cfg)
     if dtype == torch.float32:
         cfg = fp32_config(cfg)
@@ -136,8 +163,10 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
-    cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index))
-    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, schedule, align, splits), cfg, schedule, build)
+    cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index),
+                                            mesh.world_size)
+    large = skinny_class(x.shape[0]) is None   # the graph: a knob may give both graphs one tile
+    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, schedule, align, splits, large), cfg, schedule, build)
     return kernel(mesh, x=x, w=w, out=None if out is None else {"y": out})["y"]
 
 

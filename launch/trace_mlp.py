@@ -1,0 +1,65 @@
+"""Where a fused MLP call goes above 128 rows (the sequence-parallel graph, etdist.workloads.mlp.tp_mlp):
+the op's time, its two GEMMs alone (torch.mm), then one traced launch of the same graph queued
+behind calls, summarised per rank (span, busy share, per task kind: time, wait, gap before it) with
+each GEMM kind's rate per SM against what 132 SMs at torch.mm's rate would give. Chrome trace in
+$OUT (default /tmp).
+
+    torchrun --nproc_per_node=2 launch/trace_mlp.py M H I_full      # e.g. 1024 16384 53248
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import etdist as et
+from etdist.fusion import trace as tr
+from etdist.measure.timing import time_ranks
+from etdist.ops import mlp as mlp_op
+from etdist.workloads import mlp as mlp_graph
+
+M, H, IF = (int(a) for a in sys.argv[1:4])
+dist.init_process_group("cpu:gloo,cuda:nccl")
+mesh = et.init_mesh()
+R, dev, bf16 = mesh.world_size, mesh.device, torch.bfloat16
+I = IF // R
+C = -(-M // R)
+rows = max(0, min(C, M - mesh.rank * C))
+x = torch.randn(rows, H, device=dev, dtype=bf16)
+wgu = torch.randn(H, 2 * I, device=dev, dtype=bf16) / H ** 0.5
+wd = torch.randn(I, H, device=dev, dtype=bf16) / I ** 0.5
+xa, h = torch.randn(M, H, device=dev, dtype=bf16), torch.randn(M, I, device=dev, dtype=bf16)
+
+op_us = time_ranks(lambda: et.ops.tensor_parallel_mlp(x, wgu, wd, mesh=mesh, total_rows=M), device=dev)
+up_us = time_ranks(lambda: xa @ wgu, device=dev)
+down_us = time_ranks(lambda: h @ wd, device=dev)
+
+cfg = mlp_op.TILES
+kernel = et.compile(mlp_graph.tp_mlp(cfg.block_m, cfg.block_n, bf16, cfg.block_k, 16 if H % 16 == 0 and I % 16 == 0 else 1),
+                    schedule="static", target="cuda", trace=True)
+kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
+args = dict(x=x, w_gate_up=wgu, w_down=wd, sizes={"M": M})
+for _ in range(3):
+    kernel(mesh, **args)
+torch.cuda.synchronize()
+dist.barrier()
+for _ in range(5):   # queued ahead of the GPU: both ranks start the traced launch back to back
+    kernel(mesh, **args)
+rows_ = kernel.trace(mesh)
+if mesh.rank == 0:
+    path = tr.write_chrome(rows_, f"{os.environ.get('OUT', '/tmp')}/mlp_M{M}_H{H}.json", track="SM")
+    print(f"== mlp M={M} H={H} I={I} per rank, tiles {cfg}: op {op_us:.1f} us; torch.mm gate/up "
+          f"{up_us:.1f} us + down {down_us:.1f} us = {up_us + down_us:.1f} us; Chrome trace {path}", flush=True)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    flops = {"gate_up": 2 * cfg.block_m * 2 * cfg.block_n * H, "down": 2 * cfg.block_m * cfg.block_n * I}
+    mm_rate = {"gate_up": 2 * M * 2 * I * H / up_us / sms, "down": 2 * M * I * H / down_us / sms}  # flop/us per SM
+    for rank in range(R):
+        print(tr.summary(rows_, rank), flush=True)
+        for kind, f in flops.items():
+            mine = [(e - s, float(lab.rsplit("waited ", 1)[1].split(" ")[0])) for r, _, lab, s, e in rows_
+                    if r == rank and lab.startswith(kind + "@")]
+            if mine:
+                body = sorted(d - w for d, w in mine)[len(mine) // 2]
+                print(f"  {kind}: median tile {body:.1f} us less its wait: {f / body / 1e6:.2f} TF/s per SM, "
+                      f"torch.mm {mm_rate[kind] / 1e6:.2f} (whole-GPU rate / {sms})", flush=True)
+mesh.close()
