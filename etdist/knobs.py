@@ -83,6 +83,14 @@ def positive_float(text: str) -> float:
     return v
 
 
+def tile_width(text: str) -> int:
+    """One block size: a power of two >= 16 (tl.arange and tl.dot need them)."""
+    v = int(text) if text.strip().isdigit() else 0
+    if not (_pow2(v) and v >= 16):
+        raise ValueError("want a power of two >= 16")
+    return v
+
+
 def tile(text: str, blocks: str = "block_m,block_n,block_k") -> tuple[int, ...]:
     """"<blocks>,warps,stages" as ints: three blocks, powers of two >= 16 (tl.arange and tl.dot
     need them), warps a power of two <= 16, stages >= 1."""

@@ -290,7 +290,8 @@ def _op_kernels():
         yield f"mlp_whole M={M}", functools.partial(mlp.tp_mlp_whole, W.block_m, W.block_n, bf, W.block_k, 16), \
             W.num_warps, W.num_stages
     yield "ag_gemm", lambda: ag_gemm.all_gather_gemm(L.block_m, L.block_n, bf, L.block_k, 16), L.num_warps, L.num_stages
-    yield "mlp", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16), T.num_warps, T.num_stages
+    yield "mlp", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N), T.num_warps, \
+        T.num_stages
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]
     # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the
     # megakernel has one register allocation, the expert GEMM loops spilled too.

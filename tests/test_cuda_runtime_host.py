@@ -262,21 +262,23 @@ def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
     assert cfg == fp32_config(LARGE) and splits == 1 and align == 1 and build().name == "gemm_rs"
 
 
-def test_large_graph_takes_narrow_tiles_where_large_ones_leave_a_ragged_wave():
-    """Above 128 rows the plan weighs whole waves: gemma2_27b's down projection (N=4608) at M=1024
-    makes 144 LARGE tiles on 132 SMs (two waves) but 288 NARROW ones (three waves of half the work);
-    with many waves (M=8192) or a full one (qwen3_8b, N=4096: 128 tiles) LARGE stays."""
+def test_large_graph_takes_narrow_tiles_where_large_ones_leave_most_sms_idle():
+    """Above 128 rows the plan weighs whole waves and NARROW's slower tile (NARROW_SPEED, measured):
+    at M=256 every owner has one row tile, so gemma2_27b's down projection (N=4608) makes 36 LARGE
+    tiles on 132 SMs, or 72 NARROW ones in the same single wave; at M=1024 its 144 LARGE tiles take
+    two waves and 288 NARROW ones three, which measured slower: LARGE stays, as with many waves."""
     from etdist.ops.gemm_rs import LARGE, NARROW, NARROW_SPEED, kernel_plan, large_tile, wave_cost
     assert wave_cost(1024, 4608, 2, 132, LARGE) == 2 * 128 * 256       # 2 x 4 x 18 = 144 tiles: 2 waves
     assert wave_cost(1024, 4608, 2, 132, NARROW) == 3 * 128 * 128      # 288 tiles: 3 waves
     assert wave_cost(1000, 4608, 4, 132, LARGE) == 2 * 128 * 256       # 4 x 2 x 18 = 144 tiles ...
     assert wave_cost(1000, 4608, 4, 144, LARGE) == 128 * 256           # ... one wave on 144 SMs
-    for M, N, want in ((1024, 4608, NARROW), (1000, 5120, NARROW), (256, 4096, NARROW),
-                       (1024, 4096, LARGE), (8192, 4608, LARGE), (1024, 8192, LARGE)):
+    assert wave_cost(256, 4608, 2, 132, NARROW) == 128 * 128           # 72 tiles: one wave
+    for M, N, want in ((256, 4608, NARROW), (129, 4096, NARROW), (512, 3584, NARROW), (256, 12288, LARGE),
+                       (1024, 4608, LARGE), (1024, 4096, LARGE), (8192, 4608, LARGE)):
         assert large_tile(M, N, 2, 132) is want, (M, N)
         cfg, splits, _, build = kernel_plan(M, 6144, N, torch.bfloat16, 132, world=2)
         assert cfg is want and splits == 1 and build().name == "gemm_rs"
-    # NARROW's slower tile is weighed: a tie in waves keeps LARGE
+    # a tie in waves keeps LARGE, whose tile is faster
     assert wave_cost(1024, 4096, 2, 132, NARROW) / NARROW_SPEED > wave_cost(1024, 4096, 2, 132, LARGE)
 
 

@@ -37,6 +37,7 @@ def test_a_knob_read_where_it_is_used_names_itself(monkeypatch):
     (knobs.positive_float, {"2": 2.0, "0.5": 0.5}, ["0", "-1", "nan", "inf", "x"]),
     (knobs.flag, {"0": False, "1": True}, ["abc", "2", "yes"]),
     (knobs.power_of_two, {"1": 1, "1024": 1024}, ["0", "3", "48", "x", "-4"]),
+    (knobs.tile_width, {"16": 16, "256": 256}, ["8", "0", "48", "x", "-16"]),
 ])
 def test_parsers(parse, good, bad):
     for text, want in good.items():
@@ -67,6 +68,8 @@ for name, call in (("gemm_rs", lambda: et.ops.gemm_reduce_scatter(x, w)),
     ({"ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM": "nan"}, "ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM='nan'"),
     ({"ETDIST_WHOLE_MAX_M": "-5"}, "ETDIST_WHOLE_MAX_M='-5'"),
     ({"ETDIST_TMA": "abc"}, "ETDIST_TMA='abc'"),
+    ({"ETDIST_MLP_DOWN_N": "96"}, "ETDIST_MLP_DOWN_N='96'"),
+    ({"ETDIST_GEMM_RS_NARROW": "128,128"}, "ETDIST_GEMM_RS_NARROW='128,128'"),
 ])
 def test_the_fused_ops_name_a_bad_tile_knob_before_anything_else(env, named):
     """Before the mesh is even looked up (there is none here): the knob is the first thing wrong."""

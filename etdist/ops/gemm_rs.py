@@ -48,12 +48,13 @@ SKINNY_32 = TileConfig(32, 128, 128, 4, 5, swap_ab=True)
 SKINNY = TileConfig(64, 128, 128, 4, 4)
 SKINNY_128 = TileConfig(128, 128, 128, 8, 3, swap_ab=True)
 LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BENCHMARKS.md)
-# Above 128 rows, where LARGE's tiles fill the SMs badly (gemma2_27b at M=1024: 144 tiles on 132 SMs,
-# a second wave of 12), half-width tiles: 288 tasks in 3 waves of half the work, 1.5 LARGE waves
-# instead of 2. NARROW_SPEED: its tile's speed per SM against LARGE's (standalone A/B, fourth
-# session: 128x128x64 1.05-1.09x of torch.mm's time, 128x256x64 0.99-1.02x).
+# Above 128 rows, where LARGE's tiles leave most SMs idle (M=256: one row tile per owner, 32-64
+# tiles on 132 SMs), half-width ones. NARROW_SPEED: its tile's speed per SM against LARGE's, measured
+# in the op (eleventh session, same call): at M=1000/1024 gemma2_27b's 144 LARGE tiles (2 waves)
+# took 402/414 us and its 288 NARROW ones (3 waves of half the work) 430/438, so 0.75 / speed = 1.06
+# (qwen3_32b: 1.05-1.10); at M=256 NARROW won by 15-25% on six shapes.
 NARROW = TileConfig(128, 128, 64, 8, 3)
-NARROW_SPEED = 0.94
+NARROW_SPEED = 0.70
 
 
 def _override(name: str, default: TileConfig) -> TileConfig:
@@ -82,7 +83,7 @@ def class_aims(classes) -> dict:
 
 
 SKINNY_TASKS_PER_SM = {cfg: _tasks for cfg in SKINNY_CLASSES} if _tasks else class_aims(_CLASSES)
-TILE_KNOBS = ("ETDIST_GEMM_RS_", "ETDIST_WHOLE_", "ETDIST_TMA")   # what the fused ops' plans read
+TILE_KNOBS = ("ETDIST_GEMM_RS_", "ETDIST_WHOLE_", "ETDIST_TMA", "ETDIST_MLP_")   # what the fused ops' plans read
 
 
 def skinny_tasks_per_sm(cfg: TileConfig) -> float:
@@ -112,7 +113,7 @@ def wave_cost(M: int, N: int, world: int, sms: int, cfg: TileConfig) -> int:
 
 def large_tile(M: int, N: int, world: int, sms: int) -> TileConfig:
     """LARGE, or NARROW where LARGE's waves are so ragged that more, smaller tiles finish first
-    (NARROW_SPEED: its slower tile). At M=8192 the waves are many and LARGE keeps every shape."""
+    (NARROW_SPEED: its slower tile). From ~1000 rows on, the waves are full enough for LARGE."""
     if N <= 0 or NARROW == LARGE:
         return LARGE
     narrow = wave_cost(M, N, world, sms, NARROW) / NARROW_SPEED

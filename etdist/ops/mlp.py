@@ -13,6 +13,10 @@ from . import ag_gemm as _ag_gemm
 from .gemm_rs import TILE_KNOBS, TileConfig, cached_kernel, check_operands, fp32_config, refusal_reaches_peers, total_rows_of
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
+# The down projection's tiles are twice as wide (one accumulator): traced at M=1024 (llama31_405b,
+# qwen3_32b), 128x128 down tiles ran at 4.3 TF/s per SM against torch.mm's 5.1-5.2 and the gate/up
+# tiles' 5.6-5.9 (BENCHMARKS.md, eleventh session). Knob: ETDIST_MLP_DOWN_N (128: as before).
+DOWN_N = knobs.read("ETDIST_MLP_DOWN_N", knobs.tile_width, 256)
 _KERNELS: dict = {}
 
 
@@ -45,7 +49,8 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if H % 16 == 0 and I % 16 == 0 else 1
     graph = mlp_graph.tp_mlp_whole if whole else mlp_graph.tp_mlp
+    down_n = {} if whole else {"down_n": DOWN_N}
     kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule), cfg, schedule,
-                           lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align))
+                           lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align, **down_n))
     return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes={"M": M},
                   out=None if out is None else {"y": out})["y"]

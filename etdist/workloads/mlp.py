@@ -22,13 +22,16 @@ from .gather import gather_rows
 
 
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
-           align: int = 1, group_m: int = 8) -> et.Graph:
+           align: int = 1, group_m: int = 8, down_n: int | None = None) -> et.Graph:
+    """The graph; gate/up tiles are block_m x block_n of both projections (two accumulators), down
+    tiles block_m x down_n (default block_n): one accumulator, so it can be twice as wide."""
     g = et.Graph("mlp")
     M = g.size("M")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)   # I: this rank's share
     R, me = g.world, g.rank
     C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
-    m_tiles, i_tiles, h_tiles = et.cdiv(C, block_m), et.cdiv(I, block_n), et.cdiv(H, block_n)
+    DN = down_n or block_n
+    m_tiles, i_tiles, h_tiles = et.cdiv(C, block_m), et.cdiv(I, block_n), et.cdiv(H, DN)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align))   # the GEMM bodies' constexprs
 
@@ -59,16 +62,16 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
     @g.task(grid=(R, m_tiles * h_tiles), wait=lambda d, q: h_ready[(me + d) % R, down_tile(q)[0]],
             notify=lambda d, q: arrived[((me + d) % R, *down_tile(q))],
-            triton=gemm_tiles.gemm_rs_matmul, constexprs=gemm,
+            triton=gemm_tiles.gemm_rs_matmul, constexprs=dict(gemm, BLOCK_N=DN),
             bind=dict(dst=lambda d, q: (me + d) % R, i=lambda d, q: down_tile(q)[0],
                       j=lambda d, q: down_tile(q)[1], x="h", w="w_down", K="I", N="H"))
     def down(t, d, q):                                      # my partial of rank me + d's tile (i, j)
         i, j = t(down_tile(q)[0]), t(down_tile(q)[1])
         dst = (t.rank + d) % t.world
-        rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, block_n, t.H)
+        rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, DN, t.H)
         t.peer(dst).partial[t.rank, rows, cols] = t.h[et.shift(rows, dst * t(C))] @ t.w_down[:, cols]
 
-    _reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, h_tiles, block_m, block_n)
+    _reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, h_tiles, block_m, DN)
 
     g.sample(M=5, H=3, I=2)
     g.sample(M=37, H=20, I=17)

@@ -29,7 +29,8 @@ def cases():
     yield "mlp_whole", mlp.tp_mlp_whole(T, T, torch.float32, T), \
         lambda R, M: mlp.make_inputs(R, M, 24, 20 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
     # sizes promised multiples of 16: the GEMM bodies load through TMA descriptors (zero-filled
-    # past ragged edges: M, and N = 48 against 32-wide column tiles)
+    # past ragged edges: M, and N = 48 against 32-wide column tiles; the MLP's down tiles twice as
+    # wide as its gate/up tiles, as the op runs them)
     yield "gemm_rs_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2), \
         lambda R, M: gemm_rs.make_inputs(R, M, 32, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float32, T, splits=2, align=16), \
@@ -37,7 +38,7 @@ def cases():
     yield "gemm_rs_skinny_swap_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float32, T, splits=2,
                                                                         align=16, swap_ab=True), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M), gemm_rs.reference, ("x", "w")
-    yield "mlp_tma", mlp.tp_mlp(T, 2 * T, torch.float32, T, align=16, group_m=2), \
+    yield "mlp_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
     yield "ag_gemm_whole_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
