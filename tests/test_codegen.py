@@ -31,7 +31,8 @@ def test_generated_source_is_the_static_schedule(gemm_rs_ir):
     assert src.count("_et_wait(") == 1 and src.count("_et_notify(") == 1
     call = src[src.index("_et_body_matmul(dst, "):]
     assert call.startswith("_et_body_matmul(dst, (((q // (8 * ")    # tile (i, j) = et.grouped(q, ...)
-    assert call.split("\n")[0].endswith(", x, w, partial, partial_peers, M, K, N, RANK, WORLD, 64, 64, 64, False, USE_ASM)")
+    assert call.split("\n")[0].endswith(", s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 1, 64, 64, 64, False, "
+                                         "USE_ASM)")
 
 
 def test_ptx_orders_cross_gpu_signals(gemm_rs_ptx):

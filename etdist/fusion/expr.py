@@ -194,6 +194,8 @@ def _bin(op: str, a: Size, b: Size) -> Expr:
     a, b = as_expr(a), as_expr(b)
     if a.op == "const" and b.op == "const" and op not in ("and", "or"):
         return const(int(_BINARY[op][1](a.args[0], b.args[0])))
+    if op == "mul" and (a.op == "const" and a.args[0] == 1 or b.op == "const" and b.args[0] == 1):
+        return b if a.op == "const" and a.args[0] == 1 else a   # x * 1 (a graph's factor of one)
     return Expr(op, (a, b))
 
 

@@ -30,17 +30,24 @@ def use_tma(align: int) -> bool:
 def mm_acc(a, rows, b, K, N, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
            TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False):
     """fp32 accumulator of tile (i, j) of a[rows, K] @ b[K, N] (a offset to row 0)."""
+    return mm_acc_steps(a, rows, b, K, N, i, j, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+
+
+@triton.jit
+def mm_acc_steps(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr):
+    """mm_acc over the contraction steps [k_lo, k_hi) of BLOCK_K each (a split-K slice)."""
     if TMA:
-        return mm_acc_tma(a, rows, b, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, USE_ASM)
+        return mm_acc_tma(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, USE_ASM)
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     row_ok = offs_m[:, None] < rows
     col_ok = offs_n[None, :] < N
-    a_ptrs = a + offs_m[:, None] * K + offs_k[None, :]
-    b_ptrs = b + offs_k[:, None] * N + offs_n[None, :]
+    a_ptrs = a + offs_m[:, None] * K + (k_lo * BLOCK_K + offs_k)[None, :]
+    b_ptrs = b + (k_lo * BLOCK_K + offs_k)[:, None] * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(k_lo, k_hi):
         k_ok = offs_k < K - k * BLOCK_K
         a_t = tl.load(a_ptrs, mask=row_ok & k_ok[None, :], other=0.0)
         b_t = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok, other=0.0)
@@ -51,16 +58,16 @@ def mm_acc(a, rows, b, K, N, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def mm_acc_tma(a, rows, b, K, N, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               USE_ASM: tl.constexpr):
-    """mm_acc through tensor descriptors. A rank that owns no rows (ragged M) loads nothing (its
-    base may lie past the tensor's end; a descriptor needs a non-empty shape)."""
+def mm_acc_tma(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """mm_acc_steps through tensor descriptors. A rank that owns no rows (ragged M) loads nothing
+    (its base may lie past the tensor's end; a descriptor needs a non-empty shape)."""
     async_proxy_fence(USE_ASM)   # `a` may have been written in this launch (gathered rows, h)
     a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(rows, 1), K], strides=[K, 1],
                                     block_shape=[BLOCK_M, BLOCK_K])
     b_d = tl.make_tensor_descriptor(b, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.where(rows > 0, tl.cdiv(K, BLOCK_K), 0)):
+    for k in range(k_lo, tl.where(rows > 0, k_hi, k_lo)):
         acc = tl.dot(a_d.load([i * BLOCK_M, k * BLOCK_K]), b_d.load([k * BLOCK_K, j * BLOCK_N]), acc)
     return acc
 
@@ -71,6 +78,12 @@ def mm_tile(a, rows, b, K, N, c, ldc, i, j,
             TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False):
     """c[i-th BLOCK_M rows, j-th BLOCK_N cols] = a[rows, K] @ b[K, N] (a, c offset to row 0)."""
     acc = mm_acc(a, rows, b, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+    store_tile(acc, c, ldc, rows, N, i, j, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def store_tile(acc, c, ldc, rows, N, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """c[tile (i, j)] = acc, in c's dtype, rows past `rows` and columns past N left alone."""
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(c + offs_m[:, None] * ldc + offs_n[None, :], acc.to(c.dtype.element_ty),
@@ -113,15 +126,31 @@ def gemm_rs_matmul(dst, i, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    TMA: tl.constexpr, USE_ASM: tl.constexpr):
     """My partial of rank dst's tile (i, j), stored straight into dst's partial[RANK] (peer stores)."""
-    C = (M + WORLD - 1) // WORLD
-    out = aligned_peer(partial, partial_peers, dst) + RANK * C * N
-    mm_tile(x + dst * C * K, owned_rows(M, WORLD, dst), w, K, N, out, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K,
-            TMA, USE_ASM)
+    gemm_rs_matmul_slice(dst, i, j, 0, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 1, BLOCK_M, BLOCK_N,
+                         BLOCK_K, TMA, USE_ASM)
 
 
 @triton.jit
-def gemm_rs_reduce(i, j, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """y[tile] = sum over sources of partial[src][tile], in fp32."""
+def gemm_rs_matmul_slice(dst, i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         TMA: tl.constexpr, USE_ASM: tl.constexpr):
+    """Contraction slice s of SPLITS (cdiv(cdiv(K, BLOCK_K), SPLITS) steps each, the last one
+    shorter or empty) of my partial of rank dst's tile (i, j), into dst's partial[RANK * SPLITS + s]."""
+    C = (M + WORLD - 1) // WORLD
+    steps = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(steps, SPLITS)
+    rows = owned_rows(M, WORLD, dst)
+    acc = mm_acc_steps(x + dst * C * K, rows, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
+                       BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+    out = aligned_peer(partial, partial_peers, dst) + (RANK * SPLITS + s) * C * N
+    store_tile(acc, out, N, rows, N, i, j, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def gemm_rs_reduce(i, j, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SPLITS: tl.constexpr):
+    """y[tile] = sum over sources (and their contraction slices) of partial[src * SPLITS + s][tile],
+    in fp32."""
     C = (M + WORLD - 1) // WORLD
     rows = owned_rows(M, WORLD, RANK)
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -129,7 +158,7 @@ def gemm_rs_reduce(i, j, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr, B
     mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
     offs = offs_m[:, None] * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r in range(0, WORLD):
+    for r in range(0, WORLD * SPLITS):
         acc += tl.load(partial + r * C * N + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
 

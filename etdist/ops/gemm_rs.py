@@ -55,6 +55,11 @@ LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BE
 # (qwen3_32b: 1.05-1.10); at M=256 NARROW won by 15-25% on six shapes.
 NARROW = TileConfig(128, 128, 64, 8, 3)
 NARROW_SPEED = 0.70
+# Or LARGE tiles in split-K slices (more, shorter tasks; every slice a partial in x's dtype on the
+# owner: world x slices x rows x N). SPLIT_COST: the estimate's charge per extra slice. Knob:
+# ETDIST_GEMM_RS_MAX_SPLITS (1: LARGE or NARROW tiles whole, as before).
+MAX_SPLITS = 4
+SPLIT_COST = 0.03
 
 
 def _override(name: str, default: TileConfig) -> TileConfig:
@@ -62,6 +67,7 @@ def _override(name: str, default: TileConfig) -> TileConfig:
     return knobs.read(f"ETDIST_GEMM_RS_{name}", TileConfig.parse, default)
 
 
+MAX_SPLITS = knobs.read("ETDIST_GEMM_RS_MAX_SPLITS", knobs.positive_int, MAX_SPLITS)
 SKINNY_32, SKINNY, SKINNY_128, LARGE, NARROW = (
     _override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY), _override("SKINNY_128", SKINNY_128),
     _override("LARGE", LARGE), _override("NARROW", NARROW))
@@ -103,21 +109,33 @@ def skinny_class(M: int) -> Optional[TileConfig]:
     return next((cfg for cfg in SKINNY_CLASSES if M <= cfg.block_m), None)
 
 
-def wave_cost(M: int, N: int, world: int, sms: int, cfg: TileConfig) -> int:
-    """Output elements one SM computes in the large graph with `cfg`'s tiles: every SM pays for a
-    whole last wave however few tiles it holds (tasks: world destinations x row tiles x column tiles)."""
+def wave_cost(M: int, N: int, world: int, sms: int, cfg: TileConfig, splits: int = 1) -> float:
+    """Output elements one SM computes in the large graph with `cfg`'s tiles, each in `splits`
+    contraction slices: every SM pays for a whole last wave however few tasks it holds (tasks:
+    world destinations x row tiles x column tiles x slices)."""
     rows = -(-M // world)                     # rows per owner
-    tasks = world * -(-rows // cfg.block_m) * -(-N // cfg.block_n)
-    return -(-tasks // sms) * cfg.block_m * cfg.block_n
+    tasks = world * -(-rows // cfg.block_m) * -(-N // cfg.block_n) * splits
+    return -(-tasks // sms) * cfg.block_m * cfg.block_n / splits
+
+
+def large_plan(M: int, N: int, world: int, sms: int) -> tuple[TileConfig, int]:
+    """(tile, split-K slices) of the large graph: the candidate whose waves cost least, each extra
+    slice weighed at SPLIT_COST (its partial's stores, the owner's sum of it, a pipeline fill per
+    task) and NARROW at its slower tile (NARROW_SPEED). Ties keep the earlier candidate: LARGE, fewer
+    slices. With many waves (M=8192) every shape keeps LARGE whole."""
+    if N <= 0:
+        return LARGE, 1
+    candidates = [(LARGE, s, 1.0) for s in range(1, MAX_SPLITS + 1)]
+    if NARROW != LARGE:
+        candidates.append((NARROW, 1, NARROW_SPEED))
+    costs = [wave_cost(M, N, world, sms, cfg, s) / speed * (1 + SPLIT_COST * (s - 1)) for cfg, s, speed in candidates]
+    cfg, s, _ = candidates[costs.index(min(costs))]
+    return cfg, s
 
 
 def large_tile(M: int, N: int, world: int, sms: int) -> TileConfig:
-    """LARGE, or NARROW where LARGE's waves are so ragged that more, smaller tiles finish first
-    (NARROW_SPEED: its slower tile). From ~1000 rows on, the waves are full enough for LARGE."""
-    if N <= 0 or NARROW == LARGE:
-        return LARGE
-    narrow = wave_cost(M, N, world, sms, NARROW) / NARROW_SPEED
-    return NARROW if narrow < wave_cost(M, N, world, sms, LARGE) else LARGE
+    """large_plan's tile."""
+    return large_plan(M, N, world, sms)[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,13 +157,14 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     same plan."""
     cfg = skinny_class(M)
     skinny = cfg is not None
-    cfg = cfg if skinny else large_tile(M, N, world, sms)
+    cfg, splits = (cfg, 0) if skinny else large_plan(M, N, world, sms)
     tasks_per_sm = skinny_tasks_per_sm(cfg)
     if dtype == torch.float32:
         cfg = fp32_config(cfg)
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1  # aligned rows vectorise
     if not skinny:
-        return cfg, 1, align, lambda: gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
+        return cfg, splits, align, lambda: gemm_rs.gemm_reduce_scatter(cfg.block_m, cfg.block_n, dtype, cfg.block_k,
+                                                                       align, splits=splits)
     splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
     return cfg, splits, align, lambda: gemm_rs.gemm_reduce_scatter_skinny(cfg.block_m, cfg.block_n, dtype,
                                                                           cfg.block_k, splits, align, cfg.swap_ab)

@@ -13,36 +13,44 @@ from etdist.kernels import gemm_tiles
 
 
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
-                        block_k: int = 64, align: int = 1, group_m: int = 8) -> et.Graph:
+                        block_k: int = 64, align: int = 1, group_m: int = 8, splits: int = 1) -> et.Graph:
     """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16).
     align: K and N are promised multiples of it (16 lets the GPU kernel vectorise). group_m: the
-    matmul tiles run in groups of that many row tiles per weight column (et.grouped)."""
+    matmul tiles run in groups of that many row tiles per weight column (et.grouped). splits: each
+    tile's contraction in that many slices (split-K: more, shorter tasks where the tiles alone
+    would leave SMs idle), each slice its own partial on the owner, who sums them all."""
+    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+        raise et.GraphError(f"gemm_reduce_scatter: splits must be a positive int, got {splits!r}")
     g = et.Graph("gemm_rs")
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
     R, me = g.world, g.rank
     C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     m_tiles, n_tiles = et.cdiv(C, block_m), et.cdiv(N, block_n)
+    KB = et.cdiv(K, splits * block_k) * block_k   # contraction per slice, whole steps (as the GPU body)
 
     g.input("x", (M, K), dtype)
     g.input("w", (K, N), dtype)
-    g.scratch("partial", (R, C, N), dtype, symmetric=True)   # on the owner: partial[src]
+    g.scratch("partial", (R * splits, C, N), dtype, symmetric=True)   # on the owner: partial[src, slice]
     g.output("y", (owned(me), N), dtype)
-    arrived = g.event("arrived", (R, m_tiles, n_tiles), count=R, distributed=True)  # one per source
+    arrived = g.event("arrived", (R, m_tiles, n_tiles), count=R * splits, distributed=True)  # per source, slice
 
     tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
 
-    @g.task(grid=(R, m_tiles * n_tiles), notify=lambda dst, q: arrived[(dst, *tile(q))],
-            triton=gemm_tiles.gemm_rs_matmul, constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align)),
-            bind=dict(i=lambda dst, q: tile(q)[0], j=lambda dst, q: tile(q)[1]))
-    def matmul(t, dst, q):                               # my partial of rank dst's tile (i, j)
+    # a tile's slices run side by side (the last index walks fastest): they finish together
+    @g.task(grid=(R, m_tiles * n_tiles, splits), notify=lambda dst, q, s: arrived[(dst, *tile(q))],
+            triton=gemm_tiles.gemm_rs_matmul_slice,
+            constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SPLITS=splits),
+            bind=dict(i=lambda dst, q, s: tile(q)[0], j=lambda dst, q, s: tile(q)[1]))
+    def matmul(t, dst, q, s):                            # my partial of rank dst's tile (i, j), slice s
         i, j = t(tile(q)[0]), t(tile(q)[1])
         rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, block_n, t.N)
-        t.peer(dst).partial[t.rank, rows, cols] = t.x[et.shift(rows, dst * t(C))] @ t.w[:, cols]
+        ks = et.block(s, t(KB), t.K)
+        t.peer(dst).partial[t.rank * splits + s, rows, cols] = t.x[et.shift(rows, dst * t(C)), ks] @ t.w[ks, cols]
 
     @g.task(grid=(m_tiles, n_tiles), wait=lambda i, j: arrived[me, i, j],
-            triton=gemm_tiles.gemm_rs_reduce, constexprs=tiles)
-    def reduce(t, i, j):                                 # y = sum over sources
+            triton=gemm_tiles.gemm_rs_reduce, constexprs=dict(tiles, SPLITS=splits))
+    def reduce(t, i, j):                                 # y = sum over sources and slices
         rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.N)
         t.y[rows, cols] = t.partial[:, rows, cols].sum(0)
 

@@ -18,6 +18,9 @@ T = 16   # tile sizes: the smallest tl.dot takes
 def cases():
     yield "gemm_rs", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2), \
         lambda R, M: gemm_rs.make_inputs(R, M, 24, 40, seed=M), gemm_rs.reference, ("x", "w")
+    # split-K: K = 24 in slices of one 16-wide step, the third slice empty (it stores zeros)
+    yield "gemm_rs_split", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2, splits=3), \
+        lambda R, M: gemm_rs.make_inputs(R, M, 24, 40, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny", gemm_rs.gemm_reduce_scatter_skinny(T, T, torch.float32, T, splits=2), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 40, 24, seed=M), gemm_rs.reference, ("x", "w")
     yield "ag_gemm", ag_gemm.all_gather_gemm(T, T, torch.float32, T, group_m=2), \
@@ -33,6 +36,8 @@ def cases():
     # wide as its gate/up tiles, as the op runs them)
     yield "gemm_rs_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2), \
         lambda R, M: gemm_rs.make_inputs(R, M, 32, 48, seed=M), gemm_rs.reference, ("x", "w")
+    yield "gemm_rs_split_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2, splits=2), \
+        lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float32, T, splits=2, align=16), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny_swap_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float32, T, splits=2,
