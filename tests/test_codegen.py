@@ -277,7 +277,7 @@ def _op_kernels():
     from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op, mlp as mlp_op
     from etdist.workloads import moe
     bf = torch.bfloat16
-    for M in (16, 64, 128, 256, 8192):   # every size class (256: NARROW tiles)
+    for M in (16, 64, 128, 256, 8192):   # every size class (256: LARGE tiles in contraction slices)
         cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132)
         yield f"gemm_rs M={M}", build, cfg.num_warps, cfg.num_stages
     # a decode candidate of launch/tune_decode.py's A/B (BENCHMARKS.md, seventh session)

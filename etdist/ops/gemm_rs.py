@@ -48,18 +48,19 @@ SKINNY_32 = TileConfig(32, 128, 128, 4, 5, swap_ab=True)
 SKINNY = TileConfig(64, 128, 128, 4, 4)
 SKINNY_128 = TileConfig(128, 128, 128, 8, 3, swap_ab=True)
 LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BENCHMARKS.md)
-# Above 128 rows, where LARGE's tiles leave most SMs idle (M=256: one row tile per owner, 32-64
-# tiles on 132 SMs), half-width ones. NARROW_SPEED: its tile's speed per SM against LARGE's, measured
-# in the op (eleventh session, same call): at M=1000/1024 gemma2_27b's 144 LARGE tiles (2 waves)
-# took 402/414 us and its 288 NARROW ones (3 waves of half the work) 430/438, so 0.75 / speed = 1.06
-# (qwen3_32b: 1.05-1.10); at M=256 NARROW won by 15-25% on six shapes.
-NARROW = TileConfig(128, 128, 64, 8, 3)
-NARROW_SPEED = 0.70
-# Or LARGE tiles in split-K slices (more, shorter tasks; every slice a partial in x's dtype on the
-# owner: world x slices x rows x N). SPLIT_COST: the estimate's charge per extra slice. Knob:
-# ETDIST_GEMM_RS_MAX_SPLITS (1: LARGE or NARROW tiles whole, as before).
+# Above 128 rows, LARGE tiles whole or in up to MAX_SPLITS contraction slices (split-K: more,
+# shorter tasks, each slice a partial in x's dtype on the owner, who sums them all), planned by
+# plan_cost. Eleventh session, same call, alternated twice: 4 slices at M=1000/1024 on gemma2_27b's
+# shape took 334-351 us against whole tiles' 400-444 (144 tiles on 132 SMs: two waves); at M=256
+# (one row tile per owner) slices cut 15-40% on six shapes, and they beat 128x128 tiles there too.
+# Knob: ETDIST_GEMM_RS_MAX_SPLITS (1: whole tiles, as before).
 MAX_SPLITS = 4
-SPLIT_COST = 0.03
+SPLIT_COST = 0.03   # per extra slice: its partial's stores and sum, a pipeline fill per task
+# plan_cost's rates, measured on H200 (eleventh session): LARGE-sized tiles at ~6 TF/s on one SM
+# (the MLP's down tiles, traced); gemm_rs at M=256 on gpt3_175b's shape streamed its 1.2 GB of
+# weights at 4.3 TB/s, where 4 slices (planned by waves alone) took 350 us against 282 whole.
+SM_TFLOPS = 6.0
+HBM_TBS = 4.3
 
 
 def _override(name: str, default: TileConfig) -> TileConfig:
@@ -68,9 +69,8 @@ def _override(name: str, default: TileConfig) -> TileConfig:
 
 
 MAX_SPLITS = knobs.read("ETDIST_GEMM_RS_MAX_SPLITS", knobs.positive_int, MAX_SPLITS)
-SKINNY_32, SKINNY, SKINNY_128, LARGE, NARROW = (
-    _override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY), _override("SKINNY_128", SKINNY_128),
-    _override("LARGE", LARGE), _override("NARROW", NARROW))
+SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY),
+                                        _override("SKINNY_128", SKINNY_128), _override("LARGE", LARGE))
 # Tasks per SM that each skinny class's split-K aims at (more slices: more tasks, each shorter).
 # Every task drains and refills its load pipeline, so the 128-wide tiles run best as one long task
 # per SM (A/B above). Tuning knob for every class at once: ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM.
@@ -109,33 +109,24 @@ def skinny_class(M: int) -> Optional[TileConfig]:
     return next((cfg for cfg in SKINNY_CLASSES if M <= cfg.block_m), None)
 
 
-def wave_cost(M: int, N: int, world: int, sms: int, cfg: TileConfig, splits: int = 1) -> float:
-    """Output elements one SM computes in the large graph with `cfg`'s tiles, each in `splits`
-    contraction slices: every SM pays for a whole last wave however few tasks it holds (tasks:
-    world destinations x row tiles x column tiles x slices)."""
+def plan_cost(M: int, K: int, N: int, world: int, sms: int, cfg: TileConfig, splits: int = 1,
+              itemsize: int = 2) -> float:
+    """Estimated us of the large graph with `cfg`'s tiles in `splits` contraction slices: the slower
+    of its compute, in whole waves (every SM pays for a whole last wave however few tasks it holds;
+    tasks: world destinations x row tiles x column tiles x slices), and its HBM traffic (weights
+    read once per destination, x, partials written and summed)."""
     rows = -(-M // world)                     # rows per owner
     tasks = world * -(-rows // cfg.block_m) * -(-N // cfg.block_n) * splits
-    return -(-tasks // sms) * cfg.block_m * cfg.block_n / splits
+    flops = 2 * cfg.block_m * cfg.block_n * K / splits
+    compute = -(-tasks // sms) * flops / (SM_TFLOPS * 1e6) * (1 + SPLIT_COST * (splits - 1))
+    traffic = itemsize * (world * K * N + M * K + 2 * world * splits * rows * N)
+    return max(compute, traffic / (HBM_TBS * 1e6))
 
 
-def large_plan(M: int, N: int, world: int, sms: int) -> tuple[TileConfig, int]:
-    """(tile, split-K slices) of the large graph: the candidate whose waves cost least, each extra
-    slice weighed at SPLIT_COST (its partial's stores, the owner's sum of it, a pipeline fill per
-    task) and NARROW at its slower tile (NARROW_SPEED). Ties keep the earlier candidate: LARGE, fewer
-    slices. With many waves (M=8192) every shape keeps LARGE whole."""
-    if N <= 0:
-        return LARGE, 1
-    candidates = [(LARGE, s, 1.0) for s in range(1, MAX_SPLITS + 1)]
-    if NARROW != LARGE:
-        candidates.append((NARROW, 1, NARROW_SPEED))
-    costs = [wave_cost(M, N, world, sms, cfg, s) / speed * (1 + SPLIT_COST * (s - 1)) for cfg, s, speed in candidates]
-    cfg, s, _ = candidates[costs.index(min(costs))]
-    return cfg, s
-
-
-def large_tile(M: int, N: int, world: int, sms: int) -> TileConfig:
-    """large_plan's tile."""
-    return large_plan(M, N, world, sms)[0]
+def large_plan(M: int, K: int, N: int, world: int, sms: int) -> int:
+    """Contraction slices of the large graph's LARGE tiles: the fewest that plan_cost rates best."""
+    costs = [plan_cost(M, K, N, world, sms, LARGE, s) for s in range(1, MAX_SPLITS + 1)]
+    return 1 + costs.index(min(costs))
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,7 +148,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     same plan."""
     cfg = skinny_class(M)
     skinny = cfg is not None
-    cfg, splits = (cfg, 0) if skinny else large_plan(M, N, world, sms)
+    cfg, splits = (cfg, 0) if skinny else (LARGE, large_plan(M, K, N, world, sms))
     tasks_per_sm = skinny_tasks_per_sm(cfg)
     if dtype == torch.float32:
         cfg = fp32_config(cfg)

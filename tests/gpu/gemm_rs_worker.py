@@ -29,8 +29,8 @@ def reference(x, w, mesh):
 def check_ok(mesh):
     torch.manual_seed(1234 + mesh.rank)
     K, N = 1536, 1024
-    # every size class, ragged ones included (N=1024: LARGE tiles in 4 contraction slices from 129 to
-    # 1024 rows, 2 at 2048, whole at 4096)
+    # every size class, ragged ones included (K=1536, N=1024: LARGE tiles in 4, 3 and 2 contraction
+    # slices from 129 to 2048 rows, whole at 4096)
     for M in (1, 5, 16, 64, 65, 100, 128, 129, 1000, 1024, 2048, 4096):
         for dtype in (torch.bfloat16, torch.float32):
             x = torch.randn(M, K, device=mesh.device, dtype=dtype)
