@@ -37,7 +37,8 @@ class TileConfig:
 
 
 # Size classes, one compiled kernel for every M in each. Up to 128 rows, the skinny graph (all
-# rows in one tile, split-K, weights read once); above, square tiles per destination rank.
+# rows in one tile, split-K, weights read once); above, LARGE tiles per destination rank, one
+# kernel per number of contraction slices (large_plan).
 # launch/tune_decode.py on 2x H200, each config checked against float32 first (BENCHMARKS.md,
 # seventh session), us at M=16, qwen3_8b / llama31_70b: 32x128x128 swap-AB (weights on the wgmma
 # M side, 5 stages of 32 KiB in flight), one task per SM, 41 / 87; 64x128x128 one task per SM
@@ -123,9 +124,11 @@ def plan_cost(M: int, K: int, N: int, world: int, sms: int, cfg: TileConfig, spl
     return max(compute, traffic / (HBM_TBS * 1e6))
 
 
-def large_plan(M: int, K: int, N: int, world: int, sms: int) -> int:
-    """Contraction slices of the large graph's LARGE tiles: the fewest that plan_cost rates best."""
-    costs = [plan_cost(M, K, N, world, sms, LARGE, s) for s in range(1, MAX_SPLITS + 1)]
+@functools.lru_cache(maxsize=4096)
+def large_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2) -> int:
+    """Contraction slices of the large graph's LARGE tiles: the fewest that plan_cost rates best
+    (cached: the op asks at every call)."""
+    costs = [plan_cost(M, K, N, world, sms, LARGE, s, itemsize) for s in range(1, MAX_SPLITS + 1)]
     return 1 + costs.index(min(costs))
 
 
@@ -148,7 +151,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     same plan."""
     cfg = skinny_class(M)
     skinny = cfg is not None
-    cfg, splits = (cfg, 0) if skinny else (LARGE, large_plan(M, K, N, world, sms))
+    cfg, splits = (cfg, 0) if skinny else (LARGE, large_plan(M, K, N, world, sms, dtype.itemsize))
     tasks_per_sm = skinny_tasks_per_sm(cfg)
     if dtype == torch.float32:
         cfg = fp32_config(cfg)
