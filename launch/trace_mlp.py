@@ -24,8 +24,8 @@ mesh = et.init_mesh()
 R, dev, bf16 = mesh.world_size, mesh.device, torch.bfloat16
 I = IF // R
 C = -(-M // R)
-rows = max(0, min(C, M - mesh.rank * C))
-x = torch.randn(rows, H, device=dev, dtype=bf16)
+own = max(0, min(C, M - mesh.rank * C))   # this rank's rows of x
+x = torch.randn(own, H, device=dev, dtype=bf16)
 wgu = torch.randn(H, 2 * I, device=dev, dtype=bf16) / H ** 0.5
 wd = torch.randn(I, H, device=dev, dtype=bf16) / I ** 0.5
 xa, h = torch.randn(M, H, device=dev, dtype=bf16), torch.randn(M, I, device=dev, dtype=bf16)
@@ -46,18 +46,18 @@ torch.cuda.synchronize()
 dist.barrier()
 for _ in range(5):   # queued ahead of the GPU: both ranks start the traced launch back to back
     kernel(mesh, **args)
-rows_ = kernel.trace(mesh)
+trace_rows = kernel.trace(mesh)
 if mesh.rank == 0:
-    path = tr.write_chrome(rows_, f"{os.environ.get('OUT', '/tmp')}/mlp_M{M}_H{H}.json", track="SM")
+    path = tr.write_chrome(trace_rows, f"{os.environ.get('OUT', '/tmp')}/mlp_M{M}_H{H}.json", track="SM")
     print(f"== mlp M={M} H={H} I={I} per rank, tiles {cfg}, down {cfg.block_m}x{mlp_op.DOWN_N}: op {op_us:.1f} us; torch.mm gate/up "
           f"{up_us:.1f} us + down {down_us:.1f} us = {up_us + down_us:.1f} us; Chrome trace {path}", flush=True)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     flops = {"gate_up": 2 * cfg.block_m * 2 * cfg.block_n * H, "down": 2 * cfg.block_m * mlp_op.DOWN_N * I}
     mm_rate = {"gate_up": 2 * M * 2 * I * H / up_us / sms, "down": 2 * M * I * H / down_us / sms}  # flop/us per SM
     for rank in range(R):
-        print(tr.summary(rows_, rank), flush=True)
+        print(tr.summary(trace_rows, rank), flush=True)
         for kind, f in flops.items():
-            mine = [(e - s, float(lab.rsplit("waited ", 1)[1].split(" ")[0])) for r, _, lab, s, e in rows_
+            mine = [(e - s, float(lab.rsplit("waited ", 1)[1].split(" ")[0])) for r, _, lab, s, e in trace_rows
                     if r == rank and lab.startswith(kind + "@")]
             if mine:
                 body = sorted(d - w for d, w in mine)[len(mine) // 2]
