@@ -20,6 +20,9 @@
 #   moepin  nn.MoE under the dynamic schedule at 1/128/1024 tokens, zipf-skewed routing (EP=2), the
 #          router's chain queued (ETDIST_MOE_PIN_ROUTER=0, as before) against pinned (the default;
 #          with the static schedule beside it), alternated twice (~4 min);
+#   rstail gemm_rs at M=1000/1024/8192 on the five shapes whose plan it changes, the tiles past the
+#          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1) against every tile in slices
+#          (the default), alternated twice (prefill: it rides along, ~4 min);
 #   moetrace  launch/trace_moe.py at 1 and 1024 tokens (qwen3_30b_a3b-sized, EP=2, both schedules):
 #          per task kind its time, its wait and the gap before it (where the dynamic schedule's
 #          hand-offs cost), the dispatch and send_back copies among them (~2 min).
@@ -70,13 +73,21 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
           WORKLOADS=moe SCHEDULE=$sched timeout 150 bash launch/bench-gpu.sh bench=gpu_moe 'bench.tokens=[1,128,1024]' \
           model.routing_skew=1.5 2>&1 | rows | sed "s/^/pin $pin /"
       done ;;
+    rstail)
+      echo "== gemm_rs above 128 rows: every tile in slices (tail 0, the default), then only the last wave's (tail 1)"
+      for tail in 0 1 0 1; do
+        [ $((SECONDS - T0)) -gt 420 ] && break
+        ETDIST_GEMM_RS_SPLIT_TAIL=$tail RESULTS=$RESULTS/rstail-$tail MODELS_OVERRIDE=gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b \
+          WORKLOADS=gemm_rs timeout 150 bash launch/bench-gpu.sh 'bench.tokens=[1000,1024,8192]' bench.symm_mem=false \
+          2>&1 | rows | sed "s/^/tail $tail /"
+      done ;;
     moetrace)
       for tokens in 1 1024; do
         echo "== nn.MoE traced at $tokens tokens, both schedules"
         OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_moe.py $tokens \
           2>&1 | quiet | grep -vE 'UserWarning|_warn_once' | tail -32
       done ;;
-    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, moetrace)"; exit 2 ;;
+    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, rstail, moetrace)"; exit 2 ;;
   esac
   echo "-- $step done at $((SECONDS - T0)) s"
 done

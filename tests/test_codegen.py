@@ -29,10 +29,10 @@ def test_generated_source_is_the_static_schedule(gemm_rs_ir):
     assert "for _et_gid in range(_et_pid, _et_end1, NUM_PROGRAMS):" in src  # program p runs p, p+P, ...
     assert "do_not_specialize=['K', 'M', 'N', 'RANK', 'WORLD'" in src      # align=1: nothing specialised
     assert src.count("_et_wait(") == 1 and src.count("_et_notify(") == 1
-    call = src[src.index("_et_body_matmul(dst, "):]
-    assert call.startswith("_et_body_matmul(dst, (((q // (8 * ")    # tile (i, j) = et.grouped(q, ...)
-    assert call.split("\n")[0].endswith(", s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 1, 64, 64, 64, False, "
-                                         "USE_ASM)")
+    call = src[src.index("_et_body_matmul("):].split("\n")[0]
+    assert call.startswith("_et_body_matmul((k // ")                   # tile k's owner, then its (i, j)
+    assert call.endswith(", s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 1, 1, 64, 64, 64, False, USE_ASM)")
+    assert "_et_body_reduce(i, j, 1, partial, y, " in src               # one slice per source
 
 
 def test_ptx_orders_cross_gpu_signals(gemm_rs_ptx):
@@ -55,7 +55,7 @@ def test_aligned_sizes_vectorise_and_M_stays_unspecialised():
     assert "st.global.b16" not in ptx, "a store of the GEMM or the reduce is not vectorised"
 
 
-@pytest.mark.parametrize("build", ["ag_gemm", "mlp", "mlp_whole", "gemm_rs_skinny"])
+@pytest.mark.parametrize("build", ["ag_gemm", "mlp", "mlp_whole", "gemm_rs_skinny", "gemm_rs_tail"])
 def test_aligned_gemm_tiles_load_through_tma(build):
     """Every GEMM body of an aligned graph loads its operands with TMA (no cp.async pointer loads
     left in its main loop), and a tile whose rows were written in the same launch fences the async
@@ -63,11 +63,13 @@ def test_aligned_gemm_tiles_load_through_tma(build):
     ir = {"ag_gemm": lambda: ag_gemm.all_gather_gemm(128, 128, torch.bfloat16, 64, align=16),
           "mlp": lambda: mlp.tp_mlp(128, 128, torch.bfloat16, 64, align=16),
           "mlp_whole": lambda: mlp.tp_mlp_whole(64, 128, torch.bfloat16, 64, align=16),
-          "gemm_rs_skinny": lambda: gemm_rs.gemm_reduce_scatter_skinny(dtype=torch.bfloat16, splits=4, align=16)}[build]()
+          "gemm_rs_skinny": lambda: gemm_rs.gemm_reduce_scatter_skinny(dtype=torch.bfloat16, splits=4, align=16),
+          "gemm_rs_tail": lambda: gemm_rs.gemm_reduce_scatter(128, 256, torch.bfloat16, 64, align=16, splits=4,
+                                                              wave=132)}[build]()
     ptx = compile_ptx(ir.to_ir(), num_warps=8)
     assert "cp.async.bulk.tensor" in ptx and "wgmma" in ptx
     assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx, "a GEMM operand still loads through pointers"
-    if build != "gemm_rs_skinny":      # its operands are the inputs, written before the launch
+    if not build.startswith("gemm_rs"):   # its operands are the inputs, written before the launch
         assert "fence.proxy.async.global" in ptx
 
 
@@ -284,6 +286,9 @@ def _op_kernels():
     yield "gemm_rs skinny swap 16x128x128", \
         lambda: gemm_rs.gemm_reduce_scatter_skinny(16, 128, bf, 128, 4, 16, swap_ab=True), 4, 6
     L, T = rs_op.LARGE, mlp_op.TILES
+    # ETDIST_GEMM_RS_SPLIT_TAIL's graph: two matmul bodies (whole tiles, slices) in one kernel
+    yield "gemm_rs tail", lambda: gemm_rs.gemm_reduce_scatter(L.block_m, L.block_n, bf, L.block_k, 16, splits=4, wave=132), \
+        L.num_warps, L.num_stages
     for M in (16, 128):   # both whole-gather classes of each op
         A, W = ag_op.whole_tile("all_gather_gemm", M), ag_op.whole_tile("tensor_parallel_mlp", M)
         yield f"ag_gemm_whole M={M}", functools.partial(ag_gemm.all_gather_gemm_whole, A.block_m, A.block_n, bf,

@@ -295,6 +295,33 @@ def test_split_k_knob_reaches_the_plan():
     assert _probe_lines(code) == [["256", "256", "3"], ["1024", "256", "4"], ["1024", "256", "1"]]
 
 
+def test_tail_plan_splits_only_the_last_waves_tiles():
+    """ETDIST_GEMM_RS_SPLIT_TAIL=1: the tiles that fill whole waves run whole and the rest in slices.
+    gemma2_27b at M=1024: 144 tiles on 132 SMs, 12 left, 4 slices (48 tasks); qwen3_32b: 160, 28 left,
+    4 slices (112). gpt3_175b at M=4096: 1536 tiles, 84 left: 3 slices, two waves of thirds (2 slices
+    make two waves of halves). 100 left: whole (no slicing shortens that last wave). Fewer tiles
+    than SMs: large_plan's roofline (gpt3_175b at M=256 stays whole: the weights bound it)."""
+    from etdist.ops.gemm_rs import large_plan, tail_plan
+    assert tail_plan(1024, 18432, 4608, 2, 132) == 4 and tail_plan(1000, 12800, 5120, 2, 132) == 4
+    assert tail_plan(8192, 6144, 4096, 2, 132) == 1                    # 1024 tiles: 100 left of 132
+    assert tail_plan(4096, 24576, 12288, 2, 132) == 3                  # 1536 tiles: 84 left, 3 slices
+    assert tail_plan(2048, 18432, 4608, 2, 132) == 4                   # 288 tiles: 24 left
+    assert tail_plan(2048, 18432, 4608, 2, 144) == 1                   # 288 tiles: two whole waves
+    for M, K, N in ((256, 24576, 12288), (256, 6144, 4096), (129, 18432, 4608)):
+        assert tail_plan(M, K, N, 2, 132) == large_plan(M, K, N, 2, 132)
+
+
+def test_split_tail_knob_builds_the_wave_graph():
+    """The knob reaches the plan: the graph gets the SM count as its wave where it splits a tail."""
+    code = ("import torch\nfrom etdist.ops import gemm_rs as op\n"
+            "for M, K, N in ((1024, 18432, 4608), (8192, 6144, 4096), (256, 6144, 4096)):\n"
+            "    cfg, s, _, b = op.kernel_plan(M, K, N, torch.bfloat16, 132, world=2)\n"
+            "    print(M, s, b.keywords.get('wave', 0), len(b().to_ir().tasks))")
+    assert _probe_lines(code, ETDIST_GEMM_RS_SPLIT_TAIL="1") == [["1024", "4", "132", "3"], ["8192", "1", "0", "2"],
+                                                                 ["256", "3", "132", "3"]]
+    assert _probe_lines(code) == [["1024", "4", "0", "2"], ["8192", "1", "0", "2"], ["256", "3", "0", "2"]]
+
+
 _PLAN_PROBE = """
 import torch
 from etdist.ops import gemm_rs as op

@@ -67,3 +67,14 @@ def test_grouped_order_is_a_bijection_in_groups_of_rows(rows, cols, group):
     traced = grouped(var("q"), sym("R"), cols, group)     # the same order from the traced form
     from etdist.fusion.expr import evaluate
     assert [tuple(evaluate(e, {"q": q, "R": rows}) for e in traced) for q in range(rows * cols)] == order
+    # ungrouped is its inverse, concrete and traced
+    from etdist.fusion.expr import ungrouped
+    assert [ungrouped(i, j, rows, cols, group) for i, j in order] == list(range(rows * cols))
+    back = ungrouped(var("i"), var("j"), sym("R"), cols, group)
+    assert [evaluate(back, {"i": i, "j": j, "R": rows}) for i, j in order] == list(range(rows * cols))
+
+
+def test_adding_zero_or_multiplying_by_one_folds():
+    k = var("k")
+    assert k + 0 is k and 0 + k is k and k - 0 is k and k * 1 is k and 1 * k is k
+    assert (0 - k).op == "sub"                      # not an identity

@@ -32,10 +32,10 @@ def test_gpu_rows_decode_task_coordinates():
     buf = [0] * ((n_matmul + n_reduce) * TRACE_WORDS)
     def put(gid, start, waited, end, sm, program):
         buf[gid * TRACE_WORDS:(gid + 1) * TRACE_WORDS] = [start, waited, end, sm << 32 | program]
-    put(5, 1000, 1500, 4000, 17, 3)            # matmul task (dst=1, q=1, contraction slice 0)
+    put(5, 1000, 1500, 4000, 17, 3)            # matmul task (tile 5: dst=1, q=1; contraction slice 0)
     put(n_matmul + 3, 9000, 12000, 13000, 2, 0)  # reduce task (i=1, j=1)
     rows = gpu_rows(g, sizes, buf, rank=1)
-    assert rows == [(1, 17, "matmul@(1, 1, 0) program 3, waited 0.5 us", 0.0, 3.0),
+    assert rows == [(1, 17, "matmul@(5, 0) program 3, waited 0.5 us", 0.0, 3.0),
                     (1, 2, "reduce@(1, 1) program 0, waited 3.0 us", 8.0, 12.0)]
     big = 1_763_000_000_000_000_000          # a wall-clock %globaltimer: exact to the nanosecond
     buf2 = [w + big if k % TRACE_WORDS < 3 and w else w for k, w in enumerate(buf)]

@@ -33,6 +33,27 @@ def test_gemm_reduce_scatter(schedule, world, M):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("M", [37, 3])
+@pytest.mark.parametrize("wave", [4, 7])
+def test_gemm_reduce_scatter_splits_only_the_tiles_past_the_last_whole_wave(schedule, world, M, wave):
+    """wave=: the head's tiles whole, the rest in 3 contraction slices (K=12 in 6 steps of 2): each
+    tile's reduce sums exactly the partials its slices wrote (the scratch starts as NaN), and its
+    event waits for that many. M=37 on 2 ranks: 2 x 3 x 3 = 18 tiles, 16 or 14 whole; M=3 on 2
+    ranks: 6 tiles, 4 or none whole."""
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8, block_k=2, splits=3, wave=wave),
+                        schedule=schedule, programs=3)
+    inputs = gemm_rs.make_inputs(world, M, 12, 19, seed=world * 100 + M)
+    want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
+    for seed in range(8):
+        got = kernel.run(inputs, interleave="random", seed=seed)
+        for r in range(world):
+            assert got[r]["y"].shape == want[r].shape
+            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+    with pytest.raises(et.GraphError, match="wave must be a non-negative int"):
+        gemm_rs.gemm_reduce_scatter(splits=2, wave=-1)
+
+
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [16, 5, 1])
 def test_gemm_reduce_scatter_skinny(schedule, world, M):
     """The decode variant: every row in one tile, split-K, each tile notifying every owner."""

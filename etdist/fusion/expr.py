@@ -196,6 +196,8 @@ def _bin(op: str, a: Size, b: Size) -> Expr:
         return const(int(_BINARY[op][1](a.args[0], b.args[0])))
     if op == "mul" and (a.op == "const" and a.args[0] == 1 or b.op == "const" and b.args[0] == 1):
         return b if a.op == "const" and a.args[0] == 1 else a   # x * 1 (a graph's factor of one)
+    if op in ("add", "sub") and b.op == "const" and b.args[0] == 0 or op == "add" and a.op == "const" and a.args[0] == 0:
+        return b if a.op == "const" and a.args[0] == 0 and op == "add" else a   # x + 0 (an offset of none)
     return Expr(op, (a, b))
 
 
@@ -222,6 +224,12 @@ def grouped(q: Size, rows: Size, cols: Size, group: int) -> tuple[Size, Size]:
     first = (q // per_group) * group
     size = minimum(rows - first, group)
     return first + (q % per_group) % size, (q % per_group) // size
+
+
+def ungrouped(i: Size, j: Size, rows: Size, cols: Size, group: int) -> Size:
+    """The q that grouped(q, rows, cols, group) maps to tile (i, j): its inverse."""
+    first = (i // group) * group
+    return first * cols + j * minimum(rows - first, group) + i - first
 
 
 def minimum(a: Size, b: Size) -> Size:

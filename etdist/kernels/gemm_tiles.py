@@ -126,19 +126,20 @@ def gemm_rs_matmul(dst, i, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    TMA: tl.constexpr, USE_ASM: tl.constexpr):
     """My partial of rank dst's tile (i, j), stored straight into dst's partial[RANK] (peer stores)."""
-    gemm_rs_matmul_slice(dst, i, j, 0, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 1, BLOCK_M, BLOCK_N,
-                         BLOCK_K, TMA, USE_ASM)
+    gemm_rs_matmul_slice(dst, i, j, 0, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 1, 1, BLOCK_M,
+                         BLOCK_N, BLOCK_K, TMA, USE_ASM)
 
 
 @triton.jit
 def gemm_rs_matmul_slice(dst, i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         TMA: tl.constexpr, USE_ASM: tl.constexpr):
-    """Contraction slice s of SPLITS (cdiv(cdiv(K, BLOCK_K), SPLITS) steps each, the last one
-    shorter or empty) of my partial of rank dst's tile (i, j), into dst's partial[RANK * SPLITS + s]."""
+                         PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr):
+    """Contraction slice s of PARTS (cdiv(cdiv(K, BLOCK_K), PARTS) steps each, the last one shorter
+    or empty) of my partial of rank dst's tile (i, j), into dst's partial[RANK * SPLITS + s]: each
+    source has SPLITS slots per tile, of which a tile cut in PARTS <= SPLITS slices fills the first."""
     C = (M + WORLD - 1) // WORLD
     steps = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(steps, SPLITS)
+    per = tl.cdiv(steps, PARTS)
     rows = owned_rows(M, WORLD, dst)
     acc = mm_acc_steps(x + dst * C * K, rows, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
                        BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
@@ -147,10 +148,10 @@ def gemm_rs_matmul_slice(dst, i, j, s, x, w, partial, partial_peers, M, K, N, RA
 
 
 @triton.jit
-def gemm_rs_reduce(i, j, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def gemm_rs_reduce(i, j, parts, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLITS: tl.constexpr):
-    """y[tile] = sum over sources (and their contraction slices) of partial[src * SPLITS + s][tile],
-    in fp32."""
+    """y[tile] = sum over sources and the tile's `parts` contraction slices of
+    partial[src * SPLITS + s][tile], in fp32."""
     C = (M + WORLD - 1) // WORLD
     rows = owned_rows(M, WORLD, RANK)
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -158,8 +159,9 @@ def gemm_rs_reduce(i, j, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr, B
     mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
     offs = offs_m[:, None] * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r in range(0, WORLD * SPLITS):
-        acc += tl.load(partial + r * C * N + offs, mask=mask, other=0.0).to(tl.float32)
+    for src in range(0, WORLD):
+        for s in range(0, parts):
+            acc += tl.load(partial + (src * SPLITS + s) * C * N + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
 
 

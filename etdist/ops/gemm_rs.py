@@ -64,12 +64,21 @@ SM_TFLOPS = 6.0
 HBM_TBS = 4.3
 
 
+# The tail plan (ETDIST_GEMM_RS_SPLIT_TAIL=1; off until measured against the plan above): the tiles
+# that fill whole waves of SMs run whole, and only the tiles past the last whole wave run in slices,
+# as many as the SMs they leave idle hold (tail_plan). gemma2_27b at M=1024: 144 tiles on 132 SMs
+# make one wave of whole tiles and 12 tiles in 4 slices, where the plan above cuts all 144 in 4 (5
+# waves of quarter tiles, each tile's 4 partials stored, sent and summed).
+SPLIT_TAIL = False
+
+
 def _override(name: str, default: TileConfig) -> TileConfig:
     """Tuning knob: ETDIST_GEMM_RS_<NAME>="block_m,block_n,block_k,warps,stages[,swap]"."""
     return knobs.read(f"ETDIST_GEMM_RS_{name}", TileConfig.parse, default)
 
 
 MAX_SPLITS = knobs.read("ETDIST_GEMM_RS_MAX_SPLITS", knobs.positive_int, MAX_SPLITS)
+SPLIT_TAIL = knobs.read("ETDIST_GEMM_RS_SPLIT_TAIL", knobs.flag, SPLIT_TAIL)
 SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY),
                                         _override("SKINNY_128", SKINNY_128), _override("LARGE", LARGE))
 # Tasks per SM that each skinny class's split-K aims at (more slices: more tasks, each shorter).
@@ -132,6 +141,22 @@ def large_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2) 
     return 1 + costs.index(min(costs))
 
 
+def tail_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2) -> int:
+    """Contraction slices of the LARGE tiles past the last whole wave on `sms` SMs: the fewest that
+    make their waves shortest, counting SPLIT_COST per extra slice (72 tiles left: 3 slices make 216
+    tasks, two waves of thirds, 0.67 of a whole wave), at most MAX_SPLITS. Fewer tiles than SMs are
+    all tail: large_plan's roofline, which knows when the weights' traffic bounds the kernel."""
+    rows = -(-M // world)                     # rows per owner
+    tiles = world * -(-rows // LARGE.block_m) * -(-N // LARGE.block_n)
+    if tiles < sms:
+        return large_plan(M, K, N, world, sms, itemsize)
+    tail = tiles % sms
+    if not tail:
+        return 1
+    costs = [-(-tail * s // sms) / s * (1 + SPLIT_COST * (s - 1)) for s in range(1, MAX_SPLITS + 1)]
+    return 1 + costs.index(min(costs))
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     """Asked once per GPU, not on every call (the op's host time is on the decode path)."""
@@ -157,6 +182,10 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
         cfg = fp32_config(cfg)
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1  # aligned rows vectorise
     # builders as partials: `build.func` names the graph, which the op's kernel cache keys on
+    if not skinny and SPLIT_TAIL:
+        splits = tail_plan(M, K, N, world, sms, dtype.itemsize)
+        return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
+                                                     cfg.block_k, align, splits=splits, wave=sms if splits > 1 else 0)
     if not skinny:
         return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
                                                      cfg.block_k, align, splits=splits)
@@ -181,7 +210,8 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index),
                                             mesh.world_size)
     # keyed by the graph too: a knob may give a skinny class the large graph's tile
-    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, schedule, align, splits, build.func), cfg, schedule, build)
+    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, schedule, align, splits, build.func, build.keywords.get("wave")),
+                           cfg, schedule, build)
     return kernel(mesh, x=x, w=w, out=None if out is None else {"y": out})["y"]
 
 

@@ -13,46 +13,74 @@ from etdist.kernels import gemm_tiles
 
 
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
-                        block_k: int = 64, align: int = 1, group_m: int = 8, splits: int = 1) -> et.Graph:
+                        block_k: int = 64, align: int = 1, group_m: int = 8, splits: int = 1,
+                        wave: int = 0) -> et.Graph:
     """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16).
     align: K and N are promised multiples of it (16 lets the GPU kernel vectorise). group_m: the
-    matmul tiles run in groups of that many row tiles per weight column (et.grouped). splits: each
-    tile's contraction in that many slices (split-K: more, shorter tasks where the tiles alone
-    would leave SMs idle), each slice its own partial on the owner, who sums them all."""
+    matmul tiles run in groups of that many row tiles per weight column (et.grouped). splits: a
+    tile's contraction in that many slices (split-K: more, shorter tasks where whole tiles would
+    leave SMs idle), each slice its own partial on the owner, who sums them all.
+    wave: tasks per wave (the programs that run the kernel; the op passes the SM count). Given, only
+    the tiles past the last whole wave are split: the tiles that fill whole waves run whole (no
+    extra partials to store and sum), and the ragged last wave's tiles run in `splits` slices.
+    Without it (0), every tile is split."""
     if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
         raise et.GraphError(f"gemm_reduce_scatter: splits must be a positive int, got {splits!r}")
+    if isinstance(wave, bool) or not isinstance(wave, int) or wave < 0:
+        raise et.GraphError(f"gemm_reduce_scatter: wave must be a non-negative int, got {wave!r}")
     g = et.Graph("gemm_rs")
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
     R, me = g.world, g.rank
     C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     m_tiles, n_tiles = et.cdiv(C, block_m), et.cdiv(N, block_n)
-    KB = et.cdiv(K, splits * block_k) * block_k   # contraction per slice, whole steps (as the GPU body)
+    mn = m_tiles * n_tiles
+    count = R * mn                       # tile u = dst * mn + q: my partial of rank dst's tile q
+    head = count // wave * wave if wave else 0   # the tiles of whole waves, run whole
+
+    def parts(u):                        # contraction slices of tile u
+        return et.where(u < head, 1, splits) if wave else splits
+
+    def at(u):                           # tile u as (dst, row tile, column tile)
+        return (u // mn, *et.grouped(u % mn, m_tiles, n_tiles, group_m))
 
     g.input("x", (M, K), dtype)
     g.input("w", (K, N), dtype)
     g.scratch("partial", (R * splits, C, N), dtype, symmetric=True)   # on the owner: partial[src, slice]
     g.output("y", (owned(me), N), dtype)
-    arrived = g.event("arrived", (R, m_tiles, n_tiles), count=R * splits, distributed=True)  # per source, slice
+    u_of = lambda d, i, j: d * mn + et.ungrouped(i, j, m_tiles, n_tiles, group_m)  # noqa: E731
+    arrived = g.event("arrived", (R, m_tiles, n_tiles), count=lambda d, i, j: R * parts(u_of(d, i, j)),
+                      distributed=True)  # per source and slice
 
-    tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
-
-    # a tile's slices run side by side (the last index walks fastest): they finish together
-    @g.task(grid=(R, m_tiles * n_tiles, splits), notify=lambda dst, q, s: arrived[(dst, *tile(q))],
-            triton=gemm_tiles.gemm_rs_matmul_slice,
-            constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SPLITS=splits),
-            bind=dict(i=lambda dst, q, s: tile(q)[0], j=lambda dst, q, s: tile(q)[1]))
-    def matmul(t, dst, q, s):                            # my partial of rank dst's tile (i, j), slice s
-        i, j = t(tile(q)[0]), t(tile(q)[1])
+    def partial_slice(t, u, s):          # slice s of my partial of tile u, into its owner's partial
+        dst, i, j = (t(e) for e in at(u))
         rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, block_n, t.N)
-        ks = et.block(s, t(KB), t.K)
+        ks = et.block(s, t(et.cdiv(K, parts(u) * block_k) * block_k), t.K)   # whole steps, as the GPU body
         t.peer(dst).partial[t.rank * splits + s, rows, cols] = t.x[et.shift(rows, dst * t(C)), ks] @ t.w[ks, cols]
 
+    def matmul_body(n, tile_of, **bind):  # the GPU body of tiles tile_of(*index), cut in n slices
+        coords = {name: (lambda *k, d=d: at(tile_of(*k))[d]) for d, name in enumerate(("dst", "i", "j"))}
+        return dict(notify=lambda *k: arrived[at(tile_of(*k))], triton=gemm_tiles.gemm_rs_matmul_slice,
+                    constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SPLITS=splits, PARTS=n),
+                    bind=dict(coords, **bind))
+
+    if wave:   # the head's tiles whole, wave after wave
+        @g.task(grid=(head,), **matmul_body(1, lambda u: u, s=0))
+        def matmul_whole(t, u):
+            partial_slice(t, u, 0)
+
+    # the other tiles in slices; a tile's slices run side by side (the last index walks fastest)
+    @g.task(grid=(count - head, splits), **matmul_body(splits, lambda k, s: head + k))
+    def matmul(t, k, s):                 # slice s of tile head + k
+        partial_slice(t, head + k, s)
+
     @g.task(grid=(m_tiles, n_tiles), wait=lambda i, j: arrived[me, i, j],
-            triton=gemm_tiles.gemm_rs_reduce, constexprs=dict(tiles, SPLITS=splits))
+            triton=gemm_tiles.gemm_rs_reduce, constexprs=dict(tiles, SPLITS=splits),
+            bind=dict(parts=lambda i, j: parts(u_of(me, i, j))))
     def reduce(t, i, j):                                 # y = sum over sources and slices
         rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.N)
-        t.y[rows, cols] = t.partial[:, rows, cols].sum(0)
+        slots = [src * splits + s for src in range(t.world) for s in range(t(parts(u_of(me, i, j))))]
+        t.y[rows, cols] = t.partial[slots, rows, cols].sum(0)
 
     g.sample(M=5, K=3, N=7)
     g.sample(M=37, K=4, N=33)

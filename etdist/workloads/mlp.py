@@ -142,7 +142,7 @@ def _reduce_partials(g, wait, owned, m_tiles, h_tiles, block_m, block_n):
     me = g.rank
 
     @g.task(grid=(m_tiles, h_tiles), wait=wait, triton=gemm_tiles.gemm_rs_reduce,
-            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=1), bind=dict(N="H"))
+            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=1), bind=dict(N="H", parts=1))
     def reduce(t, i, j):
         rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.H)
         t.y[rows, cols] = t.partial[:, rows, cols].sum(0)

@@ -13,9 +13,9 @@ ENV = dict(os.environ, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="lo", NVSHMEM_DISABLE_N
 pytestmark = pytest.mark.gpu
 
 
-def torchrun(n, *args, timeout=600, worker=WORKER):
+def torchrun(n, *args, timeout=600, worker=WORKER, env=None):
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", str(worker), *args],
-                       capture_output=True, text=True, timeout=timeout, env=ENV)
+                       capture_output=True, text=True, timeout=timeout, env={**ENV, **(env or {})})
     return p.returncode, p.stdout + p.stderr
 
 
@@ -27,6 +27,16 @@ def test_gemm_reduce_scatter_matches_reference(world):
     assert rc == 0, out[-5000:]
     for check in ("correctness", "no-recompile", "bad-input"):
         assert out.count(f"OK {check}") == world, out[-5000:]
+
+
+def test_gemm_reduce_scatter_tail_plan_matches_reference():
+    """ETDIST_GEMM_RS_SPLIT_TAIL=1 (whole tiles in whole waves, slices past them): the same checks."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    rc, out = torchrun(2, env={"ETDIST_GEMM_RS_SPLIT_TAIL": "1"})
+    assert rc == 0, out[-5000:]
+    for check in ("correctness", "no-recompile", "bad-input"):
+        assert out.count(f"OK {check}") == 2, out[-5000:]
 
 
 @pytest.mark.parametrize("world", [1, 2])

@@ -21,6 +21,10 @@ def cases():
     # split-K: K = 24 in slices of one 16-wide step, the third slice empty (it stores zeros)
     yield "gemm_rs_split", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2, splits=3), \
         lambda R, M: gemm_rs.make_inputs(R, M, 24, 40, seed=M), gemm_rs.reference, ("x", "w")
+    # whole tiles in waves of 5 tasks, the tiles past the last whole wave in 3 slices of one step
+    # (M=37 on 2 ranks: 2 x 2 x 3 tiles, 10 whole and 2 split; on 3 ranks, and M=5: 9 or 6 tiles)
+    yield "gemm_rs_tail", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2, splits=3, wave=5), \
+        lambda R, M: gemm_rs.make_inputs(R, M, 40, 40, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny", gemm_rs.gemm_reduce_scatter_skinny(T, T, torch.float32, T, splits=2), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 40, 24, seed=M), gemm_rs.reference, ("x", "w")
     yield "ag_gemm", ag_gemm.all_gather_gemm(T, T, torch.float32, T, group_m=2), \
@@ -37,6 +41,9 @@ def cases():
     yield "gemm_rs_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2), \
         lambda R, M: gemm_rs.make_inputs(R, M, 32, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_split_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2, splits=2), \
+        lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
+    yield "gemm_rs_tail_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2, splits=2,
+                                                          wave=3), \
         lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float32, T, splits=2, align=16), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M), gemm_rs.reference, ("x", "w")
