@@ -23,6 +23,8 @@
 #   rstail gemm_rs at M=1000/1024/8192 on the five shapes whose plan it changes, the tiles past the
 #          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1) against every tile in slices
 #          (the default), alternated twice (prefill: it rides along, ~4 min);
+#   opsdyn the three fused ops under both schedules at M=16/128/1024 on two shapes: what the ready
+#          queue costs their kernels, where every task exists (never benchmarked before; ~2 min);
 #   moetrace  launch/trace_moe.py at 1 and 1024 tokens (qwen3_30b_a3b-sized, EP=2, both schedules):
 #          per task kind its time, its wait and the gap before it (where the dynamic schedule's
 #          hand-offs cost), the dispatch and send_back copies among them (~2 min).
@@ -81,13 +83,17 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
           WORKLOADS=gemm_rs timeout 150 bash launch/bench-gpu.sh 'bench.tokens=[1000,1024,8192]' bench.symm_mem=false \
           2>&1 | rows | sed "s/^/tail $tail /"
       done ;;
+    opsdyn)
+      echo "== gemm_rs, ag_gemm and the MLP, static and dynamic schedules"
+      RESULTS=$RESULTS/opsdyn SCHEDULE=both MODELS_OVERRIDE=qwen3_8b,llama31_70b timeout 300 \
+        bash launch/bench-gpu.sh 'bench.tokens=[16,128,1024]' bench.symm_mem=false 2>&1 | rows ;;
     moetrace)
       for tokens in 1 1024; do
         echo "== nn.MoE traced at $tokens tokens, both schedules"
         OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_moe.py $tokens \
           2>&1 | quiet | grep -vE 'UserWarning|_warn_once' | tail -32
       done ;;
-    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, rstail, moetrace)"; exit 2 ;;
+    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, rstail, opsdyn, moetrace)"; exit 2 ;;
   esac
   echo "-- $step done at $((SECONDS - T0)) s"
 done
