@@ -23,6 +23,8 @@
 #   rstail gemm_rs at M=1000/1024/8192 on the five shapes whose plan it changes, the tiles past the
 #          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1) against every tile in slices
 #          (the default), alternated twice (prefill: it rides along, ~4 min);
+#   mlptail the fused MLP at M=1000/1024 on the six shapes whose plan it changes, its last down tiles
+#          in 3 slices (ETDIST_MLP_TAIL_SPLITS=3) against whole (the default), alternated twice (~4 min);
 #   opsdyn the three fused ops under both schedules at M=16/128/1024 on two shapes: what the ready
 #          queue costs their kernels, where every task exists (never benchmarked before; ~2 min);
 #   moetrace  launch/trace_moe.py at 1 and 1024 tokens (qwen3_30b_a3b-sized, EP=2, both schedules):
@@ -83,6 +85,14 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
           WORKLOADS=gemm_rs timeout 150 bash launch/bench-gpu.sh 'bench.tokens=[1000,1024,8192]' bench.symm_mem=false \
           2>&1 | rows | sed "s/^/tail $tail /"
       done ;;
+    mlptail)
+      echo "== the fused MLP above 128 rows: every down tile whole (splits 1, the default), then the last ones in 3 slices"
+      for splits in 1 3 1 3; do
+        [ $((SECONDS - T0)) -gt 420 ] && break
+        ETDIST_MLP_TAIL_SPLITS=$splits RESULTS=$RESULTS/mlptail-$splits \
+          MODELS_OVERRIDE=llama31_8b,gemma2_9b,gemma2_27b,qwen3_32b,gpt3_175b,llama31_405b WORKLOADS=mlp timeout 150 \
+          bash launch/bench-gpu.sh 'bench.tokens=[1000,1024]' bench.symm_mem=false 2>&1 | rows | sed "s/^/splits $splits /"
+      done ;;
     opsdyn)
       echo "== gemm_rs, ag_gemm and the MLP, static and dynamic schedules"
       RESULTS=$RESULTS/opsdyn SCHEDULE=both MODELS_OVERRIDE=qwen3_8b,llama31_70b timeout 300 \
@@ -93,7 +103,7 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
         OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_moe.py $tokens \
           2>&1 | quiet | grep -vE 'UserWarning|_warn_once' | tail -32
       done ;;
-    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, rstail, opsdyn, moetrace)"; exit 2 ;;
+    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, rstail, mlptail, opsdyn, moetrace)"; exit 2 ;;
   esac
   echo "-- $step done at $((SECONDS - T0)) s"
 done

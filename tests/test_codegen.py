@@ -298,6 +298,8 @@ def _op_kernels():
     yield "ag_gemm", lambda: ag_gemm.all_gather_gemm(L.block_m, L.block_n, bf, L.block_k, 16), L.num_warps, L.num_stages
     yield "mlp", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N), T.num_warps, \
         T.num_stages
+    yield "mlp tail", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, tail_splits=3), \
+        T.num_warps, T.num_stages
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]
     # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the
     # megakernel has one register allocation, the expert GEMM loops spilled too.

@@ -322,6 +322,27 @@ def test_split_tail_knob_builds_the_wave_graph():
     assert _probe_lines(code) == [["1024", "4", "0", "2"], ["8192", "1", "0", "2"], ["256", "3", "0", "2"]]
 
 
+def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
+    """The fused MLP's tail plan (ETDIST_MLP_TAIL_SPLITS=3): gemma2_27b at M=1024 deals 288 copies,
+    1152 gate/up tiles and 144 down tiles (each ~4x a gate/up tile's work) round-robin over 132
+    programs, so 12 programs get a second down tile: its last 12 down tiles go in slices. qwen3_32b:
+    160 down tiles, 36 sliced. Where the busiest program would gain less than MIN_GAIN (qwen3_8b,
+    llama31_70b at M=1024): none. At most one owner's tiles; none with one slice."""
+    from etdist.ops.mlp import tail_plan
+    assert tail_plan(1024, 4608, 18432, 2, 132, 3) == 12
+    assert tail_plan(1000, 5120, 12800, 2, 132, 3) == 36
+    assert tail_plan(1024, 4096, 6144, 2, 132, 3) == 0 and tail_plan(1024, 8192, 14336, 2, 132, 3) == 0
+    assert tail_plan(1024, 4608, 18432, 2, 132, 1) == 0
+    for M in (129, 300, 1000, 4096):
+        rows = -(-M // 2)
+        assert 0 <= tail_plan(M, 4608, 18432, 2, 132, 3) <= -(-rows // 128) * 18
+
+
+def test_mlp_tail_knob_reaches_the_op():
+    code = "from etdist.ops import mlp\nprint(mlp.TAIL_SPLITS)"
+    assert _probe_lines(code) == [["1"]] and _probe_lines(code, ETDIST_MLP_TAIL_SPLITS="3") == [["3"]]
+
+
 _PLAN_PROBE = """
 import torch
 from etdist.ops import gemm_rs as op

@@ -96,6 +96,28 @@ def test_tensor_parallel_mlp(schedule, world, M):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("M", [37, 1])
+def test_tensor_parallel_mlp_slices_the_last_down_tiles(schedule, world, M):
+    """tail_splits=3: the last TAIL down tiles of each rank's order in 3 contraction slices (I = 12
+    per rank in 6 steps of 2), TAIL from none to one owner's every tile; each owner sums 3 slices
+    from the source whose order ends on its tile and one from the others. Too large a TAIL is
+    refused before the launch."""
+    kernel = et.compile(mlp.tp_mlp(block_m=8, block_n=8, block_k=2, down_n=4, tail_splits=3), schedule=schedule,
+                        programs=3)
+    inputs = mlp.make_inputs(world, M, H=12, I=12 * world, seed=world * 10 + M)
+    want = mlp.reference([i["x"] for i in inputs], [i["w_gate_up"] for i in inputs], [i["w_down"] for i in inputs])
+    rows = -(-M // world)
+    mn = -(-rows // 8) * 3                          # one owner's down tiles: row tiles x 3 column tiles
+    for tail in sorted({0, 1, mn}):
+        for seed in range(4):
+            got = kernel.run(inputs, sizes={"M": M, "TAIL": tail}, interleave="random", seed=seed)
+            for r in range(world):
+                assert rel_err(got[r]["y"], want[r]) < TOL, (tail, r, seed)
+    with pytest.raises(et.InputError, match="at most one owner's down tiles"):
+        kernel.run(inputs, sizes={"M": M, "TAIL": mn + 1})
+
+
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 16, 1])
 def test_small_m_variants_read_the_whole_gather(schedule, world, M):
     """ag_gemm_whole and mlp_whole: tiles over all M rows after the whole gather; row tiles span

@@ -148,10 +148,10 @@ def gemm_rs_matmul_slice(dst, i, j, s, x, w, partial, partial_peers, M, K, N, RA
 
 
 @triton.jit
-def gemm_rs_reduce(i, j, parts, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SPLITS: tl.constexpr):
-    """y[tile] = sum over sources and the tile's `parts` contraction slices of
-    partial[src * SPLITS + s][tile], in fp32."""
+def gemm_rs_reduce(i, j, parts, split_src, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """y[tile] = sum over sources of their partial[src * SPLITS + s][tile], in fp32: `parts` slices
+    from source split_src (every source when it is -1), one from the others."""
     C = (M + WORLD - 1) // WORLD
     rows = owned_rows(M, WORLD, RANK)
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -160,7 +160,7 @@ def gemm_rs_reduce(i, j, parts, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.const
     offs = offs_m[:, None] * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for src in range(0, WORLD):
-        for s in range(0, parts):
+        for s in range(0, tl.where((split_src < 0) | (src == split_src), parts, 1)):
             acc += tl.load(partial + (src * SPLITS + s) * C * N + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
 

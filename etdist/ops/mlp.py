@@ -2,22 +2,64 @@
 as one persistent kernel per GPU."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .. import knobs
 from ..fusion.errors import InputError
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
-from .gemm_rs import TILE_KNOBS, TileConfig, cached_kernel, check_operands, fp32_config, refusal_reaches_peers, total_rows_of
+from .gemm_rs import (SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands,
+                      fp32_config, refusal_reaches_peers, total_rows_of)
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 # The down projection's tiles are twice as wide (one accumulator): traced at M=1024 (llama31_405b,
 # qwen3_32b), 128x128 down tiles ran at 4.3 TF/s per SM against torch.mm's 5.1-5.2 and the gate/up
 # tiles' 5.6-5.9 (BENCHMARKS.md, eleventh session). Knob: ETDIST_MLP_DOWN_N (128: as before).
 DOWN_N = knobs.read("ETDIST_MLP_DOWN_N", knobs.tile_width, 256)
+# Above 128 rows, the last TAIL down tiles of each rank's order may run in TAIL_SPLITS contraction
+# slices (tail_plan picks TAIL per M). A down tile is the MLP's longest task (K = I per rank: 4x a
+# gate/up tile's work on gemma2_27b's shape), and 144 of them on 132 SMs (gemma2_27b at M=1024) leave
+# twelve programs with a second one while the rest wait. Knob: ETDIST_MLP_TAIL_SPLITS (default 1,
+# every tile whole, until an A/B on GPUs; 3 is the slice count tail_plan's model rates best there).
+TAIL_SPLITS = knobs.read("ETDIST_MLP_TAIL_SPLITS", knobs.positive_int, 1)
+SEND_US, REDUCE_US = 1.0, 3.0   # tail_plan's guesses for a gathered row tile's copy and an owner's sum
+MIN_GAIN = 0.03   # tail_plan slices nothing for less: its model ignores the waits, and slices cost traffic
 _KERNELS: dict = {}
+
+
+@functools.lru_cache(maxsize=4096)
+def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, cfg: TileConfig = TILES,
+              down_n: int = DOWN_N) -> int:
+    """How many of the last down tiles of each rank's order to cut in `splits` slices (at most one
+    owner's): the number that makes the static schedule's busiest program least busy, its tasks
+    (dealt round-robin: task t to program t % sms) weighed by their work at gemm_rs.SM_TFLOPS, a
+    slice SPLIT_COST more per extra slice; the fewest among equals, and none unless that program's
+    load falls by MIN_GAIN."""
+    rows = -(-M // world)                                # rows per owner
+    m = -(-rows // cfg.block_m)                          # row tiles per owner
+    i_tiles, h_tiles, k_tiles = -(-I // cfg.block_n), -(-H // down_n), -(-H // cfg.block_n)
+    mn = m * h_tiles
+    gate_up_us = 2 * cfg.block_m * 2 * cfg.block_n * H / (SM_TFLOPS * 1e6)
+    down_us = 2 * cfg.block_m * down_n * I / (SM_TFLOPS * 1e6)
+    slice_us = down_us / splits * (1 + SPLIT_COST * (splits - 1))
+    tails = np.arange(0, min(mn, sms) + 1)[:, None]      # candidates x programs
+    programs = np.arange(sms)[None, :]
+
+    def dealt(start, count, us):                         # each program's share of tasks [start, start + count)
+        return us * (count // sms + ((programs - start) % sms < count % sms))
+
+    start = world * m * (k_tiles + i_tiles)             # the gather's copies, then the gate/up tiles
+    load = dealt(0, world * m * k_tiles, SEND_US) + dealt(world * m * k_tiles, world * m * i_tiles, gate_up_us)
+    whole = world * mn - tails
+    load = load + dealt(start, whole, down_us) + dealt(start + whole, tails * splits, slice_us)
+    load = load + dealt(start + whole + tails * splits, m * h_tiles, REDUCE_US)
+    busiest = load.max(axis=1)
+    best = int(np.argmin(busiest))
+    return best if busiest[best] <= (1 - MIN_GAIN) * busiest[0] else 0
 
 
 def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mesh=None,
@@ -49,8 +91,11 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if H % 16 == 0 and I % 16 == 0 else 1
     graph = mlp_graph.tp_mlp_whole if whole else mlp_graph.tp_mlp
-    down_n = {} if whole else {"down_n": DOWN_N}
-    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule), cfg, schedule,
-                           lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align, **down_n))
-    return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes={"M": M},
+    tail = not whole and TAIL_SPLITS > 1
+    more = {} if whole else {"down_n": DOWN_N, "tail_splits": TAIL_SPLITS}
+    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule, tail), cfg, schedule,
+                           lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align, **more))
+    sizes = {"M": M, "TAIL": tail_plan(M, H, I, mesh.world_size, _sm_count(mesh.device.index), TAIL_SPLITS)} \
+        if tail else {"M": M}
+    return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes=sizes,
                   out=None if out is None else {"y": out})["y"]

@@ -76,7 +76,7 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
 
     @g.task(grid=(m_tiles, n_tiles), wait=lambda i, j: arrived[me, i, j],
             triton=gemm_tiles.gemm_rs_reduce, constexprs=dict(tiles, SPLITS=splits),
-            bind=dict(parts=lambda i, j: parts(u_of(me, i, j))))
+            bind=dict(parts=lambda i, j: parts(u_of(me, i, j)), split_src=-1))
     def reduce(t, i, j):                                 # y = sum over sources and slices
         rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.N)
         slots = [src * splits + s for src in range(t.world) for s in range(t(parts(u_of(me, i, j))))]

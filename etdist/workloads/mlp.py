@@ -22,9 +22,14 @@ from .gather import gather_rows
 
 
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
-           align: int = 1, group_m: int = 8, down_n: int | None = None) -> et.Graph:
+           align: int = 1, group_m: int = 8, down_n: int | None = None, tail_splits: int = 1) -> et.Graph:
     """The graph; gate/up tiles are block_m x block_n of both projections (two accumulators), down
-    tiles block_m x down_n (default block_n): one accumulator, so it can be twice as wide."""
+    tiles block_m x down_n (default block_n): one accumulator, so it can be twice as wide.
+    tail_splits > 1: the last TAIL down tiles of each rank's order (a size bound at every call, at
+    most one owner's tiles) run in that many contraction slices, so that the long down tiles do not
+    leave a ragged last wave (the op plans TAIL from the tasks each program is dealt)."""
+    if isinstance(tail_splits, bool) or not isinstance(tail_splits, int) or tail_splits < 1:
+        raise et.GraphError(f"tp_mlp: tail_splits must be a positive int, got {tail_splits!r}")
     g = et.Graph("mlp")
     M = g.size("M")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)   # I: this rank's share
@@ -39,10 +44,23 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     g.input("w_gate_up", (H, 2 * I), dtype)
     g.input("w_down", (I, H), dtype)
     g.scratch("h", (R * C, I), dtype)                       # SwiGLU activations, all rows
-    g.scratch("partial", (R, C, H), dtype, symmetric=True)  # on the owner: partial[src]
+    S = tail_splits
+    mn = m_tiles * h_tiles               # down tiles per owner; mine run in the order v = d * mn + q
+    TAIL = g.size("TAIL") if S > 1 else 0   # the last TAIL of them in S slices: all of owner me + R - 1
+    if S > 1:
+        g.check(TAIL <= mn, "TAIL (down tiles in slices) must be at most one owner's down tiles")
+    g.scratch("partial", (R * S, C, H), dtype, symmetric=True)  # on the owner: partial[src, slice]
     g.output("y", (owned(me), H), dtype)
     h_ready = g.event("h_ready", (R, m_tiles), count=i_tiles)             # [source chunk, row tile]
-    arrived = g.event("arrived", (R, m_tiles, h_tiles), count=R, distributed=True)
+    # an owner's tile q arrives from every source, in S slices from the one whose order ends on it
+    split_src = (me + 1) % R
+
+    def parts(q):                        # slices from split_src of its owner's tile q
+        return et.where(q >= mn - TAIL, S, 1) if S > 1 else 1
+
+    tile_parts = lambda i, j: parts(et.ungrouped(i, j, m_tiles, h_tiles, group_m))  # noqa: E731
+    arrived = g.event("arrived", (R, m_tiles, h_tiles), distributed=True,
+                      count=(lambda d, i, j: R - 1 + tile_parts(i, j)) if S > 1 else R)
 
     _, rows_in = gather_rows(g, x, C, owned, block_m, block_n, "ag_out")
 
@@ -60,21 +78,38 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
         cols = et.block(j, block_n, t.I)
         t.h[rows, cols] = _swiglu(t, t.ag_out[rows], cols)
 
-    @g.task(grid=(R, m_tiles * h_tiles), wait=lambda d, q: h_ready[(me + d) % R, down_tile(q)[0]],
-            notify=lambda d, q: arrived[((me + d) % R, *down_tile(q))],
-            triton=gemm_tiles.gemm_rs_matmul, constexprs=dict(gemm, BLOCK_N=DN),
-            bind=dict(dst=lambda d, q: (me + d) % R, i=lambda d, q: down_tile(q)[0],
-                      j=lambda d, q: down_tile(q)[1], x="h", w="w_down", K="I", N="H"))
-    def down(t, d, q):                                      # my partial of rank me + d's tile (i, j)
+    def down_slice(t, v, s):             # slice s of my partial of rank me + d's tile q (v = d * mn + q)
+        d, q = t(v // mn), t(v % mn)
         i, j = t(down_tile(q)[0]), t(down_tile(q)[1])
         dst = (t.rank + d) % t.world
+        n = t(parts(q)) if d == t.world - 1 else 1
         rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, DN, t.H)
-        t.peer(dst).partial[t.rank, rows, cols] = t.h[et.shift(rows, dst * t(C))] @ t.w_down[:, cols]
+        ks = et.block(s, t(et.cdiv(I, n * block_k) * block_k), t.I)   # whole steps, as the GPU body
+        t.peer(dst).partial[t.rank * S + s, rows, cols] = t.h[et.shift(rows, dst * t(C)), ks] @ t.w_down[ks, cols]
 
-    _reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, h_tiles, block_m, DN)
+    def down_body(n, v_of, **bind):      # the GPU body of down tiles v_of(*index), in n slices
+        dq = lambda *k: (v_of(*k) // mn, v_of(*k) % mn)   # noqa: E731
+        return dict(wait=lambda *k: h_ready[(me + dq(*k)[0]) % R, down_tile(dq(*k)[1])[0]],
+                    notify=lambda *k: arrived[((me + dq(*k)[0]) % R, *down_tile(dq(*k)[1]))],
+                    triton=gemm_tiles.gemm_rs_matmul_slice, constexprs=dict(gemm, BLOCK_N=DN, SPLITS=S, PARTS=n),
+                    bind=dict(bind, dst=lambda *k: (me + dq(*k)[0]) % R, i=lambda *k: down_tile(dq(*k)[1])[0],
+                              j=lambda *k: down_tile(dq(*k)[1])[1], x="h", w="w_down", K="I", N="H"))
 
-    g.sample(M=5, H=3, I=2)
-    g.sample(M=37, H=20, I=17)
+    @g.task(grid=(R * mn - TAIL,), **down_body(1, lambda v: v, s=0))
+    def down(t, v):                                         # my partial of a tile, whole
+        down_slice(t, v, 0)
+
+    if S > 1:
+        @g.task(grid=(TAIL, S), **down_body(S, lambda k, s: R * mn - TAIL + k))
+        def down_tail(t, k, s):                             # slice s of one of the last TAIL tiles
+            down_slice(t, t(R * mn - TAIL) + k, s)
+
+    _reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, h_tiles, block_m, DN, S, tile_parts, split_src)
+
+    tail = [{"TAIL": 1}, {"TAIL": 0}] if S > 1 else [{}]   # one tile in slices, or none
+    for sizes in tail:
+        g.sample(M=5, H=3, I=2, **sizes)
+        g.sample(M=37, H=20, I=17, **sizes)
     return g
 
 
@@ -137,15 +172,21 @@ def _swiglu(t, xs, cols):
     return F.silu(xs @ t.w_gate_up[:, cols]) * (xs @ t.w_gate_up[:, I_ + cols.start:I_ + cols.stop])
 
 
-def _reduce_partials(g, wait, owned, m_tiles, h_tiles, block_m, block_n):
-    """The owner's y tile (i, j) = the sum of the partials every rank stored for it, after `wait(i, j)`."""
+def _reduce_partials(g, wait, owned, m_tiles, h_tiles, block_m, block_n, splits=1, parts=None, split_src=-1):
+    """The owner's y tile (i, j) = the sum of the partials every rank stored for it, after `wait(i, j)`:
+    parts(i, j) contraction slices from rank split_src, one from the others (one from each without)."""
     me = g.rank
+    parts = parts or (lambda i, j: 1)
 
     @g.task(grid=(m_tiles, h_tiles), wait=wait, triton=gemm_tiles.gemm_rs_reduce,
-            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=1), bind=dict(N="H", parts=1))
+            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits),
+            bind=dict(N="H", parts=parts, split_src=split_src))
     def reduce(t, i, j):
         rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.H)
-        t.y[rows, cols] = t.partial[:, rows, cols].sum(0)
+        src_of = t(split_src)
+        slots = [src * splits + s for src in range(t.world)
+                 for s in range(t(parts(i, j)) if src == src_of else 1)]
+        t.y[rows, cols] = t.partial[slots, rows, cols].sum(0)
 
 
 def reference(xs, w_gate_up, w_down):

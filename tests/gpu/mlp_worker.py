@@ -1,6 +1,7 @@
 """GPU checks of et.ops.all_gather_gemm and et.nn.TensorParallelMLP, one process per GPU:
 
-    torchrun --nproc_per_node=2 tests/gpu/mlp_worker.py     -> 'OK ag_gemm', 'OK mlp-seq', 'OK mlp-replicated'
+    torchrun --nproc_per_node=2 tests/gpu/mlp_worker.py
+        -> 'OK ag_gemm', 'OK mlp-seq', 'OK mlp-replicated', 'OK mlp-tail'
 """
 import torch
 import torch.distributed as dist
@@ -45,7 +46,31 @@ def main():
                 got = mlp(x)
             assert rel(got, want) < 2e-2, (seq, M, rel(got, want))
         print(f"OK mlp-{'seq' if seq else 'replicated'} rank {r}", flush=True)
+    check_tail_slices(mesh, et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh), ref)
     mesh.close()
+
+
+def check_tail_slices(mesh, mlp, ref):
+    """The MLP graph whose last TAIL down tiles run in 3 contraction slices (ETDIST_MLP_TAIL_SPLITS),
+    with the op's tiles, at TAIL = 0, 1 and one owner's every down tile (mn), ragged M too."""
+    from etdist.ops import mlp as mlp_op
+    from etdist.workloads import mlp as mlp_graph
+    R, r, dev, cfg = mesh.world_size, mesh.rank, mesh.device, mlp_op.TILES
+    kernel = et.compile(mlp_graph.tp_mlp(cfg.block_m, cfg.block_n, torch.bfloat16, cfg.block_k, 16,
+                                         down_n=mlp_op.DOWN_N, tail_splits=3), target="cuda")
+    kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
+    H = mlp.w_down[0].shape[1]
+    for M in (1000, 2048):
+        x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
+        C = -(-M // R)
+        want = ref(x)[r * C:(r + 1) * C]
+        mn = -(-C // cfg.block_m) * -(-H // mlp_op.DOWN_N)
+        for tail in (0, 1, mn):
+            got = kernel(mesh, x=x[r * C:(r + 1) * C].contiguous(), w_gate_up=mlp.w_gate_up[0].data,
+                         w_down=mlp.w_down[0].data, sizes={"M": M, "TAIL": tail})["y"]
+            kernel.check(mesh)
+            assert rel(got, want) < 2e-2, (M, tail, rel(got, want))
+    print(f"OK mlp-tail rank {r}", flush=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,11 @@ def cases():
         lambda R, M: ag_gemm.make_inputs(R, M, 24, 40, seed=M), ag_gemm.reference, ("x", "w")
     yield "mlp", mlp.tp_mlp(T, T, torch.float32, T, group_m=2), \
         lambda R, M: mlp.make_inputs(R, M, 24, 20 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
+    # the last TAIL down tiles of each rank's order in 3 slices (M=37: 2 x 2 x 2 down tiles of 32 columns
+    # on 2 ranks, 3 x 1 x 2 on 3; TAIL=2: one owner's whole share on 3 ranks)
+    yield "mlp_tail", mlp.tp_mlp(T, T, torch.float32, T, group_m=2, down_n=2 * T, tail_splits=3), \
+        lambda R, M: mlp.make_inputs(R, M, 40, 20 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
+        {"TAIL": 2}
     yield "mlp_whole", mlp.tp_mlp_whole(T, T, torch.float32, T), \
         lambda R, M: mlp.make_inputs(R, M, 24, 20 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
     # sizes promised multiples of 16: the GEMM bodies load through TMA descriptors (zero-filled
@@ -52,6 +57,9 @@ def cases():
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "mlp_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
+    yield "mlp_tail_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T, tail_splits=2), \
+        lambda R, M: mlp.make_inputs(R, M, 48, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
+        {"TAIL": 1}
     yield "ag_gemm_whole_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
 
@@ -61,7 +69,8 @@ def main(args):
     only = [a for a in args if not a.startswith("--")]
     mesh = et.init_mesh(backend="cpu")
     R, r = mesh.world_size, mesh.rank
-    for name, graph, make, reference, names in cases():
+    for name, graph, make, reference, names, *extra in cases():
+        sizes = extra[0] if extra else {}        # sizes no input names (the MLP's TAIL)
         if only and name not in only:
             continue
         kernel = et.compile(graph, schedule=schedule, target="cuda")
@@ -70,7 +79,7 @@ def main(args):
             want = reference(*([i[n] for i in inputs] for n in names))[r]
             M_run = inputs[0]["x"].shape[0] if name.startswith("gemm_rs") else M
             for launch in range(2):      # the second launch re-arms the counters
-                y = kernel(mesh, sizes={"M": M_run}, **inputs[r])["y"]
+                y = kernel(mesh, sizes={"M": M_run, **sizes}, **inputs[r])["y"]
                 err = ((y.double() - want).abs().max() / want.abs().max().clamp_min(1e-12)).item() if want.numel() else 0.0
                 assert y.shape == want.shape and err < 1e-4, (name, M, launch, tuple(y.shape), err)
             print(f"OK {name} M={M} {schedule} rank {r}", flush=True)
