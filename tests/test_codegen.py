@@ -32,7 +32,7 @@ def test_generated_source_is_the_static_schedule(gemm_rs_ir):
     call = src[src.index("_et_body_matmul("):].split("\n")[0]
     assert call.startswith("_et_body_matmul((k // ")                   # tile k's owner, then its (i, j)
     assert call.endswith(", s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 1, 1, 64, 64, 64, False, USE_ASM)")
-    assert "_et_body_reduce(i, j, 1, partial, y, " in src               # one slice per source
+    assert "_et_body_reduce(i, j, 1, -1, partial, y, " in src           # one slice from every source
 
 
 def test_ptx_orders_cross_gpu_signals(gemm_rs_ptx):
