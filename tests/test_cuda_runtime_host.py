@@ -309,6 +309,12 @@ def test_tail_plan_splits_only_the_last_waves_tiles():
     assert tail_plan(2048, 18432, 4608, 2, 144) == 1                   # 288 tiles: two whole waves
     for M, K, N in ((256, 24576, 12288), (256, 6144, 4096), (129, 18432, 4608)):
         assert tail_plan(M, K, N, 2, 132) == large_plan(M, K, N, 2, 132)
+    # the partials [2 x slices, M / 2, N] stay within 1 GiB (NVSHMEM's heap is 4 GiB by default) and
+    # int32 offsets (found by review: llama31_405b's shape at M=32800 took 4.3 GB in 4 slices)
+    from etdist.ops.gemm_rs import slices_that_fit
+    assert slices_that_fit(8192, 16384, 2, 2, 4) == 4 and slices_that_fit(16384, 16384, 2, 2, 4) == 2
+    assert slices_that_fit(32800, 16384, 2, 2, 4) == 1 and slices_that_fit(32800, 16384, 2, 4, 4) == 1
+    assert tail_plan(8192, 26624, 16384, 2, 132) == 4 and tail_plan(32800, 26624, 16384, 2, 132) == 1
 
 
 def test_split_tail_knob_builds_the_wave_graph():

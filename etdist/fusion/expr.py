@@ -196,8 +196,9 @@ def _bin(op: str, a: Size, b: Size) -> Expr:
         return const(int(_BINARY[op][1](a.args[0], b.args[0])))
     if op == "mul" and (a.op == "const" and a.args[0] == 1 or b.op == "const" and b.args[0] == 1):
         return b if a.op == "const" and a.args[0] == 1 else a   # x * 1 (a graph's factor of one)
-    if op in ("add", "sub") and b.op == "const" and b.args[0] == 0 or op == "add" and a.op == "const" and a.args[0] == 0:
-        return b if a.op == "const" and a.args[0] == 0 and op == "add" else a   # x + 0 (an offset of none)
+    zero = lambda e: e.op == "const" and e.args[0] == 0   # noqa: E731
+    if (op in ("add", "sub") and zero(b)) or (op == "add" and zero(a)):
+        return b if op == "add" and zero(a) else a        # x + 0 (an offset of none)
     return Expr(op, (a, b))
 
 

@@ -134,7 +134,7 @@ def gemm_rs_matmul(dst, i, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD
 def gemm_rs_matmul_slice(dst, i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
                          PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr):
-    """Contraction slice s of PARTS (cdiv(cdiv(K, BLOCK_K), PARTS) steps each, the last one shorter
+    """Contraction slice s of PARTS (cdiv(cdiv(K, BLOCK_K), PARTS) steps each, the last ones shorter
     or empty) of my partial of rank dst's tile (i, j), into dst's partial[RANK * SPLITS + s]: each
     source has SPLITS slots per tile, of which a tile cut in PARTS <= SPLITS slices fills the first."""
     C = (M + WORLD - 1) // WORLD

@@ -66,7 +66,7 @@ HBM_TBS = 4.3
 
 # The tail plan (ETDIST_GEMM_RS_SPLIT_TAIL=1; off until measured against the plan above): the tiles
 # that fill whole waves of SMs run whole, and only the tiles past the last whole wave run in slices,
-# as many as the SMs they leave idle hold (tail_plan). gemma2_27b at M=1024: 144 tiles on 132 SMs
+# as many as make their waves shortest (tail_plan). gemma2_27b at M=1024: 144 tiles on 132 SMs
 # make one wave of whole tiles and 12 tiles in 4 slices, where the plan above cuts all 144 in 4 (5
 # waves of quarter tiles, each tile's 4 partials stored, sent and summed).
 SPLIT_TAIL = False
@@ -141,6 +141,17 @@ def large_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2) 
     return 1 + costs.index(min(costs))
 
 
+SCRATCH_BYTES = 1 << 30   # the most symmetric memory a plan's partials may take (x world x slices)
+
+
+def slices_that_fit(M: int, N: int, world: int, itemsize: int, splits: int) -> int:
+    """`splits`, or fewer where the partials [world x splits, rows per owner, N] would outgrow
+    SCRATCH_BYTES (NVSHMEM's heap is 4 GiB by default) or the bodies' int32 offsets into them."""
+    one = world * -(-M // world) * N                     # elements of one slice's partials
+    return max(1, min(splits, SCRATCH_BYTES // (one * itemsize), (2 ** 31 - 1) // one))
+
+
+@functools.lru_cache(maxsize=4096)
 def tail_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2) -> int:
     """Contraction slices of the LARGE tiles past the last whole wave on `sms` SMs: the fewest that
     make their waves shortest, counting SPLIT_COST per extra slice (72 tiles left: 3 slices make 216
@@ -149,11 +160,12 @@ def tail_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2) -
     rows = -(-M // world)                     # rows per owner
     tiles = world * -(-rows // LARGE.block_m) * -(-N // LARGE.block_n)
     if tiles < sms:
-        return large_plan(M, K, N, world, sms, itemsize)
+        return slices_that_fit(M, N, world, itemsize, large_plan(M, K, N, world, sms, itemsize))
     tail = tiles % sms
     if not tail:
         return 1
-    costs = [-(-tail * s // sms) / s * (1 + SPLIT_COST * (s - 1)) for s in range(1, MAX_SPLITS + 1)]
+    most = slices_that_fit(M, N, world, itemsize, MAX_SPLITS)
+    costs = [-(-tail * s // sms) / s * (1 + SPLIT_COST * (s - 1)) for s in range(1, most + 1)]
     return 1 + costs.index(min(costs))
 
 

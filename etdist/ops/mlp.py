@@ -13,7 +13,7 @@ from ..fusion.errors import InputError
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
 from .gemm_rs import (SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands,
-                      fp32_config, refusal_reaches_peers, total_rows_of)
+                      fp32_config, refusal_reaches_peers, slices_that_fit, total_rows_of)
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 # The down projection's tiles are twice as wide (one accumulator): traced at M=1024 (llama31_405b,
@@ -91,11 +91,13 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if H % 16 == 0 and I % 16 == 0 else 1
     graph = mlp_graph.tp_mlp_whole if whole else mlp_graph.tp_mlp
-    tail = not whole and TAIL_SPLITS > 1
-    more = {} if whole else {"down_n": DOWN_N, "tail_splits": TAIL_SPLITS}
-    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule, tail), cfg, schedule,
+    # the sliced graph only where its plan slices (its partials take TAIL_SPLITS x the memory)
+    splits = 1 if whole else slices_that_fit(M, H, mesh.world_size, x.dtype.itemsize, TAIL_SPLITS)
+    tail = tail_plan(M, H, I, mesh.world_size, _sm_count(mesh.device.index), splits) if splits > 1 else 0
+    splits = splits if tail else 1
+    more = {} if whole else {"down_n": DOWN_N, "tail_splits": splits}
+    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule, splits), cfg, schedule,
                            lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align, **more))
-    sizes = {"M": M, "TAIL": tail_plan(M, H, I, mesh.world_size, _sm_count(mesh.device.index), TAIL_SPLITS)} \
-        if tail else {"M": M}
+    sizes = {"M": M, "TAIL": tail} if tail else {"M": M}
     return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes=sizes,
                   out=None if out is None else {"y": out})["y"]
