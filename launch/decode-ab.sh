@@ -37,6 +37,16 @@ export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAS
 RESULTS=${RESULTS:-$(mktemp -d)}
 quiet() { grep -vE '^(W1|\[W|Setting OMP|\*{5})'; }
 rows() { grep -E '^\[[0-9]+/[0-9]+\]' | cut -c1-120; }
+# ab NAME VAR "V1 V2" LIMIT [bench-gpu.sh args]: VAR=V1, V2, V1, V2 in turn (none started past LIMIT s), each a
+# bench-gpu.sh run into $RESULTS/NAME-<value> (the caller's MODELS_OVERRIDE/WORKLOADS/... pass through), rows
+# prefixed with "NAME <value>"
+ab() {
+  local name=$1 var=$2 values=$3 limit=$4 v; shift 4
+  for v in $values $values; do
+    [ $((SECONDS - T0)) -gt "$limit" ] && break
+    env "$var=$v" RESULTS="$RESULTS/$name-$v" timeout 150 bash launch/bench-gpu.sh "$@" 2>&1 | rows | sed "s/^/$name $v /"
+  done
+}
 T0=$SECONDS
 for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
   case $step in
@@ -62,12 +72,8 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
         timeout 280 bash launch/tune-moe.sh 2>&1 | cut -c1-140 ;;
     moegroup)
       echo "== nn.MoE expert tile order at 1024/4096 tokens: row tile after row tile (old), then groups of 8"
-      for group in 1 8 1 8; do
-        [ $((SECONDS - T0)) -gt 480 ] && break
-        ETDIST_MOE_GROUP_M=$group RESULTS=$RESULTS/moegroup-$group MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b \
-          WORKLOADS=moe SCHEDULE=static timeout 150 bash launch/bench-gpu.sh bench=gpu_moe 'bench.tokens=[1024,4096]' \
-          2>&1 | rows | sed "s/^/group $group /"
-      done ;;
+      MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=static \
+        ab moegroup ETDIST_MOE_GROUP_M "1 8" 480 bench=gpu_moe 'bench.tokens=[1024,4096]' ;;
     moepin)
       echo "== nn.MoE dynamic, router chain queued (pin 0) against pinned (pin 1), zipf 1.5"
       for pin in 0 1 0 1; do
@@ -79,20 +85,12 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       done ;;
     rstail)
       echo "== gemm_rs above 128 rows: every tile in slices (tail 0, the default), then only the last wave's (tail 1)"
-      for tail in 0 1 0 1; do
-        [ $((SECONDS - T0)) -gt 420 ] && break
-        ETDIST_GEMM_RS_SPLIT_TAIL=$tail RESULTS=$RESULTS/rstail-$tail MODELS_OVERRIDE=gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b \
-          WORKLOADS=gemm_rs timeout 150 bash launch/bench-gpu.sh 'bench.tokens=[1000,1024,8192]' bench.symm_mem=false \
-          2>&1 | rows | sed "s/^/tail $tail /"
-      done ;;
+      MODELS_OVERRIDE=gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b WORKLOADS=gemm_rs \
+        ab rstail ETDIST_GEMM_RS_SPLIT_TAIL "0 1" 420 'bench.tokens=[1000,1024,8192]' bench.symm_mem=false ;;
     mlptail)
       echo "== the fused MLP above 128 rows: every down tile whole (splits 1, the default), then the last ones in 3 slices"
-      for splits in 1 3 1 3; do
-        [ $((SECONDS - T0)) -gt 420 ] && break
-        ETDIST_MLP_TAIL_SPLITS=$splits RESULTS=$RESULTS/mlptail-$splits \
-          MODELS_OVERRIDE=llama31_8b,gemma2_9b,gemma2_27b,qwen3_32b,gpt3_175b,llama31_405b WORKLOADS=mlp timeout 150 \
-          bash launch/bench-gpu.sh 'bench.tokens=[1000,1024]' bench.symm_mem=false 2>&1 | rows | sed "s/^/splits $splits /"
-      done ;;
+      MODELS_OVERRIDE=llama31_8b,gemma2_9b,gemma2_27b,qwen3_32b,gpt3_175b,llama31_405b WORKLOADS=mlp \
+        ab mlptail ETDIST_MLP_TAIL_SPLITS "1 3" 420 'bench.tokens=[1000,1024]' bench.symm_mem=false ;;
     opsdyn)
       echo "== gemm_rs, ag_gemm and the MLP, static and dynamic schedules"
       RESULTS=$RESULTS/opsdyn SCHEDULE=both MODELS_OVERRIDE=qwen3_8b,llama31_70b timeout 300 \

@@ -122,15 +122,6 @@ def store_to_owners(acc, offs_m, offs_n, partial, partial_peers, slot, M, N, WOR
 
 
 @triton.jit
-def gemm_rs_matmul(dst, i, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   TMA: tl.constexpr, USE_ASM: tl.constexpr):
-    """My partial of rank dst's tile (i, j), stored straight into dst's partial[RANK] (peer stores)."""
-    gemm_rs_matmul_slice(dst, i, j, 0, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 1, 1, BLOCK_M,
-                         BLOCK_N, BLOCK_K, TMA, USE_ASM)
-
-
-@triton.jit
 def gemm_rs_matmul_slice(dst, i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
                          PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr):

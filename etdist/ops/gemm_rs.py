@@ -119,6 +119,12 @@ def skinny_class(M: int) -> Optional[TileConfig]:
     return next((cfg for cfg in SKINNY_CLASSES if M <= cfg.block_m), None)
 
 
+def large_tiles(M: int, N: int, world: int, cfg: TileConfig) -> int:
+    """Tiles of the large graph: world destinations x row tiles of an owner's rows x column tiles."""
+    rows = -(-M // world)                     # rows per owner
+    return world * -(-rows // cfg.block_m) * -(-N // cfg.block_n)
+
+
 def plan_cost(M: int, K: int, N: int, world: int, sms: int, cfg: TileConfig, splits: int = 1,
               itemsize: int = 2) -> float:
     """Estimated us of the large graph with `cfg`'s tiles in `splits` contraction slices: the slower
@@ -126,7 +132,7 @@ def plan_cost(M: int, K: int, N: int, world: int, sms: int, cfg: TileConfig, spl
     tasks: world destinations x row tiles x column tiles x slices), and its HBM traffic (weights
     read once per destination, x, partials written and summed)."""
     rows = -(-M // world)                     # rows per owner
-    tasks = world * -(-rows // cfg.block_m) * -(-N // cfg.block_n) * splits
+    tasks = large_tiles(M, N, world, cfg) * splits
     flops = 2 * cfg.block_m * cfg.block_n * K / splits
     compute = -(-tasks // sms) * flops / (SM_TFLOPS * 1e6) * (1 + SPLIT_COST * (splits - 1))
     traffic = itemsize * (world * K * N + M * K + 2 * world * splits * rows * N)
@@ -157,8 +163,7 @@ def tail_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2) -
     make their waves shortest, counting SPLIT_COST per extra slice (72 tiles left: 3 slices make 216
     tasks, two waves of thirds, 0.67 of a whole wave), at most MAX_SPLITS. Fewer tiles than SMs are
     all tail: large_plan's roofline, which knows when the weights' traffic bounds the kernel."""
-    rows = -(-M // world)                     # rows per owner
-    tiles = world * -(-rows // LARGE.block_m) * -(-N // LARGE.block_n)
+    tiles = large_tiles(M, N, world, LARGE)
     if tiles < sms:
         return slices_that_fit(M, N, world, itemsize, large_plan(M, K, N, world, sms, itemsize))
     tail = tiles % sms
@@ -188,19 +193,18 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     same plan."""
     cfg = skinny_class(M)
     skinny = cfg is not None
-    cfg, splits = (cfg, 0) if skinny else (LARGE, large_plan(M, K, N, world, sms, dtype.itemsize))
+    cfg = cfg or LARGE
     tasks_per_sm = skinny_tasks_per_sm(cfg)
     if dtype == torch.float32:
         cfg = fp32_config(cfg)
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1  # aligned rows vectorise
     # builders as partials: `build.func` names the graph, which the op's kernel cache keys on
-    if not skinny and SPLIT_TAIL:
-        splits = tail_plan(M, K, N, world, sms, dtype.itemsize)
-        return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
-                                                     cfg.block_k, align, splits=splits, wave=sms if splits > 1 else 0)
     if not skinny:
+        plan = tail_plan if SPLIT_TAIL else large_plan
+        splits = plan(M, K, N, world, sms, dtype.itemsize)
+        wave = sms if SPLIT_TAIL and splits > 1 else 0
         return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
-                                                     cfg.block_k, align, splits=splits)
+                                                     cfg.block_k, align, splits=splits, wave=wave)
     splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,
                                                  cfg.block_k, splits, align, cfg.swap_ab)

@@ -92,7 +92,7 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     align = 16 if H % 16 == 0 and I % 16 == 0 else 1
     graph = mlp_graph.tp_mlp_whole if whole else mlp_graph.tp_mlp
     # the sliced graph only where its plan slices (its partials take TAIL_SPLITS x the memory)
-    splits = 1 if whole else slices_that_fit(M, H, mesh.world_size, x.dtype.itemsize, TAIL_SPLITS)
+    splits = 1 if whole or TAIL_SPLITS == 1 else slices_that_fit(M, H, mesh.world_size, x.dtype.itemsize, TAIL_SPLITS)
     tail = tail_plan(M, H, I, mesh.world_size, _sm_count(mesh.device.index), splits) if splits > 1 else 0
     splits = splits if tail else 1
     more = {} if whole else {"down_n": DOWN_N, "tail_splits": splits}

@@ -52,10 +52,10 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     arrived = g.event("arrived", (R, m_tiles, n_tiles), count=lambda d, i, j: R * parts(u_of(d, i, j)),
                       distributed=True)  # per source and slice
 
-    def partial_slice(t, u, s):          # slice s of my partial of tile u, into its owner's partial
+    def partial_slice(t, u, s, n):       # slice s of n of my partial of tile u, into its owner's partial
         dst, i, j = (t(e) for e in at(u))
         rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, block_n, t.N)
-        ks = et.block(s, t(et.cdiv(K, parts(u) * block_k) * block_k), t.K)   # whole steps, as the GPU body
+        ks = et.block(s, t(et.cdiv(K, n * block_k) * block_k), t.K)   # whole steps, as the GPU body
         t.peer(dst).partial[t.rank * splits + s, rows, cols] = t.x[et.shift(rows, dst * t(C)), ks] @ t.w[ks, cols]
 
     def matmul_body(n, tile_of, **bind):  # the GPU body of tiles tile_of(*index), cut in n slices
@@ -67,12 +67,12 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     if wave:   # the head's tiles whole, wave after wave
         @g.task(grid=(head,), **matmul_body(1, lambda u: u, s=0))
         def matmul_whole(t, u):
-            partial_slice(t, u, 0)
+            partial_slice(t, u, 0, 1)
 
     # the other tiles in slices; a tile's slices run side by side (the last index walks fastest)
     @g.task(grid=(count - head, splits), **matmul_body(splits, lambda k, s: head + k))
     def matmul(t, k, s):                 # slice s of tile head + k
-        partial_slice(t, head + k, s)
+        partial_slice(t, head + k, s, splits)
 
     @g.task(grid=(m_tiles, n_tiles), wait=lambda i, j: arrived[me, i, j],
             triton=gemm_tiles.gemm_rs_reduce, constexprs=dict(tiles, SPLITS=splits),

@@ -78,11 +78,10 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
         cols = et.block(j, block_n, t.I)
         t.h[rows, cols] = _swiglu(t, t.ag_out[rows], cols)
 
-    def down_slice(t, v, s):             # slice s of my partial of rank me + d's tile q (v = d * mn + q)
+    def down_slice(t, v, s, n):          # slice s of n of my partial of rank me + d's tile q (v = d * mn + q)
         d, q = t(v // mn), t(v % mn)
         i, j = t(down_tile(q)[0]), t(down_tile(q)[1])
         dst = (t.rank + d) % t.world
-        n = t(parts(q)) if d == t.world - 1 else 1
         rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, DN, t.H)
         ks = et.block(s, t(et.cdiv(I, n * block_k) * block_k), t.I)   # whole steps, as the GPU body
         t.peer(dst).partial[t.rank * S + s, rows, cols] = t.h[et.shift(rows, dst * t(C)), ks] @ t.w_down[ks, cols]
@@ -97,12 +96,12 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
     @g.task(grid=(R * mn - TAIL,), **down_body(1, lambda v: v, s=0))
     def down(t, v):                                         # my partial of a tile, whole
-        down_slice(t, v, 0)
+        down_slice(t, v, 0, 1)
 
     if S > 1:
         @g.task(grid=(TAIL, S), **down_body(S, lambda k, s: R * mn - TAIL + k))
         def down_tail(t, k, s):                             # slice s of one of the last TAIL tiles
-            down_slice(t, t(R * mn - TAIL) + k, s)
+            down_slice(t, t(R * mn - TAIL) + k, s, S)
 
     _reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, h_tiles, block_m, DN, S, tile_parts, split_src)
 
