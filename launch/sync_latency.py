@@ -84,7 +84,8 @@ def _queue_pingpong(qs, qs_peers, bad, ctrl, ctrl_peers, rank, n, base, max_spin
     for i in range(n):
         if me == 0:
             push(theirs, base + i, QSIZE, base + i >= 0)   # (a tensor: the mask)
-        task = next_task(mine, QSIZE, base + i + 1, max_spins, ctrl, ctrl_peers, rank, 2, 2, base + i)
+        task = next_task(mine, QSIZE, base + i + 1, 0, 0, base + i + 1, 1, max_spins, ctrl, ctrl_peers, rank, 2, 2,
+                         base + i)   # no seeded tasks: every claim reads a pushed slot
         wrong += (task != base + i).to(tl.int32)
         if me == 1:
             push(theirs, base + i, QSIZE, base + i >= 0)   # (a tensor: the mask)

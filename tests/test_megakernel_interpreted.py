@@ -14,9 +14,9 @@ GRAPHS = ("gemm_rs", "gemm_rs_tail", "gemm_rs_tail_tma", "gemm_rs_skinny", "ag_g
           "gemm_rs_tma", "gemm_rs_skinny_tma", "gemm_rs_skinny_swap_tma", "mlp_tma", "ag_gemm_whole_tma")
 
 
-def interpreted(worker: str, world: int, schedule: str, timeout: int = 600):
+def interpreted(worker: str, world: int, schedule: str, timeout: int = 600, **env_vars: str):
     """Run tests/interp/<worker> on `world` processes under TRITON_INTERPRET=1; (exit code, output)."""
-    env = dict(os.environ, TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="60")
+    env = dict(os.environ, TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="60", **env_vars)
     args = ["--dynamic"] if schedule == "dynamic" else []
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
                         str(INTERP / worker), *args], capture_output=True, text=True, timeout=timeout, env=env)
@@ -42,20 +42,24 @@ def test_counts_read_from_tensors_rearm_every_launch(schedule):
     assert rc == 0 and out.count(f"OK data-dependent {schedule}") == 2, out[-5000:]
 
 
-@pytest.mark.parametrize("world,schedule", [(2, "static"), (2, "dynamic"), (3, "dynamic")])
-def test_moe_kernel_with_in_kernel_routing(world, schedule):
+@pytest.mark.parametrize("world,schedule,early", [(2, "static", "1"), (2, "dynamic", "1"), (3, "dynamic", "1"),
+                                                  (2, "dynamic", "0")])
+def test_moe_kernel_with_in_kernel_routing(world, schedule, early):
     """The EP MoE graph's GPU bodies: routing (softmax top-k) in the kernel decides which expert
-    tiles exist; dispatch and combine by peer stores; uniform and skewed routing."""
-    rc, out = interpreted("moe_worker.py", world, schedule)
+    tiles exist; dispatch and combine by peer stores; uniform and skewed routing. Dynamic: the
+    gate/up tiles pushed at launch (early 1, the default) or released by the tile table (early 0)."""
+    rc, out = interpreted("moe_worker.py", world, schedule, ETDIST_EARLY_PUSH=early)
     assert rc == 0 and out.count(f"OK moe {schedule}") == world, out[-5000:]
 
 
-def test_ready_queue_stamps_wrap():
-    """Queue indices past 2**31 and 2**32 (a long-lived mesh): claims still find their entries."""
+def test_ready_queue_stamps_wrap_and_seeded_claims():
+    """Queue indices past 2**31 and 2**32 (a long-lived mesh): claims still find their entries. A
+    launch's seeded tasks come first, read from the table, then its pushes, in a later epoch."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     p = subprocess.run([sys.executable, str(INTERP / "ready_queue_worker.py")], capture_output=True, text=True,
                        timeout=300, env=env)
-    assert p.returncode == 0 and p.stdout.count("OK ready queue") == 2, (p.stdout + p.stderr)[-3000:]
+    assert p.returncode == 0 and p.stdout.count("OK ready queue") == 2 and p.stdout.count("OK seeded") == 2, \
+        (p.stdout + p.stderr)[-3000:]
 
 
 def test_a_call_refused_on_one_rank_at_a_prepared_shape_stops_every_rank():

@@ -2,10 +2,12 @@
 (every program runs its share before it pops the ready queue), the rest queued as before."""
 import pytest
 import torch
+import triton
 
 import etdist as et
 from etdist.fusion.bind import MapTable, bind
 from etdist.fusion.codegen_triton import generate
+from etdist.fusion.ir import early_pushed as ir_early
 from etdist.fusion.schedule_dynamic import release_plan
 from etdist.workloads import moe
 
@@ -98,13 +100,96 @@ def test_moe_router_chain_is_pinned_and_walked_before_the_queue():
     src = generate(ir, dynamic=True)
     walk = src.index("for _et_gid in range(_et_pid, _et_end4, NUM_PROGRAMS):")
     pop = src.index("while _et_more != 0:")
-    assert src.index("_et_push(rq, tl.load(rq + rq_init") < walk < pop   # seeded, walked, popped
+    assert walk < pop and "_et_push" not in src   # walked, then popped; the seeded tasks are read, not pushed
+    assert "_et_next(rq, rq_q, _et_limit, rq_init, rq_ninit, rq_total, ev_epoch," in src
     pinned, queued = src[walk:pop], src[pop:]
     for name in ("logits", "route", "dispatch", "plan", "tile_table"):
         assert f"_et_body_{name}(" in pinned and f"_et_body_{name}(" not in queued
     for name in ("gate_up", "down", "send_back", "combine"):
         assert f"_et_body_{name}(" in queued and f"_et_body_{name}(" not in pinned
-    # scored, routed, dispatched, planned: plain; tiled and done (gate_up, send_back wait): released
+    # scored, routed, dispatched, planned: plain; tiled and done (send_back waits): released. gate_up
+    # is early-pushed (it waits on tiled alone) and spins on it
+    assert ir_early(ir.tasks) == {"gate_up"}
     assert pinned.count("_et_notify(") == 4 and pinned.count("_et_release(") == 2
     assert queued.count("_et_notify(") == 0 and queued.count("_et_release(") == 3
     assert "_et_wait(" in pinned
+
+
+@triton.jit
+def _noop():
+    pass
+
+
+def _early_graph():
+    """a (pinned) writes how many of b's tasks exist and notifies `sized`; b waits only on that (so it
+    is early-pushed) and exists where i < live[0]: its `when` reads what a wrote; c waits on `ran`,
+    which the live b tasks complete (released by the walk)."""
+    g = et.Graph("early_push")
+    n = g.size("n")
+    g.input("x", (n,))
+    live = g.scratch("live", (1,), torch.int64)
+    g.scratch("y", (n,))
+    g.output("z", (n,))
+    sized, ran = g.event("sized", (1,)), g.event("ran", (1,), count=lambda _: live[0])
+
+    @g.task(grid=(1,), notify=lambda _: sized[0], pinned=True, triton=_noop)
+    def a(t, _):
+        t.live[0] = (t.x > 0).sum()
+
+    @g.task(grid=(n,), wait=lambda i: sized[0], notify=lambda i: ran[0], when=lambda i: i < live[0], triton=_noop)
+    def b(t, i):
+        t.y[i] = 2 * t.x[i]
+
+    @g.task(grid=(n,), wait=lambda i: ran[0], when=lambda i: i < live[0], triton=_noop)
+    def c(t, i):
+        t.z[i] = t.y[i] + 1
+    return g
+
+
+def test_tasks_waiting_only_on_pinned_work_are_pushed_at_launch():
+    """ir.early_pushed: b waits on `sized` alone, which only pinned a notifies, so it starts in the
+    queue behind the tasks that wait on nothing and is left out of the release walk; c waits on
+    `ran`, which b notifies: released as before."""
+    g = _early_graph()
+    ir = g.to_ir()
+    assert ir_early(ir.tasks) == {"b"}
+    assert ir_early(_chain(pin_b=False).to_ir().tasks) == {"b"}    # b waits on pinned a's ya; c on b's yb
+    assert ir_early(_chain().to_ir().tasks) == {"c"}               # b pinned too: c waits on pinned work
+    b = bind(MapTable.build(ir), {"n": 4, "RANK": 0, "WORLD": 1})
+    plan = release_plan(b, 0, ir_early(ir.tasks))
+    assert plan.initial == [] and plan.early == [1, 2, 3, 4] and plan.seeded == [1, 2, 3, 4]
+    assert plan.consumers == {("ran", (0,)): [5, 6, 7, 8]}    # `sized` walks nothing now
+    old = release_plan(b, 0)   # without early push: b released by a's notify
+    assert old.early == [] and old.consumers[("sized", (0,))] == [1, 2, 3, 4]
+    src = generate(ir, dynamic=True)
+    assert src.count("_et_release(") == 1 and "_et_body_a(" in src       # b's notify of ran: released
+    assert src.count("_et_release(") == generate(ir, dynamic=True, early=frozenset()).count("_et_release(") - 1
+
+
+@pytest.mark.parametrize("early", ["1", "0"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_early_pushed_tasks_wait_and_read_their_when_after_the_wait(monkeypatch, early, seed):
+    """Queued before `a` ran, b's tasks must spin on `sized`, then decide whether they exist from the
+    count a wrote (scratch starts poisoned: read earlier, it would be garbage). Off by the knob, the
+    walk releases them as before; the answers agree."""
+    monkeypatch.setenv("ETDIST_EARLY_PUSH", early)
+    kernel = et.compile(_early_graph(), schedule="dynamic", programs=3)
+    assert kernel.early == (frozenset({"b"}) if early == "1" else frozenset())
+    x = torch.randn(9)
+    x[:3] = x[:3].abs() + 0.1                    # at least three live tasks of b and c
+    live = int((x > 0).sum())
+    for launch in range(2):                      # counters re-armed: a second launch
+        out = kernel.run([{"x": x}], interleave="random", seed=seed + 10 * launch)
+        torch.testing.assert_close(out[0]["z"][:live], 2 * x[:live] + 1)
+        assert torch.isnan(out[0]["z"][live:]).all()     # tasks that do not exist wrote nothing
+        assert kernel.last_stats.tasks_run == 1 + 2 * live
+        assert kernel.last_stats.tasks_skipped == 2 * (9 - live)
+
+
+def test_early_push_knob_is_checked():
+    import os
+    env = dict(os.environ, ETDIST_EARLY_PUSH="yes")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, "environ", env)
+        with pytest.raises(et.KnobError, match="ETDIST_EARLY_PUSH='yes': want 0 or 1"):
+            et.compile(_early_graph(), schedule="dynamic")

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Optional
 
 from .errors import GraphError
 from .expr import Expr, as_expr, var
-from .ir import GraphIR, TaskSpec, pinned_prefix
+from .ir import GraphIR, TaskSpec, early_pushed, pinned_prefix
 
 ERR_WORDS = 8
 EVENT_CODE_BASE = 16
@@ -134,13 +135,14 @@ def _linear(dims: list[str], coord: list[str]) -> str:
     return text
 
 
-def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
+def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Optional[frozenset] = None) -> str:
     """Source text of a module defining `megakernel` for this graph. trace=True adds a `trace_buf`
     argument (int64, TRACE_WORDS per task, indexed by the task's global id) and the timer reads that
     fill it; without it the kernel has neither (a compile-time switch: costs nothing when off).
     dynamic=True: programs walk the pinned prefix by the static formula (TaskSpec.pinned), then pop
-    ready tasks from the rank's queue, and notifies that complete an element some queued task
-    waits on push its consumers (ready_queue.py)."""
+    tasks from the rank's queue, and notifies that complete an element some released task waits on
+    push its consumers (ready_queue.py). early: the task functions queued at launch instead
+    (ir.early_pushed, the default; the kernel's host tables must agree)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
     taken = sorted({*OWN_PARAMS, "trace_buf", *QUEUE_PARAMS, *MODULE_NAMES} & {*(t.name for t in ir.tensors), *ir.sizes})
     if taken:
@@ -174,7 +176,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
         out("from etdist.kernels.sync import trace_clock as _et_clock")
     if dynamic:
         out("from etdist.kernels.ready_queue import next_task as _et_next, notify_release as _et_release, "
-            "push as _et_push, rewind_head as _et_rewind")
+            "rewind_head as _et_rewind")
     out("")
     for t in ir.tasks:
         out(f"# _et_body_{t.name} is bound to {t.triton_body.__module__}.{t.triton_body.__name__}")
@@ -210,15 +212,14 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
             ends.append(f"_et_end{k}")
         n = len(ir.tasks)
         pinned = pinned_prefix(ir.tasks) if dynamic else n   # task functions the static formula walks
-        if dynamic:
-            # seed the queue with the tasks that wait on nothing
-            out("for _et_k in range(_et_pid, rq_ninit, NUM_PROGRAMS):")
-            with out.indent():
-                out("_et_push(rq, tl.load(rq + rq_init + _et_k), rq_q, _et_k < rq_ninit)")
+        # events some released task waits on: their notifies walk consumers into the queue; the
+        # others (waited on by pinned or early-pushed tasks only, which spin) are plain notifies
+        early = early_pushed(ir.tasks) if early is None else early
+        released = frozenset(a.event for u in ir.tasks[pinned:] if u.name not in early for a in u.waits)
         if pinned:   # every task (static), or the pinned prefix: the static formula, waits spin
             out(f"for _et_gid in range(_et_pid, {ends[pinned - 1]}, NUM_PROGRAMS):")
             with out.indent():
-                _emit_dispatch(out, ir, tx, trace, dynamic, range(pinned))
+                _emit_dispatch(out, ir, tx, trace, released, range(pinned))
         if dynamic:
             # then pop until every queued task ran
             out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
@@ -226,14 +227,14 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> str:
                 out("_et_more = 1")
                 out("while _et_more != 0:")
                 with out.indent():
-                    out(f"_et_gid = _et_next(rq, rq_q, _et_limit, max_spins, arena, arena_peers, RANK, WORLD, "
-                        f"{event_code(len(ir.events), 1)}, epoch)")
+                    out(f"_et_gid = _et_next(rq, rq_q, _et_limit, rq_init, rq_ninit, rq_total, ev_epoch, max_spins, "
+                        f"arena, arena_peers, RANK, WORLD, {event_code(len(ir.events), 1)}, epoch)")
                     out("if _et_gid < 0:")
                     with out.indent():
                         out("_et_more = 0")
                     out("else:")
                     with out.indent():
-                        _emit_dispatch(out, ir, tx, trace, dynamic, range(pinned, n))
+                        _emit_dispatch(out, ir, tx, trace, released, range(pinned, n))
         # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
         out(f"_et_last = _et_finish(arena, arena_peers, {ERR_WORDS}, {ArenaLayout.in_kernel('grid')}, "
             f"{ArenaLayout.in_kernel('finished')}, epoch, RANK, WORLD, max_spins, True, "
@@ -278,18 +279,20 @@ def _target(e, count: str) -> str:
     return count if e.count.is_data_dependent else f"ev_epoch * ({count})"
 
 
-def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, dynamic: bool, functions: range) -> None:
+def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, released: frozenset, functions: range) -> None:
     """The branch on the global task id `_et_gid`: one arm per device function in `functions` (the
     ids reaching it lie in their range)."""
     for k in functions:
         kw = "if" if k == functions[0] else "elif" if k < functions[-1] else "else"
         out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
         with out.indent():
-            _emit_task(out, ir, k, ir.tasks[k], tx, trace, dynamic)
+            _emit_task(out, ir, k, ir.tasks[k], tx, trace, released)
 
 
 def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = False,
-               dynamic: bool = False) -> None:
+               released: frozenset = frozenset()) -> None:
+    """One task's waits, body and notifies. released: the events whose completing notify walks
+    their consumers into the ready queue (dynamic schedule); the rest are plain notifies."""
     if trace:
         out("_et_t0, _et_sm = _et_clock(_et_gid)")
     out(f"_et_t = _et_gid - _et_end{k - 1}" if k else "_et_t = _et_gid")
@@ -301,9 +304,6 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
             out(f"{name} = _et_t % _et_g{k}_{a}")
             out(f"_et_t = _et_t // _et_g{k}_{a}")
     events = {e.name: (i, e) for i, e in enumerate(ir.events)}
-    # events some queued task waits on: their notifies release consumers; the others (waited on by
-    # pinned tasks only, which spin) are plain notifies
-    queued_waits = {a.event for u in ir.tasks if not u.pinned for a in u.waits}
     out("_et_ok = 1")
     for acc in t.waits:
         i, e = events[acc.event]
@@ -336,7 +336,7 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
             lin = _linear(dims, coord)
             base = f"_et_peer(arena_peers, {coord[0]}, arena)" if e.distributed else "arena"
             scope = "sys" if e.distributed else "gpu"
-            if dynamic and e.name in queued_waits:  # the element's count here (loop variables for spans)
+            if e.name in released:  # the element's count here (loop variables for spans)
                 at = {f"c{d}": (var(coord[d]) if c.op == "span" else c) for d, c in enumerate(acc.coord)}
                 owner = coord[0] if e.distributed else "RANK"
                 n = tx(e.count.substitute(at))

@@ -3,13 +3,15 @@
     kernel = et.compile(graph, schedule="static", target="cpu")
     outs = kernel.run([{"x": x0, "w": w0}, {"x": x1, "w": w1}])   # one dict per rank
 
-ETDIST_DEBUG=1 prints each pass and its counts.
+ETDIST_DEBUG=1 prints each pass and its counts. ETDIST_EARLY_PUSH=0 turns the dynamic schedule's
+early push off (ir.early_pushed; for A/B runs).
 """
 from __future__ import annotations
 
 import os
 from typing import Mapping, Optional, Sequence, Union
 
+from .. import knobs
 from .bind import MapTable
 from .cpu_runtime import CpuKernel
 from .errors import GraphError
@@ -20,6 +22,11 @@ from .validate import validate
 SCHEDULES = ("static", "dynamic")
 TARGETS = ("cpu", "cuda")
 DEFAULT_CPU_PROGRAMS = 4
+
+
+def early_push() -> bool:
+    """ETDIST_EARLY_PUSH, read when a kernel compiles (default on; ir.early_pushed)."""
+    return knobs.now("ETDIST_EARLY_PUSH", knobs.flag, True)
 
 
 def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str = "cpu",
@@ -53,11 +60,12 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
     if debug:
         print(f"[etdist] validate {ir.name}: {report.tasks} tasks over {len(report.samples)} samples; "
               f"runtime-checked events: {list(report.dynamic_events)}")
+    early = early_push()
     if target == "cuda":
         from .cuda_runtime import CudaKernel  # imports triton; CPU-only users never need it
-        kernel = CudaKernel(table, schedule, programs, trace=trace)
+        kernel = CudaKernel(table, schedule, programs, trace=trace, early_push=early)
     else:
-        kernel = CpuKernel(table, schedule, programs or DEFAULT_CPU_PROGRAMS)
+        kernel = CpuKernel(table, schedule, programs or DEFAULT_CPU_PROGRAMS, early_push=early)
         kernel.trace_default = trace
     if debug:
         print(f"[etdist] build {ir.name}: {kernel}")

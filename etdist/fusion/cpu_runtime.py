@@ -25,7 +25,7 @@ import torch
 from .bind import Bound, MapTable, bind, bind_inputs, in_bounds
 from .errors import CounterError, DeadlockError, DoubleNotifyError, InputError, RuntimeFault
 from .expr import RANK_NAME, WORLD_NAME, evaluate
-from .ir import Role
+from .ir import Role, early_pushed
 from .schedule_dynamic import release_plan
 from .schedule_static import StaticSchedule
 from .tile_context import TileContext
@@ -67,7 +67,7 @@ class _Launch:
         self.trace = trace
         self.step = 0
         if kernel.schedule == "dynamic":
-            self.plans = [release_plan(b, r) for r in range(self.world)]
+            self.plans = [release_plan(b, r, kernel.early) for r in range(self.world)]
             self.pending = [list(p.waits) for p in self.plans]
             self.queues = [deque() for _ in range(self.world)]
             self.remaining = [b.total - b.pinned] * self.world
@@ -83,6 +83,8 @@ class _Launch:
                             self.pending[r][gid] -= 1
                             if self.pending[r][gid] == 0:
                                 self._release(r, gid)
+                # early-pushed: queued as they are; their `when` may read what their waits guard
+                self.queues[r].extend(p.early)
 
     # -- counters --------------------------------------------------------------------------
     def _count(self, owner: int, event: str, coord: tuple) -> int:
@@ -144,7 +146,8 @@ class _Launch:
         q = self.queues[rank]
         while True:
             if q:
-                yield from self.run_task(rank, p, q.popleft(), wait=False)
+                gid = q.popleft()   # released tasks are ready; early-pushed ones wait (on pinned work)
+                yield from self.run_task(rank, p, gid, wait=self.b.decode(gid)[0].maps.spec.name in self.k.early)
                 self.remaining[rank] -= 1
             elif self.remaining[rank] == 0:
                 return
@@ -235,8 +238,10 @@ class CpuKernel:
 
     target = "cpu"
 
-    def __init__(self, table: MapTable, schedule: str, programs: int):
+    def __init__(self, table: MapTable, schedule: str, programs: int, early_push: bool = True):
         self.table, self.ir, self.schedule, self.programs = table, table.ir, schedule, programs
+        # the dynamic schedule's early-pushed task functions (ir.early_pushed)
+        self.early = early_pushed(self.ir.tasks) if schedule == "dynamic" and early_push else frozenset()
         self._counters: dict = {}
         self.last_stats: Optional[LaunchStats] = None
         self.trace_default = False   # compile(..., trace=True) sets it

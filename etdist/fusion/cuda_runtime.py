@@ -42,7 +42,7 @@ from .schedule_dynamic import release_plan
 from .codegen_triton import ERR_WORDS, TRACE_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
 from .errors import GraphError, InputError, RuntimeFault
 from .expr import RANK_NAME, evaluate
-from .ir import Role
+from .ir import Role, early_pushed
 
 DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
 # ETDIST_ERROR_WORD_COPY=1 also copies the error word to the host after each launch, as before the
@@ -181,8 +181,10 @@ class CudaKernel:
     target = "cuda"
 
     def __init__(self, table: MapTable, schedule: str, programs: Optional[int] = None,
-                 num_warps: int = 4, num_stages: int = 3, trace: bool = False):
+                 num_warps: int = 4, num_stages: int = 3, trace: bool = False, early_push: bool = True):
         self.dynamic = schedule == "dynamic"
+        # the dynamic schedule's early-pushed task functions: the kernel and its host tables agree on them
+        self.early = early_pushed(table.ir.tasks) if self.dynamic and early_push else frozenset()
         for e in table.ir.events:
             if self.dynamic and RANK_NAME in e.count.symbols():   # a remote notifier evaluates it
                 raise GraphError(f"event {e.name!r}: schedule='dynamic' on GPUs needs counts that do not "
@@ -213,7 +215,7 @@ class CudaKernel:
                 raise GraphError("trace=True reads GPU timers (inline asm): not under TRITON_INTERPRET=1")
             from ..kernels.interpret import patch_interpreter
             patch_interpreter()
-        self.source = generate(self.ir, trace, self.dynamic)
+        self.source = generate(self.ir, trace, self.dynamic, self.early)
         if os.environ.get("ETDIST_DUMP", "0") not in ("", "0"):
             print(self.source)
         self.module = load_module(self.ir, self.source)
@@ -436,10 +438,11 @@ class CudaKernel:
     def _prepare_queue(self, mesh, st: _MeshState, bound: dict, offsets: dict, event_shapes: dict, at: int,
                        fixed: dict) -> None:
         """The dynamic schedule's tables at these sizes (ready_queue.py's layout): this rank's inverse
-        map as CSR over its arena words (each entry with its task's number of waits), the tasks that
-        wait on nothing; plus a zeroed queue. One symmetric int64 buffer, sized by the largest rank."""
+        map as CSR over its arena words (each entry with its task's number of waits), the seeded
+        tasks (those that wait on nothing, then the early-pushed ones); plus a zeroed queue. One
+        symmetric int64 buffer, sized by the largest rank."""
         b = bind(self.table, bound)
-        plan = release_plan(b, mesh.rank)
+        plan = release_plan(b, mesh.rank, self.early)
         env = {**bound, RANK_NAME: mesh.rank}
         waits, initial = list(plan.waits), list(plan.initial)
         by_word: dict = {}
@@ -460,7 +463,8 @@ class CudaKernel:
         if T >= 2 ** 31:   # queue entries and slots carry a task id in 31 bits (next_task's int32)
             raise GraphError(f"graph {self.ir.name!r}: {T} tasks at these sizes; the dynamic schedule takes < 2**31")
         queued = T - b.pinned   # pinned tasks run by the static formula, never queued
-        T_max, C_max, I_max, N_max = (max(v) for v in zip(*mesh.comm.allgather((T, len(cols), len(initial), queued))))
+        seeded = sorted(initial) + plan.early   # claimed in this order, before anything pushed
+        T_max, C_max, I_max, N_max = (max(v) for v in zip(*mesh.comm.allgather((T, len(cols), len(seeded), queued))))
         Q = 1 << max(0, (N_max - 1).bit_length())
         lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_rowptr": 2 + Q + T_max}
         lay["rq_cols"] = lay["rq_rowptr"] + at + 1
@@ -469,7 +473,7 @@ class CudaKernel:
         host = torch.zeros(n, dtype=torch.int64)
         host[lay["rq_rowptr"]:lay["rq_rowptr"] + at + 1] = torch.tensor(rowptr, dtype=torch.int64)
         host[lay["rq_cols"]:lay["rq_cols"] + len(cols)] = torch.tensor(cols, dtype=torch.int64)
-        host[lay["rq_init"]:lay["rq_init"] + len(initial)] = torch.tensor(sorted(initial), dtype=torch.int64)
+        host[lay["rq_init"]:lay["rq_init"] + len(seeded)] = torch.tensor(seeded, dtype=torch.int64)
         if st.rq is None or st.rq.numel() < n:
             _sync(mesh)
             if st.rq is not None:
@@ -478,7 +482,7 @@ class CudaKernel:
             st.rq = mesh.empty((n,), torch.int64)
             st.rq_peers = mesh.peer_ptrs(st.rq)
         st.rq[:n].copy_(host)
-        fixed.update(lay, rq=st.rq, rq_peers=st.rq_peers, rq_ninit=len(initial), rq_total=queued)
+        fixed.update(lay, rq=st.rq, rq_peers=st.rq_peers, rq_ninit=len(seeded), rq_total=queued)
 
     def _error_host(self, st: _MeshState) -> torch.Tensor:
         """Where the kernel leaves its error word: the pinned word on GPUs; under the interpreter

@@ -3,7 +3,13 @@
 Layout of the int64 buffer `rq` (offsets are kernel arguments, the same on every rank):
 
     [0] head (claims) | [1] tail (pushes) | [2, 2+Q) slots | pending[task] | rowptr[arena word] |
-    cols | initial tasks
+    cols | seeded tasks
+
+A launch's queue starts with its seeded tasks: those that wait on nothing, then the early-pushed
+ones (ir.early_pushed: they wait only on pinned tasks' events and spin when popped). Their ids sit
+in a table the host writes once per shape, and a claim of one of the launch's first NINIT indices
+reads it directly (next_task): seeding costs no atomics and keeps id order (pushed one by one at
+the start, each program paid a chain of sys-scope atomics before its first task).
 
 A finished task that brings an event element to its count walks that element's consumers
 (rowptr/cols: the inverse map, built on the host per shape; each entry waits << 32 | task, its
@@ -11,16 +17,17 @@ number of waits with it) on the rank that owns the element, bumps the pending co
 that waits on more than this element, and pushes the ones whose every wait is now complete: one
 sys-scope atomic on that rank's tail per block of them, then each slot stored with release. A
 consumer with one wait is pushed at once: no other notifier shares its count, so the bump (a
-dependent sys-scope atomic on the release's path) would decide nothing. Slot i holds
-(i + 1) << 32 | task, so a program that claimed index i knows when its entry has landed (the stamp
-is compared in 32 bits: (index + 1) << 32 wraps once a mesh has pushed 2^31 tasks, and a slot is
-never more than one lap stale). Head and tail only grow (each launch pushes and claims every
-queued task once), so counters re-arm by launch epoch as the events do; claims overshoot by one per program at the end of a
-launch, and the last program to finish rewinds the head.
-Only tasks whose waits are all complete are ever queued: no program spins inside a queued task,
-which is what makes the schedule deadlock-free for any valid graph. Pinned tasks (TaskSpec.pinned)
-are never queued: every program runs its static share of them first, spinning as under the static
-schedule, which is deadlock-free as long as they wait only on each other (graph._check_pinned).
+dependent sys-scope atomic on the release's path) would decide nothing. Push number i's slot
+holds (i + 1) << 32 | task, so a program that claimed it knows when its entry has landed (the stamp
+is compared in 32 bits: (i + 1) << 32 wraps once a mesh has pushed 2^31 tasks, and a slot is never
+more than one lap stale). Head and tail only grow (each launch claims every queued task once and
+pushes every one it does not seed), so counters re-arm by launch epoch as the events do; claims
+overshoot by one per program at the end of a launch, and the last program to finish rewinds the head.
+Pushed tasks have all their waits complete: no program spins inside one, which is what makes the
+schedule deadlock-free for any valid graph. The programs that do spin are in pinned tasks
+(TaskSpec.pinned: never queued; every program runs its static share of them first, as under the
+static schedule, deadlock-free as long as they wait only on each other, graph._check_pinned) and in
+early-pushed ones, which wait only on pinned work.
 """
 import triton
 import triton.language as tl
@@ -53,9 +60,14 @@ def push_block(q, tasks, QSIZE, ready):
 
 
 @triton.jit
-def next_task(q, QSIZE, limit, max_spins, ctrl_ptr, ctrl_table, rank, world, event, epoch):
-    """Claim the next queue index and wait for its entry: the task id, or -1 when every queued task
-    of the launch is claimed (or the watchdog fired: recorded, as in sync.wait).
+def next_task(q, QSIZE, limit, INIT, NINIT, TOTAL, ev_epoch, max_spins, ctrl_ptr, ctrl_table, rank, world,
+              event, epoch):
+    """Claim the next queue index and the task at it: the task id, or -1 when every queued task of
+    the launch is claimed (or the watchdog fired: recorded, as in sync.wait).
+    A launch's first NINIT indices are its seeded tasks, read straight from the table at INIT (the
+    same every launch): no program pushes them, and the first claims cost no wait for a slot.
+    Past them, index i is the launch's push number i - ev_epoch * NINIT (pushes count only their
+    own), and the program waits for that slot's stamp.
     One fetch-and-add per claim: a compare-and-swap loop made 132 programs retry against each
     other (traced: 4.6 us median, 26 us p90 between tasks under the dynamic schedule). A program
     stops at its first index >= limit, so the head ends past the launch's last task;
@@ -64,21 +76,26 @@ def next_task(q, QSIZE, limit, max_spins, ctrl_ptr, ctrl_table, rank, world, eve
     got = tl.where(claimed < limit, claimed, claimed * 0 - 1)
     task = (got * 0 - 1).to(tl.int32)
     if got >= 0:
-        slot = q + 2 + got % QSIZE
-        stamp = (got + 1) & 0xFFFFFFFF
-        v = tl.atomic_add(slot, 0, sem="acquire", scope="sys")
-        spins = 0
-        failed = tl.load(ctrl_ptr, volatile=True) != 0
-        while (((v >> 32) & 0xFFFFFFFF) != stamp) & (spins < max_spins) & (failed == 0):
+        k = got - (limit - TOTAL)                     # the index within this launch
+        if k < NINIT:
+            task = tl.load(q + INIT + k).to(tl.int32)
+        else:
+            pushed = got - (got * 0 + ev_epoch) * NINIT   # in int64: epochs x seeded tasks pass 2**31
+            slot = q + 2 + pushed % QSIZE
+            stamp = (pushed + 1) & 0xFFFFFFFF
             v = tl.atomic_add(slot, 0, sem="acquire", scope="sys")
-            spins += 1
-            if spins % 1024 == 0:
-                failed = tl.load(ctrl_ptr, volatile=True) != 0
-        if ((v >> 32) & 0xFFFFFFFF) == stamp:
-            task = (v & 0xFFFFFFFF).to(tl.int32)
-        elif failed == 0:
-            record_error(ctrl_ptr, ctrl_table, rank, world, ERR_TIMEOUT, event, (v >> 32).to(tl.int32),
-                         (got + 1).to(tl.int32), -1, epoch)
+            spins = 0
+            failed = tl.load(ctrl_ptr, volatile=True) != 0
+            while (((v >> 32) & 0xFFFFFFFF) != stamp) & (spins < max_spins) & (failed == 0):
+                v = tl.atomic_add(slot, 0, sem="acquire", scope="sys")
+                spins += 1
+                if spins % 1024 == 0:
+                    failed = tl.load(ctrl_ptr, volatile=True) != 0
+            if ((v >> 32) & 0xFFFFFFFF) == stamp:
+                task = (v & 0xFFFFFFFF).to(tl.int32)
+            elif failed == 0:
+                record_error(ctrl_ptr, ctrl_table, rank, world, ERR_TIMEOUT, event, (v >> 32).to(tl.int32),
+                             (pushed + 1).to(tl.int32), -1, epoch)
     tl.debug_barrier()
     return task
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from .. import fusion
 from .. import knobs
+from ..fusion.compile import early_push
 from ..fusion.errors import InputError
 from ..ops.gemm_rs import refusal_reaches_peers
 from ..workloads import moe as moe_graph
@@ -140,7 +141,8 @@ class MoE(nn.Module):
             knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_TMA")
         tiles = gpu_tiles(large) if target == "cuda" else None
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
-        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align, GROUP_M, PIN_ROUTER)
+        early = early_push() if self.schedule == "dynamic" else None   # compile reads it: the cache must too
+        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align, GROUP_M, PIN_ROUTER, early)
         if key not in _KERNELS:
             if target == "cpu":
                 graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts)
