@@ -27,6 +27,9 @@
 #   rstail gemm_rs at M=1000/1024/8192 on the five shapes whose plan it changes, the tiles past the
 #          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1) against every tile in slices
 #          (the default), alternated twice (prefill: it rides along, ~4 min);
+#   rsown  gemm_rs at M=1000/1024/8192 on the same five shapes, each rank's own tiles last
+#          (ETDIST_GEMM_RS_OWN_LAST=1) against owner 0's first on every rank (the default), alternated
+#          twice, under the tail plan (RSOWN_TAIL=0: under today's plan) (~4 min);
 #   mlptail the fused MLP at M=1000/1024 on the six shapes whose plan it changes, its last down tiles
 #          in 3 slices (ETDIST_MLP_TAIL_SPLITS=3) against whole (the default), alternated twice (~4 min);
 #   opsdyn the three fused ops under both schedules at M=16/128/1024 on two shapes: what the ready
@@ -98,6 +101,10 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       echo "== gemm_rs above 128 rows: every tile in slices (tail 0, the default), then only the last wave's (tail 1)"
       MODELS_OVERRIDE=gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b WORKLOADS=gemm_rs \
         ab rstail ETDIST_GEMM_RS_SPLIT_TAIL "0 1" 420 'bench.tokens=[1000,1024,8192]' bench.symm_mem=false ;;
+    rsown)
+      echo "== gemm_rs above 128 rows: owner 0's tiles first on every rank (own 0, the default), then each rank's own last"
+      ETDIST_GEMM_RS_SPLIT_TAIL=${RSOWN_TAIL:-1} MODELS_OVERRIDE=gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b \
+        WORKLOADS=gemm_rs ab rsown ETDIST_GEMM_RS_OWN_LAST "0 1" 420 'bench.tokens=[1000,1024,8192]' bench.symm_mem=false ;;
     mlptail)
       echo "== the fused MLP above 128 rows: every down tile whole (splits 1, the default), then the last ones in 3 slices"
       MODELS_OVERRIDE=llama31_8b,gemma2_9b,gemma2_27b,qwen3_32b,gpt3_175b,llama31_405b WORKLOADS=mlp \
@@ -112,7 +119,7 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
         OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_moe.py $tokens \
           2>&1 | quiet | grep -vE 'UserWarning|_warn_once' | tail -32
       done ;;
-    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, rstail, mlptail, opsdyn, moetrace)"; exit 2 ;;
+    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, rstail, rsown, mlptail, opsdyn, moetrace)"; exit 2 ;;
   esac
   echo "-- $step done at $((SECONDS - T0)) s"
 done

@@ -328,6 +328,18 @@ def test_split_tail_knob_builds_the_wave_graph():
     assert _probe_lines(code) == [["1024", "4", "0", "2"], ["8192", "1", "0", "2"], ["256", "3", "0", "2"]]
 
 
+def test_own_last_knob_reaches_the_large_graph():
+    """ETDIST_GEMM_RS_OWN_LAST=1: the large graph runs each rank's own tiles last (with or without
+    the tail plan); the skinny classes are untouched."""
+    code = ("import torch\nfrom etdist.ops import gemm_rs as op\n"
+            "for M in (1024, 128):\n"
+            "    b = op.kernel_plan(M, 18432, 4608, torch.bfloat16, 132, world=2)[3]\n"
+            "    print(M, b.func.__name__, b.keywords.get('own_last'))")
+    assert _probe_lines(code, ETDIST_GEMM_RS_OWN_LAST="1") == [["1024", "gemm_reduce_scatter", "True"],
+                                                               ["128", "gemm_reduce_scatter_skinny", "None"]]
+    assert _probe_lines(code) == [["1024", "gemm_reduce_scatter", "False"], ["128", "gemm_reduce_scatter_skinny", "None"]]
+
+
 def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
     """The fused MLP's tail plan (ETDIST_MLP_TAIL_SPLITS=3): gemma2_27b at M=1024 deals 288 copies,
     1152 gate/up tiles and 144 down tiles (each ~4x a gate/up tile's work) round-robin over 132

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 INTERP = pathlib.Path(__file__).parent / "interp"
-GRAPHS = ("gemm_rs", "gemm_rs_tail", "gemm_rs_tail_tma", "gemm_rs_skinny", "ag_gemm", "ag_gemm_whole", "mlp", "mlp_tail",
+GRAPHS = ("gemm_rs", "gemm_rs_tail", "gemm_rs_tail_tma", "gemm_rs_tail_own", "gemm_rs_skinny", "ag_gemm", "ag_gemm_whole", "mlp", "mlp_tail",
           "mlp_tail_tma", "mlp_whole",
           "gemm_rs_tma", "gemm_rs_skinny_tma", "gemm_rs_skinny_swap_tma", "mlp_tma", "ag_gemm_whole_tma")
 
@@ -50,6 +50,11 @@ def test_moe_kernel_with_in_kernel_routing(world, schedule, early):
     gate/up tiles pushed at launch (early 1, the default) or released by the tile table (early 0)."""
     rc, out = interpreted("moe_worker.py", world, schedule, ETDIST_EARLY_PUSH=early)
     assert rc == 0 and out.count(f"OK moe {schedule}") == world, out[-5000:]
+
+
+def test_ranks_that_disagree_on_early_push_refuse_before_launching():
+    rc, out = interpreted("early_disagree_worker.py", 2, "dynamic", timeout=300)
+    assert rc == 0 and out.count("OK early disagree") == 2, out[-5000:]
 
 
 def test_ready_queue_stamps_wrap_and_seeded_claims():

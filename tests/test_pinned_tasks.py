@@ -109,7 +109,7 @@ def test_moe_router_chain_is_pinned_and_walked_before_the_queue():
         assert f"_et_body_{name}(" in queued and f"_et_body_{name}(" not in pinned
     # scored, routed, dispatched, planned: plain; tiled and done (send_back waits): released. gate_up
     # is early-pushed (it waits on tiled alone) and spins on it
-    assert ir_early(ir.tasks) == {"gate_up"}
+    assert ir_early(ir) == {"gate_up"}
     assert pinned.count("_et_notify(") == 4 and pinned.count("_et_release(") == 2
     assert queued.count("_et_notify(") == 0 and queued.count("_et_release(") == 3
     assert "_et_wait(" in pinned
@@ -120,17 +120,18 @@ def _noop():
     pass
 
 
-def _early_graph():
+def _early_graph(extra: int = 0):
     """a (pinned) writes how many of b's tasks exist and notifies `sized`; b waits only on that (so it
     is early-pushed) and exists where i < live[0]: its `when` reads what a wrote; c waits on `ran`,
-    which the live b tasks complete (released by the walk)."""
+    which the live b tasks complete (released by the walk). extra: `ran` waits for that many more
+    notifies than ever come (a deadlock)."""
     g = et.Graph("early_push")
     n = g.size("n")
     g.input("x", (n,))
     live = g.scratch("live", (1,), torch.int64)
     g.scratch("y", (n,))
     g.output("z", (n,))
-    sized, ran = g.event("sized", (1,)), g.event("ran", (1,), count=lambda _: live[0])
+    sized, ran = g.event("sized", (1,)), g.event("ran", (1,), count=lambda _: live[0] + extra)
 
     @g.task(grid=(1,), notify=lambda _: sized[0], pinned=True, triton=_noop)
     def a(t, _):
@@ -146,17 +147,44 @@ def _early_graph():
     return g
 
 
+def _pinned_count_graph():
+    """a (pinned) writes live[0]; p (pinned) notifies `ran` once per live task, a count read from
+    live; u waits on `ran` alone, which only pinned tasks notify, yet is not early-pushed: queued at
+    the start it would read ran's count before a wrote it (found by review)."""
+    g = et.Graph("early_reads_count")
+    n = g.size("n")
+    g.input("x", (n,))
+    live = g.scratch("live", (1,), torch.int64)
+    g.scratch("y", (n,))
+    g.output("z", (1,))
+    sized, ran = g.event("sized", (1,)), g.event("ran", (1,), count=lambda _: live[0])
+
+    @g.task(grid=(1,), notify=lambda _: sized[0], pinned=True, triton=_noop)
+    def a(t, _):
+        t.live[0] = (t.x > 0).sum()
+
+    @g.task(grid=(n,), wait=lambda i: sized[0], notify=lambda i: ran[0], when=lambda i: i < live[0], pinned=True,
+            triton=_noop)
+    def p(t, i):
+        t.y[i] = 2 * t.x[i]
+
+    @g.task(grid=(1,), wait=lambda _: ran[0], triton=_noop)
+    def u(t, _):
+        t.z[0] = t.y[:int(t.live[0])].sum()
+    return g
+
+
 def test_tasks_waiting_only_on_pinned_work_are_pushed_at_launch():
     """ir.early_pushed: b waits on `sized` alone, which only pinned a notifies, so it starts in the
     queue behind the tasks that wait on nothing and is left out of the release walk; c waits on
     `ran`, which b notifies: released as before."""
     g = _early_graph()
     ir = g.to_ir()
-    assert ir_early(ir.tasks) == {"b"}
-    assert ir_early(_chain(pin_b=False).to_ir().tasks) == {"b"}    # b waits on pinned a's ya; c on b's yb
-    assert ir_early(_chain().to_ir().tasks) == {"c"}               # b pinned too: c waits on pinned work
+    assert ir_early(ir) == {"b"}
+    assert ir_early(_chain(pin_b=False).to_ir()) == {"b"}    # b waits on pinned a's ya; c on b's yb
+    assert ir_early(_chain().to_ir()) == {"c"}               # b pinned too: c waits on pinned work
     b = bind(MapTable.build(ir), {"n": 4, "RANK": 0, "WORLD": 1})
-    plan = release_plan(b, 0, ir_early(ir.tasks))
+    plan = release_plan(b, 0, ir_early(ir))
     assert plan.initial == [] and plan.early == [1, 2, 3, 4] and plan.seeded == [1, 2, 3, 4]
     assert plan.consumers == {("ran", (0,)): [5, 6, 7, 8]}    # `sized` walks nothing now
     old = release_plan(b, 0)   # without early push: b released by a's notify
@@ -193,3 +221,25 @@ def test_early_push_knob_is_checked():
         m.setattr(os, "environ", env)
         with pytest.raises(et.KnobError, match="ETDIST_EARLY_PUSH='yes': want 0 or 1"):
             et.compile(_early_graph(), schedule="dynamic")
+
+
+def test_a_task_waiting_on_a_count_read_from_a_tensor_is_not_pushed_early():
+    ir = _pinned_count_graph().to_ir()
+    assert ir_early(ir) == frozenset()
+    kernel = et.compile(ir, schedule="dynamic", programs=4)
+    x = -torch.rand(9) - 0.1
+    x[[0, 4]] = 1.0                              # two live tasks
+    for seed in range(20):                       # early-pushed, 9 of 20 seeds read the count first
+        out = kernel.run([{"x": x}], interleave="random", seed=seed)
+        torch.testing.assert_close(out[0]["z"][0], 2 * x[:2].sum())
+
+
+def test_a_deadlock_names_the_stuck_tasks_not_the_early_pushed_ones():
+    """Early-pushed tasks are never released, so they have nothing pending: the report lists the
+    task that is stuck (c, waiting on a count that never completes), not b's that ran."""
+    kernel = et.compile(_early_graph(extra=1), schedule="dynamic", programs=3)
+    x = torch.randn(9)
+    x[:3] = x[:3].abs() + 0.1
+    with pytest.raises(et.DeadlockError) as err:
+        kernel.run([{"x": x}], interleave="random", seed=0)
+    assert "c(0,) never released: waits on ran[0]" in str(err.value) and "b(" not in str(err.value)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import etdist as et
+from etdist.fusion.bind import MapTable, bind
 from etdist.workloads import ag_gemm, gemm_rs, mlp, moe
 
 from conftest import rel_err
@@ -51,6 +52,34 @@ def test_gemm_reduce_scatter_splits_only_the_tiles_past_the_last_whole_wave(sche
             assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
     with pytest.raises(et.GraphError, match="wave must be a non-negative int"):
         gemm_rs.gemm_reduce_scatter(splits=2, wave=-1)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("M", [37, 3])
+@pytest.mark.parametrize("splits,wave", [(1, 0), (3, 0), (3, 4), (3, 7), (2, 40)])
+def test_gemm_reduce_scatter_with_each_ranks_own_tiles_last(schedule, world, M, splits, wave):
+    """own_last: rank r's blocks of tiles go to r + 1, r + 2, ..., r (its own rows last). With a
+    wave, only its own tiles past the whole waves are sliced: an owner sums that many slices from
+    itself and one from each peer (more ranks than 2: the peers' tail tiles run whole). wave=40:
+    fewer tiles than a wave, every tile sliced from every source."""
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8, block_k=2, splits=splits, wave=wave,
+                                                    own_last=True), schedule=schedule, programs=3)
+    inputs = gemm_rs.make_inputs(world, M, 12, 19, seed=world * 100 + M + splits)
+    want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
+    for seed in range(6):
+        got = kernel.run(inputs, interleave="random", seed=seed)
+        for r in range(world):
+            assert got[r]["y"].shape == want[r].shape
+            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+    # the owner of each of a rank's matmul tiles in id order (the static order, slice 0 of a sliced
+    # tile): blocks of mn tiles, rank r + 1's first, its own last
+    b = bind(MapTable.build(kernel.ir), {"M": M, "K": 12, "N": 19, "WORLD": world})
+    mn = -(-(-(-M // world)) // 8) * 3        # row tiles of an owner's cdiv(M, R) rows x 3 column tiles
+    for r in range(world):
+        owners = [dst for f in b.functions if f.maps.spec.name.startswith("matmul") for k in range(f.size)
+                  if f.unravel(k)[-1] == 0 or f.maps.spec.name == "matmul_whole"
+                  for _, (dst, _, _) in f.maps.notify_elements(f.unravel(k), {**b.sizes, "RANK": r})]
+        assert owners == [(r + 1 + k) % world for k in range(world) for _ in range(mn)], (r, owners)
 
 
 @pytest.mark.parametrize("world", WORLDS)

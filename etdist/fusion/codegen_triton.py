@@ -214,7 +214,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         pinned = pinned_prefix(ir.tasks) if dynamic else n   # task functions the static formula walks
         # events some released task waits on: their notifies walk consumers into the queue; the
         # others (waited on by pinned or early-pushed tasks only, which spin) are plain notifies
-        early = early_pushed(ir.tasks) if early is None else early
+        early = early_pushed(ir) if early is None else early
         released = frozenset(a.event for u in ir.tasks[pinned:] if u.name not in early for a in u.waits)
         if pinned:   # every task (static), or the pinned prefix: the static formula, waits spin
             out(f"for _et_gid in range(_et_pid, {ends[pinned - 1]}, NUM_PROGRAMS):")

@@ -68,7 +68,11 @@ class _Launch:
         self.step = 0
         if kernel.schedule == "dynamic":
             self.plans = [release_plan(b, r, kernel.early) for r in range(self.world)]
+            # early-pushed tasks are queued, never released: nothing to count down (nor to list as stuck)
             self.pending = [list(p.waits) for p in self.plans]
+            for r, p in enumerate(self.plans):
+                for gid in p.early:
+                    self.pending[r][gid] = 0
             self.queues = [deque() for _ in range(self.world)]
             self.remaining = [b.total - b.pinned] * self.world
             for r, p in enumerate(self.plans):
@@ -241,7 +245,7 @@ class CpuKernel:
     def __init__(self, table: MapTable, schedule: str, programs: int, early_push: bool = True):
         self.table, self.ir, self.schedule, self.programs = table, table.ir, schedule, programs
         # the dynamic schedule's early-pushed task functions (ir.early_pushed)
-        self.early = early_pushed(self.ir.tasks) if schedule == "dynamic" and early_push else frozenset()
+        self.early = early_pushed(self.ir) if schedule == "dynamic" and early_push else frozenset()
         self._counters: dict = {}
         self.last_stats: Optional[LaunchStats] = None
         self.trace_default = False   # compile(..., trace=True) sets it

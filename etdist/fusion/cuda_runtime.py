@@ -184,7 +184,7 @@ class CudaKernel:
                  num_warps: int = 4, num_stages: int = 3, trace: bool = False, early_push: bool = True):
         self.dynamic = schedule == "dynamic"
         # the dynamic schedule's early-pushed task functions: the kernel and its host tables agree on them
-        self.early = early_pushed(table.ir.tasks) if self.dynamic and early_push else frozenset()
+        self.early = early_pushed(table.ir) if self.dynamic and early_push else frozenset()
         for e in table.ir.events:
             if self.dynamic and RANK_NAME in e.count.symbols():   # a remote notifier evaluates it
                 raise GraphError(f"event {e.name!r}: schedule='dynamic' on GPUs needs counts that do not "
@@ -464,7 +464,11 @@ class CudaKernel:
             raise GraphError(f"graph {self.ir.name!r}: {T} tasks at these sizes; the dynamic schedule takes < 2**31")
         queued = T - b.pinned   # pinned tasks run by the static formula, never queued
         seeded = sorted(initial) + plan.early   # claimed in this order, before anything pushed
-        T_max, C_max, I_max, N_max = (max(v) for v in zip(*mesh.comm.allgather((T, len(cols), len(seeded), queued))))
+        shared = mesh.comm.allgather((T, len(cols), len(seeded), queued, tuple(sorted(self.early))))
+        if len({e for *_, e in shared}) > 1:   # a walk one rank expects would never come from another
+            raise GraphError(f"graph {self.ir.name!r}: the ranks disagree on which tasks are pushed early "
+                             f"({[list(e) for *_, e in shared]}); set ETDIST_EARLY_PUSH alike on every rank")
+        T_max, C_max, I_max, N_max = (max(v) for v in zip(*(row[:4] for row in shared)))
         Q = 1 << max(0, (N_max - 1).bit_length())
         lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_rowptr": 2 + Q + T_max}
         lay["rq_cols"] = lay["rq_rowptr"] + at + 1

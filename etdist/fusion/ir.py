@@ -87,16 +87,21 @@ def pinned_prefix(tasks) -> int:
     return next((k for k, t in enumerate(tasks) if not t.pinned), len(tasks))
 
 
-def early_pushed(tasks) -> frozenset[str]:
+def early_pushed(ir: "GraphIR") -> frozenset[str]:
     """The unpinned task functions that wait only on events pinned tasks alone notify (the dynamic
     schedule's early push): they start in the ready queue, behind the tasks that wait on nothing,
     and spin on their waits when popped. That cannot deadlock: every program runs its pinned share
     before it pops, and pinned tasks wait on nothing queued (graph._check_pinned). It spares the
-    release walk of an element that frees thousands of them at once (a MoE layer's `tiled`)."""
+    release walk of an element that frees thousands of them at once (a MoE layer's `tiled`).
+    Not a task that waits on a count read from a tensor: spinning from the launch's start, it would
+    read the count before the pinned task that writes it (found by review); released by the
+    notify that completes it, the count has been written."""
+    tasks = ir.tasks
     first_free = pinned_prefix(tasks)
     free_notified = {a.event for t in tasks[first_free:] for a in t.notifies}
+    read_counts = {e.name for e in ir.events if e.count.is_data_dependent}
     return frozenset(t.name for t in tasks[first_free:]
-                     if t.waits and not any(a.event in free_notified for a in t.waits))
+                     if t.waits and not any(a.event in free_notified or a.event in read_counts for a in t.waits))
 
 
 @dataclass(frozen=True)

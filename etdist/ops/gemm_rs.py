@@ -70,6 +70,12 @@ HBM_TBS = 4.3
 # make one wave of whole tiles and 12 tiles in 4 slices, where the plan above cuts all 144 in 4 (5
 # waves of quarter tiles, each tile's 4 partials stored, sent and summed).
 SPLIT_TAIL = False
+# Each rank's own rows' tiles last (ETDIST_GEMM_RS_OWN_LAST=1; off until measured): by default every
+# rank runs owner 0's tiles first, so on 2 GPUs rank 0's last wave stores all its partials over
+# NVLink and rank 1's reduce waits for them. Own tiles last, both ranks' last waves store locally
+# (peers' partials leave during the earlier waves), and with the tail plan each owner sums the
+# slices of its own tail tiles only.
+OWN_LAST = False
 
 
 def _override(name: str, default: TileConfig) -> TileConfig:
@@ -79,6 +85,7 @@ def _override(name: str, default: TileConfig) -> TileConfig:
 
 MAX_SPLITS = knobs.read("ETDIST_GEMM_RS_MAX_SPLITS", knobs.positive_int, MAX_SPLITS)
 SPLIT_TAIL = knobs.read("ETDIST_GEMM_RS_SPLIT_TAIL", knobs.flag, SPLIT_TAIL)
+OWN_LAST = knobs.read("ETDIST_GEMM_RS_OWN_LAST", knobs.flag, OWN_LAST)
 SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY),
                                         _override("SKINNY_128", SKINNY_128), _override("LARGE", LARGE))
 # Tasks per SM that each skinny class's split-K aims at (more slices: more tasks, each shorter).
@@ -204,7 +211,8 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
         splits = plan(M, K, N, world, sms, dtype.itemsize)
         wave = sms if SPLIT_TAIL and splits > 1 else 0
         return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
-                                                     cfg.block_k, align, splits=splits, wave=wave)
+                                                     cfg.block_k, align, splits=splits, wave=wave,
+                                                     own_last=OWN_LAST)
     splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,
                                                  cfg.block_k, splits, align, cfg.swap_ab)
@@ -226,8 +234,8 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index),
                                             mesh.world_size)
     # keyed by the graph too: a knob may give a skinny class the large graph's tile
-    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, schedule, align, splits, build.func, build.keywords.get("wave")),
-                           cfg, schedule, build)
+    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, schedule, align, splits, build.func, build.keywords.get("wave"),
+                                      build.keywords.get("own_last")), cfg, schedule, build)
     return kernel(mesh, x=x, w=w, out=None if out is None else {"y": out})["y"]
 
 

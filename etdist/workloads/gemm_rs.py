@@ -14,7 +14,7 @@ from etdist.kernels import gemm_tiles
 
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
                         block_k: int = 64, align: int = 1, group_m: int = 8, splits: int = 1,
-                        wave: int = 0) -> et.Graph:
+                        wave: int = 0, own_last: bool = False) -> et.Graph:
     """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16).
     align: K and N are promised multiples of it (16 lets the GPU kernel vectorise). group_m: the
     matmul tiles run in groups of that many row tiles per weight column (et.grouped). splits: a
@@ -23,7 +23,11 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     wave: tasks per wave (the programs that run the kernel; the op passes the SM count). Given, only
     the tiles past the last whole wave are split: the tiles that fill whole waves run whole (no
     extra partials to store and sum), and the ragged last wave's tiles run in `splits` slices.
-    Without it (0), every tile is split."""
+    Without it (0), every tile is split.
+    own_last: each rank runs its peers' tiles first and its own rows' tiles last, so its last
+    wave stores locally and no partial crosses NVLink at the end (default: owner 0's tiles first
+    on every rank, so one rank's last wave is all remote). With `wave`, only its own tiles past the
+    whole waves run in slices (R = 2: the same tiles as the tail; more ranks: none of the peers')."""
     if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
         raise et.GraphError(f"gemm_reduce_scatter: splits must be a positive int, got {splits!r}")
     if isinstance(wave, bool) or not isinstance(wave, int) or wave < 0:
@@ -35,22 +39,34 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     m_tiles, n_tiles = et.cdiv(C, block_m), et.cdiv(N, block_n)
     mn = m_tiles * n_tiles
-    count = R * mn                       # tile u = dst * mn + q: my partial of rank dst's tile q
+    count = R * mn                       # tile u = k * mn + q: my partial of rank dst(k)'s tile q
     head = count // wave * wave if wave else 0   # the tiles of whole waves, run whole
+    if own_last and wave:                # the sliced tiles all mine: each owner sums one source's slices
+        head = et.where(head > 0, et.maximum(head, (R - 1) * mn), 0)
 
     def parts(u):                        # contraction slices of tile u
         return et.where(u < head, 1, splits) if wave else splits
 
+    def dst(k):                          # the owner of my k-th block of tiles
+        return (me + 1 + k) % R if own_last else k
+
     def at(u):                           # tile u as (dst, row tile, column tile)
-        return (u // mn, *et.grouped(u % mn, m_tiles, n_tiles, group_m))
+        return (dst(u // mn), *et.grouped(u % mn, m_tiles, n_tiles, group_m))
 
     g.input("x", (M, K), dtype)
     g.input("w", (K, N), dtype)
     g.scratch("partial", (R * splits, C, N), dtype, symmetric=True)   # on the owner: partial[src, slice]
     g.output("y", (owned(me), N), dtype)
-    u_of = lambda d, i, j: d * mn + et.ungrouped(i, j, m_tiles, n_tiles, group_m)  # noqa: E731
-    arrived = g.event("arrived", (R, m_tiles, n_tiles), count=lambda d, i, j: R * parts(u_of(d, i, j)),
-                      distributed=True)  # per source and slice
+    q_of = lambda i, j: et.ungrouped(i, j, m_tiles, n_tiles, group_m)  # noqa: E731
+    if own_last:   # the owner's tile q is block R - 1 of its own order, block 0..R-2 of its peers'
+        own_parts = lambda i, j: parts((R - 1) * mn + q_of(i, j))  # noqa: E731
+        arrivals = lambda d, i, j: (R - 1) * parts(q_of(i, j)) + own_parts(i, j)  # noqa: E731
+        split_src = et.where(head > 0, me, -1) if wave else -1   # -1: every source in slices
+    else:          # tile q of owner d is u = d * mn + q on every source
+        own_parts = lambda i, j: parts(me * mn + q_of(i, j))  # noqa: E731
+        arrivals = lambda d, i, j: R * parts(d * mn + q_of(i, j))  # noqa: E731
+        split_src = -1
+    arrived = g.event("arrived", (R, m_tiles, n_tiles), count=arrivals, distributed=True)  # per source and slice
 
     def partial_slice(t, u, s, n):       # slice s of n of my partial of tile u, into its owner's partial
         dst, i, j = (t(e) for e in at(u))
@@ -76,10 +92,11 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
 
     @g.task(grid=(m_tiles, n_tiles), wait=lambda i, j: arrived[me, i, j],
             triton=gemm_tiles.gemm_rs_reduce, constexprs=dict(tiles, SPLITS=splits),
-            bind=dict(parts=lambda i, j: parts(u_of(me, i, j)), split_src=-1))
+            bind=dict(parts=own_parts, split_src=lambda i, j: split_src))
     def reduce(t, i, j):                                 # y = sum over sources and slices
         rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.N)
-        slots = [src * splits + s for src in range(t.world) for s in range(t(parts(u_of(me, i, j))))]
+        first = lambda src: (t.rank - src - 1) % t.world if own_last else t.rank  # noqa: E731  (src's block)
+        slots = [src * splits + s for src in range(t.world) for s in range(t(parts(first(src) * mn + q_of(i, j))))]
         t.y[rows, cols] = t.partial[slots, rows, cols].sum(0)
 
     g.sample(M=5, K=3, N=7)

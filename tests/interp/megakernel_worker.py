@@ -25,6 +25,11 @@ def cases():
     # (M=37 on 2 ranks: 2 x 2 x 3 tiles, 10 whole and 2 split; on 3 ranks, and M=5: 9 or 6 tiles)
     yield "gemm_rs_tail", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2, splits=3, wave=5), \
         lambda R, M: gemm_rs.make_inputs(R, M, 40, 40, seed=M), gemm_rs.reference, ("x", "w")
+    # each rank's own tiles last, only its own tail tiles sliced (M=37: 2 of 12 on 2 ranks, 3 of 9 on 3;
+    # M=5 on 2 ranks: 1 of 6): an owner sums 3 slices from itself, one from each peer
+    yield "gemm_rs_tail_own", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2, splits=3, wave=5,
+                                                          own_last=True), \
+        lambda R, M: gemm_rs.make_inputs(R, M, 40, 40, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny", gemm_rs.gemm_reduce_scatter_skinny(T, T, torch.float32, T, splits=2), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 40, 24, seed=M), gemm_rs.reference, ("x", "w")
     yield "ag_gemm", ag_gemm.all_gather_gemm(T, T, torch.float32, T, group_m=2), \

@@ -1,0 +1,29 @@
+"""The ranks disagree on ETDIST_EARLY_PUSH (rank 1 turns it off): the MoE graph's dynamic kernel
+would walk `tiled` on one rank and not on the other. Every rank must refuse at the first call,
+before anything launches, naming the knob (not hang until the watchdog).
+
+    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/early_disagree_worker.py   -> 'OK early disagree rank r'
+"""
+import os
+
+import etdist as et
+from etdist.workloads import moe
+
+
+def main():
+    mesh = et.init_mesh(backend="cpu", watchdog_s=20)
+    R, r = mesh.world_size, mesh.rank
+    if r == 1:
+        os.environ["ETDIST_EARLY_PUSH"] = "0"
+    kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16), schedule="dynamic", target="cuda")
+    ranks, _ = moe.make_inputs(R, 5, H=24, I=20, E=4 * R, seed=1)
+    try:
+        kernel(mesh, **ranks[r])
+    except et.GraphError as e:
+        assert "set ETDIST_EARLY_PUSH alike on every rank" in str(e), e
+        print(f"OK early disagree rank {r}", flush=True)
+    mesh.close()
+
+
+if __name__ == "__main__":
+    main()
