@@ -9,9 +9,11 @@ from etdist.workloads import gemm_rs
 from conftest import rel_err
 
 
-def layered(widths, mix, shifts):
+def layered(widths, mix, shifts, pinned=0):
     """Layer l has widths[l] tasks; task (l, i) on rank r reads two elements of layer l-1 on rank r
-    (i % n and (a*i + b) % n) and writes its value into rank (r + shift_l)'s copy, then signals there."""
+    (i % n and (a*i + b) % n) and writes its value into rank (r + shift_l)'s copy, then signals there.
+    The first `pinned` layers are pinned (dynamic schedule: the static formula first; the layer after
+    them, waiting on pinned work alone, is pushed early)."""
     g = et.Graph("layered")
     R, me = g.world, g.rank
     g.input("x", (widths[0],))
@@ -25,7 +27,8 @@ def layered(widths, mix, shifts):
         sh = shifts[l]
         wait = (lambda i: [evs[l - 1][me, i % n_prev], evs[l - 1][me, (a * i + b) % n_prev]]) if l else None
 
-        @g.task(grid=(widths[l],), wait=wait, notify=lambda i: evs[l][(me + sh) % R, i], name=f"layer{l}")
+        @g.task(grid=(widths[l],), wait=wait, notify=lambda i: evs[l][(me + sh) % R, i], name=f"layer{l}",
+                pinned=l < pinned)
         def body(t, i):
             if l == 0:
                 v = t.x[i] * (t.rank + 1)
@@ -61,7 +64,7 @@ def layered_reference(xs, widths, mix, shifts):
     return vals[-1]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(data=st.data(), world=st.integers(1, 4), layers=st.integers(1, 4), programs=st.integers(1, 4),
        schedule=st.sampled_from(["static", "dynamic"]), seed=st.integers(0, 2**16),
        interleave=st.sampled_from(["random", "round_robin"]))
@@ -69,7 +72,8 @@ def test_random_layered_graphs(data, world, layers, programs, schedule, seed, in
     widths = data.draw(st.lists(st.integers(1, 6), min_size=layers, max_size=layers))
     mix = data.draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=layers, max_size=layers))
     shifts = data.draw(st.lists(st.integers(0, 3), min_size=layers, max_size=layers))
-    kernel = et.compile(layered(widths, mix, shifts), schedule=schedule, programs=programs,
+    pinned = data.draw(st.integers(0, layers))   # pinned layers, then (dynamic) an early-pushed one
+    kernel = et.compile(layered(widths, mix, shifts, pinned), schedule=schedule, programs=programs,
                         samples=[{"WORLD": world}])
     gen = torch.Generator().manual_seed(seed)
     xs = [torch.randn(widths[0], generator=gen) for _ in range(world)]
@@ -82,9 +86,12 @@ def test_random_layered_graphs(data, world, layers, programs, schedule, seed, in
 @settings(max_examples=40, deadline=None)
 @given(world=st.integers(1, 5), M=st.integers(1, 40), K=st.integers(1, 9), N=st.integers(1, 20),
        bm=st.sampled_from([1, 4, 16]), bn=st.sampled_from([3, 8]), programs=st.integers(1, 5),
-       schedule=st.sampled_from(["static", "dynamic"]), seed=st.integers(0, 2**16))
-def test_gemm_reduce_scatter_any_size(world, M, K, N, bm, bn, programs, schedule, seed):
-    kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=bm, block_n=bn), schedule=schedule, programs=programs)
+       schedule=st.sampled_from(["static", "dynamic"]), seed=st.integers(0, 2**16),
+       splits=st.integers(1, 3), wave=st.integers(0, 9), own_last=st.booleans())
+def test_gemm_reduce_scatter_any_size(world, M, K, N, bm, bn, programs, schedule, seed, splits, wave, own_last):
+    """Any sizes, tiles, contraction slices, waves (the tail plan) and tile orders."""
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=bm, block_n=bn, block_k=1, splits=splits, wave=wave,
+                                                    own_last=own_last), schedule=schedule, programs=programs)
     inputs = gemm_rs.make_inputs(world, M, K, N, seed=seed)
     want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
     got = kernel.run(inputs, interleave="random", seed=seed)
