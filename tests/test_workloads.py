@@ -19,18 +19,24 @@ def schedule(request):
     return request.param
 
 
+def _check_gemm_rs(kernel, world, M, K, N, input_seed, seeds):
+    """The gemm_rs kernel on fresh random inputs against the float64 reference, one run per
+    interleaving seed: every rank's rows, shape and values."""
+    inputs = gemm_rs.make_inputs(world, M, K, N, seed=input_seed)
+    want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
+    for seed in seeds:
+        got = kernel.run(inputs, interleave="random", seed=seed)
+        for r in range(world):
+            assert got[r]["y"].shape == want[r].shape
+            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+
+
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 3])  # ragged: not a multiple of the tile nor of the world
 def test_gemm_reduce_scatter(schedule, world, M):
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8), schedule=schedule, programs=3)
     K, N = 12, 19
-    inputs = gemm_rs.make_inputs(world, M, K, N, seed=world * 100 + M)
-    want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
-    for seed in SEEDS:
-        got = kernel.run(inputs, interleave="random", seed=seed)
-        for r in range(world):
-            assert got[r]["y"].shape == want[r].shape
-            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+    _check_gemm_rs(kernel, world, M, K, N, world * 100 + M, SEEDS)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -43,13 +49,7 @@ def test_gemm_reduce_scatter_splits_only_the_tiles_past_the_last_whole_wave(sche
     ranks: 6 tiles, 4 or none whole."""
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8, block_k=2, splits=3, wave=wave),
                         schedule=schedule, programs=3)
-    inputs = gemm_rs.make_inputs(world, M, 12, 19, seed=world * 100 + M)
-    want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
-    for seed in range(8):
-        got = kernel.run(inputs, interleave="random", seed=seed)
-        for r in range(world):
-            assert got[r]["y"].shape == want[r].shape
-            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+    _check_gemm_rs(kernel, world, M, 12, 19, world * 100 + M, range(8))
     with pytest.raises(et.GraphError, match="wave must be a non-negative int"):
         gemm_rs.gemm_reduce_scatter(splits=2, wave=-1)
 
@@ -64,13 +64,7 @@ def test_gemm_reduce_scatter_with_each_ranks_own_tiles_last(schedule, world, M, 
     fewer tiles than a wave, every tile sliced from every source."""
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8, block_k=2, splits=splits, wave=wave,
                                                     own_last=True), schedule=schedule, programs=3)
-    inputs = gemm_rs.make_inputs(world, M, 12, 19, seed=world * 100 + M + splits)
-    want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
-    for seed in range(6):
-        got = kernel.run(inputs, interleave="random", seed=seed)
-        for r in range(world):
-            assert got[r]["y"].shape == want[r].shape
-            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+    _check_gemm_rs(kernel, world, M, 12, 19, world * 100 + M + splits, range(6))
     # the owner of each of a rank's matmul tiles in id order (the static order, slice 0 of a sliced
     # tile): blocks of mn tiles, rank r + 1's first, its own last
     b = bind(MapTable.build(kernel.ir), {"M": M, "K": 12, "N": 19, "WORLD": world})

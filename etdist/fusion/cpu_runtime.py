@@ -68,11 +68,11 @@ class _Launch:
         self.step = 0
         if kernel.schedule == "dynamic":
             self.plans = [release_plan(b, r, kernel.early) for r in range(self.world)]
-            # early-pushed tasks are queued, never released: nothing to count down (nor to list as stuck)
-            self.pending = [list(p.waits) for p in self.plans]
-            for r, p in enumerate(self.plans):
-                for gid in p.early:
-                    self.pending[r][gid] = 0
+            # early-pushed tasks are queued, never released: they wait when popped, and have nothing to
+            # count down (nor to list as stuck)
+            self.early = [frozenset(p.early) for p in self.plans]
+            self.pending = [[0 if gid in early else n for gid, n in enumerate(p.waits)]
+                            for p, early in zip(self.plans, self.early)]
             self.queues = [deque() for _ in range(self.world)]
             self.remaining = [b.total - b.pinned] * self.world
             for r, p in enumerate(self.plans):
@@ -151,7 +151,7 @@ class _Launch:
         while True:
             if q:
                 gid = q.popleft()   # released tasks are ready; early-pushed ones wait (on pinned work)
-                yield from self.run_task(rank, p, gid, wait=self.b.decode(gid)[0].maps.spec.name in self.k.early)
+                yield from self.run_task(rank, p, gid, wait=gid in self.early[rank])
                 self.remaining[rank] -= 1
             elif self.remaining[rank] == 0:
                 return

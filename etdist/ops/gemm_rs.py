@@ -233,9 +233,10 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
         mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
     cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index),
                                             mesh.world_size)
-    # keyed by the graph too: a knob may give a skinny class the large graph's tile
-    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, schedule, align, splits, build.func, build.keywords.get("wave"),
-                                      build.keywords.get("own_last")), cfg, schedule, build)
+    # keyed by the graph and every argument it is built with (a knob may give a skinny class the large
+    # graph's tile), and by the tile's warps and stages
+    key = (cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items())))
+    kernel = cached_kernel(_KERNELS, key, cfg, schedule, build)
     return kernel(mesh, x=x, w=w, out=None if out is None else {"y": out})["y"]
 
 

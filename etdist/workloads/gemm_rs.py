@@ -90,18 +90,30 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     def matmul(t, k, s):                 # slice s of tile head + k
         partial_slice(t, head + k, s, splits)
 
-    @g.task(grid=(m_tiles, n_tiles), wait=lambda i, j: arrived[me, i, j],
-            triton=gemm_tiles.gemm_rs_reduce, constexprs=dict(tiles, SPLITS=splits),
-            bind=dict(parts=own_parts, split_src=lambda i, j: split_src))
-    def reduce(t, i, j):                                 # y = sum over sources and slices
-        rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.N)
-        first = lambda src: (t.rank - src - 1) % t.world if own_last else t.rank  # noqa: E731  (src's block)
-        slots = [src * splits + s for src in range(t.world) for s in range(t(parts(first(src) * mn + q_of(i, j))))]
-        t.y[rows, cols] = t.partial[slots, rows, cols].sum(0)
+    reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, n_tiles, block_m, block_n, splits, own_parts,
+                    split_src)
 
     g.sample(M=5, K=3, N=7)
     g.sample(M=37, K=4, N=33)
     return g
+
+
+def reduce_partials(g, wait, owned, m_tiles, n_tiles, block_m, block_n, splits=1, parts=None, split_src=-1,
+                    cols="N"):
+    """The owner's y tile (i, j) = the sum of the partials every rank stored for it, after `wait(i, j)`
+    (gemm_tiles.gemm_rs_reduce): parts(i, j) contraction slices from rank split_src (from every rank
+    when it is -1), one from the others. cols: the size that counts y's columns."""
+    me = g.rank
+    parts = parts or (lambda i, j: 1)
+
+    @g.task(grid=(m_tiles, n_tiles), wait=wait, triton=gemm_tiles.gemm_rs_reduce,
+            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits),
+            bind=dict(N=cols, parts=parts, split_src=split_src))
+    def reduce(t, i, j):                                 # y = sum over sources and slices
+        rows, cs = et.block(i, block_m, t(owned(me))), et.block(j, block_n, getattr(t, cols))
+        src_of, n = t(split_src), t(parts(i, j))
+        slots = [src * splits + s for src in range(t.world) for s in range(n if src_of < 0 or src == src_of else 1)]
+        t.y[rows, cs] = t.partial[slots, rows, cs].sum(0)
 
 
 def reference(xs: list[torch.Tensor], ws: list[torch.Tensor]) -> list[torch.Tensor]:

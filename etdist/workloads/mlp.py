@@ -19,6 +19,7 @@ import etdist as et
 from etdist.kernels import gemm_tiles
 
 from .gather import gather_rows
+from .gemm_rs import reduce_partials
 
 
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
@@ -103,7 +104,8 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
         def down_tail(t, k, s):                             # slice s of one of the last TAIL tiles
             down_slice(t, t(R * mn - TAIL) + k, s, S)
 
-    _reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, h_tiles, block_m, DN, S, tile_parts, split_src)
+    reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, h_tiles, block_m, DN, S, tile_parts, split_src,
+                    cols="H")
 
     tail = [{"TAIL": 1}, {"TAIL": 0}] if S > 1 else [{}]   # one tile in slices, or none
     for sizes in tail:
@@ -158,7 +160,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
             if lo < hi:
                 t.peer(d).partial[t.rank, lo - d * t(C):hi - d * t(C), cols] = part[lo - i * block_m:hi - i * block_m]
 
-    _reduce_partials(g, lambda i, j: arrived[me, j], owned, own_tiles, h_tiles, block_m, block_n)
+    reduce_partials(g, lambda i, j: arrived[me, j], owned, own_tiles, h_tiles, block_m, block_n, cols="H")
 
     g.sample(M=5, H=3, I=2)
     g.sample(M=37, H=20, I=17)
@@ -169,23 +171,6 @@ def _swiglu(t, xs, cols):
     """silu(xs @ w_gate[:, cols]) * (xs @ w_up[:, cols]), with w_gate_up = [w_gate | w_up]."""
     I_ = t.I
     return F.silu(xs @ t.w_gate_up[:, cols]) * (xs @ t.w_gate_up[:, I_ + cols.start:I_ + cols.stop])
-
-
-def _reduce_partials(g, wait, owned, m_tiles, h_tiles, block_m, block_n, splits=1, parts=None, split_src=-1):
-    """The owner's y tile (i, j) = the sum of the partials every rank stored for it, after `wait(i, j)`:
-    parts(i, j) contraction slices from rank split_src, one from the others (one from each without)."""
-    me = g.rank
-    parts = parts or (lambda i, j: 1)
-
-    @g.task(grid=(m_tiles, h_tiles), wait=wait, triton=gemm_tiles.gemm_rs_reduce,
-            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits),
-            bind=dict(N="H", parts=parts, split_src=split_src))
-    def reduce(t, i, j):
-        rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.H)
-        src_of = t(split_src)
-        slots = [src * splits + s for src in range(t.world)
-                 for s in range(t(parts(i, j)) if src == src_of else 1)]
-        t.y[rows, cols] = t.partial[slots, rows, cols].sum(0)
 
 
 def reference(xs, w_gate_up, w_down):
