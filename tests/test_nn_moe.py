@@ -1,9 +1,14 @@
 """et.nn.MoE on the CPU runtime (simulated expert-parallel ranks) against a plain torch top-k MoE."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.nn import functional as F
 
 import etdist as et
+from etdist.nn import moe as nn_moe
 
 H, I, E, K = 24, 20, 8, 2
 
@@ -125,13 +130,27 @@ def test_gpu_kernels_are_keyed_by_alignment():
     assert dict(a.ir.multiples) == {"H": 16, "I": 16} and not dict(r.ir.multiples)
 
 
-def test_large_tiles_serve_large_expert_batches():
-    """The 128-row tiles where the average expert gets >= 512 rows (measured: faster for mixtral
-    at >= 1024 tokens, slower at 1 token and for qwen3_30b_a3b at 1024 tokens on 2 GPUs)."""
-    mixtral = et.nn.MoE(32, 16, 8, 2, simulate_world=2, dtype=torch.float32)
-    qwen = et.nn.MoE(32, 16, 128, 8, simulate_world=2, dtype=torch.float32)
-    assert [mixtral.large_tiles(t) for t in (1, 128, 1024, 4096)] == [False, False, True, True]
-    assert [qwen.large_tiles(t) for t in (16, 1024, 4096)] == [False, False, True]
+def test_large_tiles_serve_large_expert_batches(monkeypatch):
+    """The 128-row tiles where the average expert gets >= 64 rows (measured on one H200: faster for
+    mixtral from 256 tokens, for qwen3_30b_a3b at 1024, slower for qwen3 at 128-512 tokens), in
+    2-byte dtypes (float32's would not fit in shared memory); ETDIST_MOE_LARGE_ROWS moves the bound."""
+    mixtral = et.nn.MoE(32, 16, 8, 2, simulate_world=2, dtype=torch.bfloat16)
+    qwen = et.nn.MoE(32, 16, 128, 8, simulate_world=2, dtype=torch.bfloat16)
+    assert [mixtral.large_tiles(t) for t in (1, 64, 128, 1024)] == [False, False, True, True]
+    assert [qwen.large_tiles(t) for t in (16, 256, 512, 4096)] == [False, False, True, True]
+    assert not et.nn.MoE(32, 16, 8, 2, simulate_world=2, dtype=torch.float32).large_tiles(4096)
+    monkeypatch.setattr(nn_moe, "LARGE_ROWS_PER_EXPERT", 256)
+    assert [mixtral.large_tiles(t) for t in (256, 512)] == [False, True]
+
+
+def test_a_bad_large_rows_knob_is_refused(tmp_path):
+    """ETDIST_MOE_LARGE_ROWS is read at import: a bad value is named at the first compile."""
+    code = ("import torch, etdist as et\n"
+            "m = et.nn.MoE(32, 16, 8, 2, simulate_world=2, dtype=torch.bfloat16)\n"
+            "try:\n    m._kernel('cuda')\nexcept et.KnobError as e:\n    print('refused:', e)\n")
+    env = {**os.environ, "ETDIST_MOE_LARGE_ROWS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "refused: ETDIST_MOE_LARGE_ROWS='0'" in out.stdout, out.stdout + out.stderr
 
 
 def test_a_cpu_mesh_points_to_simulated_ranks(monkeypatch, tmp_path):

@@ -40,12 +40,15 @@ class GpuTiles(NamedTuple):
     num_stages: int = 3
 
 
-# Two size classes. Large expert batches get 128-row tiles: measured on 2x H200 (EP=2, static,
-# launch/tune-moe.sh), mixtral_8x7b 1024 / 4096 tokens 3205 -> 2336 / 10590 -> 8300 us; but
-# mixtral at 1 token 482 -> 654 us and qwen3_30b_a3b at 1024 tokens 1107 -> 1399 us (half-empty
-# tiles). So the large tiles serve calls whose average rows per expert fill four of them.
-LARGE_TILES = GpuTiles(128, 64, 128, 8, 3)
-LARGE_ROWS_PER_EXPERT = 4 * LARGE_TILES.block_m
+# Two size classes. Large expert batches get 128-row tiles with 4 pipeline stages. Measured on one
+# H200 (EP=1, static, uniform and zipf 1.5 routing, fourteenth session; records moe_tiles_ab):
+# where the average expert gets >= 64 rows they win (mixtral_8x7b at 1024 tokens 2373 -> 1773-1793
+# us, qwen3_30b_a3b at 1024 624-631 -> 567-574), at 32 rows they tie (mixtral at 128 tokens) or
+# lose 4-5% (qwen3 at 128-512 tokens); 4 stages beat 3 by 1-7%. (On 2x H200 in the third session,
+# before TMA weights and grouped tiles, 3-stage ones had lost qwen3 at 1024 tokens, 128 rows per
+# expert: 1107 -> 1399 us. The threshold is a knob until EP=2 is measured again.)
+LARGE_TILES = GpuTiles(128, 64, 128, 8, 4)
+LARGE_ROWS_PER_EXPERT = knobs.read("ETDIST_MOE_LARGE_ROWS", knobs.positive_int, GpuTiles().block_m)
 # Expert GEMM tiles walk groups of this many row tiles per weight block (moe_layer's group_m; 1: row
 # tile after row tile, as before the grouping, for A/B runs)
 GROUP_M = knobs.read("ETDIST_MOE_GROUP_M", knobs.positive_int, 8)
@@ -127,7 +130,10 @@ class MoE(nn.Module):
 
     def large_tiles(self, tokens: int) -> bool:
         """Whether a call with `tokens` per rank takes the large tile class: rows per expert as if
-        routing were uniform (every rank passes the same number of tokens)."""
+        routing were uniform (every rank passes the same number of tokens). 2-byte dtypes only: in
+        float32 the large tiles need 295 KB of shared memory a program (sm_90 has 227 KB)."""
+        if self.router.dtype.itemsize > 2:
+            return False
         return tokens * self.world * self.top_k >= LARGE_ROWS_PER_EXPERT * self.num_experts
 
     def _kernel(self, target: str, large: bool = False):
@@ -138,7 +144,7 @@ class MoE(nn.Module):
             return kernel
         dtype = self.router.dtype
         if target == "cuda":
-            knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_TMA")
+            knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_MOE_LARGE_ROWS", "ETDIST_TMA")
         tiles = gpu_tiles(large) if target == "cuda" else None
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
         early = early_push() if self.schedule == "dynamic" else None   # compile reads it: the cache must too

@@ -1,10 +1,10 @@
 """et.nn.MoE on GPUs (one process per GPU), both schedules, uniform and skewed routing, against
 the float64 torch layer; then the layer captured in a CUDA graph and replayed with new tokens (the
-routing, so which tiles exist, changes between replays), and the torch baselines of the sweep
-(grouped experts, exact and padded dispatch, the padded one captured in a CUDA graph):
+routing, so which tiles exist, changes between replays), bf16 in both tile classes, and the torch
+baselines of the sweep (grouped experts, exact and padded dispatch, the padded one captured in a CUDA graph):
 
     torchrun --nproc_per_node=N tests/gpu/moe_worker.py  -> 'OK moe <schedule>', 'OK moe-graph <schedule>',
-                                                            'OK moe-baselines'
+                                                            'OK moe-bf16 <schedule>', 'OK moe-baselines'
 """
 import torch
 import torch.distributed as dist
@@ -58,12 +58,26 @@ def main():
             assert rel_err(layer(x), moe_graph.reference(xs, wg, w1, w2, top_k=K)[r]) < 1e-3  # eager in between
         print(f"OK moe-graph {schedule} rank {r}", flush=True)
 
+    # bf16, both tile classes (float32 above only takes the small one): 300 tokens a rank give the
+    # average expert 75 rows, past nn.moe.LARGE_ROWS_PER_EXPERT
+    rounded = lambda t: t.bfloat16().double()   # noqa: E731  (the reference routes what the kernel sees)
+    for schedule in ("static", "dynamic"):
+        for T, skew in ((16, 0.0), (300, 2.0)):
+            ranks, (wg, w1, w2) = moe_graph.make_inputs(R, T, H, I, E, seed=T + 1, skew=skew)
+            want = moe_graph.reference([rounded(i["x"]) for i in ranks], rounded(wg), rounded(w1), rounded(w2),
+                                       top_k=K)[r]
+            layer = et.nn.MoE(H, I, E, K, mesh=mesh, schedule=schedule, dtype=torch.bfloat16)
+            layer.load_experts(w1[..., :I], w1[..., I:], w2, wg)
+            assert layer.large_tiles(T) == (T == 300)
+            err = rel_err(layer(ranks[r]["x"].to(dev, torch.bfloat16)), want)
+            assert err < 3e-2, ("bf16", schedule, T, err)
+        print(f"OK moe-bf16 {schedule} (both tile classes) rank {r}", flush=True)
+
     # the sweep's torch baselines in bf16 (torch._grouped_mm takes bf16 on GPUs) against float64
     T = 40
     ranks, (wg, w1, w2) = moe_graph.make_inputs(R, T, H, I, E, seed=3, skew=2.0)
     # the reference routes the bf16-rounded inputs: on the originals one token of rank 0 picks
     # another expert (a near tie), an error of 0.27 that is the rounding's, not the baseline's
-    rounded = lambda t: t.bfloat16().double()
     want = moe_graph.reference([rounded(i["x"]) for i in ranks], rounded(wg), rounded(w1), rounded(w2), top_k=K)[r]
     bf = {k: v.to(dev, torch.bfloat16) for k, v in ranks[r].items()}
     for dispatch in ("exact", "padded"):

@@ -94,8 +94,9 @@ def test_llama_with_tensor_parallel_mlps_matches_dense():
 def test_moe_layer_both_schedules():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    """Both schedules eagerly and replayed from a CUDA graph with new tokens; the torch baselines."""
+    """Both schedules eagerly and replayed from a CUDA graph with new tokens, bf16 in both tile
+    classes; the torch baselines."""
     _, out = torchrun(2, worker=pathlib.Path(__file__).with_name("moe_worker.py"))
     for check in ("OK moe static", "OK moe dynamic", "OK moe-graph static", "OK moe-graph dynamic",
-                  "OK moe-baselines"):
+                  "OK moe-bf16 static", "OK moe-bf16 dynamic", "OK moe-baselines"):
         assert out.count(check) == 2, out[-5000:]
