@@ -335,6 +335,18 @@ def test_dynamic_moe_megakernel_does_not_spill(top_k, large, pin):
     assert kernel.metadata.shared <= 232448 and _spill_bytes(kernel.asm["ptx"]) <= 8
 
 
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+def test_float32_moe_tiles_fit_in_shared_memory(large):
+    """nn.MoE's float32 tiles drop to nn.moe.FLOAT32_STAGES: at the bf16 stages they would need
+    246-328 KB of shared memory a program, and the launch would fail."""
+    from etdist.nn.moe import gpu_tiles
+    from etdist.workloads import moe
+    t = gpu_tiles(large, torch.float32)
+    ir = moe.moe_layer(top_k=2, block_m=t.block_m, dtype=torch.float32, max_experts=128, block=t.block,
+                       block_n=t.block_n, align=16).to_ir()
+    assert compile_for(ir, num_warps=t.num_warps, num_stages=t.num_stages).metadata.shared <= 232448
+
+
 def test_swap_ab_skinny_tile_multiplies_transposed():
     """The weights on the wgmma's M side (64 rows) and 16 token rows on its N side, the weight
     tile read transposed from shared memory; the plain tile pads the rows to a 64-row M side."""

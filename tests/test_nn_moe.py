@@ -107,11 +107,16 @@ def test_gpu_tile_knob(monkeypatch):
     from etdist.nn.moe import GpuTiles, gpu_tiles
     monkeypatch.delenv("ETDIST_MOE_TILES", raising=False)
     monkeypatch.delenv("ETDIST_MOE_TILES_LARGE", raising=False)
-    assert gpu_tiles() == GpuTiles(64, 64, 128, 8, 3) and gpu_tiles(large=True) == GpuTiles(128, 64, 128, 8, 3)
+    assert gpu_tiles() == GpuTiles(64, 64, 128, 8, 5) and gpu_tiles(large=True) == GpuTiles(128, 64, 128, 8, 4)
+    # float32 tiles are twice the bytes: 3 stages fit in shared memory, 4 do not
+    f32 = torch.float32
+    assert gpu_tiles(dtype=f32) == GpuTiles(64, 64, 128, 8, 3) and gpu_tiles(True, f32) == GpuTiles(128, 64, 128, 8, 3)
+    assert gpu_tiles(dtype=torch.float16) == gpu_tiles()
     monkeypatch.setenv("ETDIST_MOE_TILES_LARGE", "64,64,64,4,4")
-    assert gpu_tiles(large=True) == GpuTiles(64, 64, 64, 4, 4) and gpu_tiles() == GpuTiles(64, 64, 128, 8, 3)
+    assert gpu_tiles(large=True) == GpuTiles(64, 64, 64, 4, 4) and gpu_tiles() == GpuTiles(64, 64, 128, 8, 5)
     monkeypatch.setenv("ETDIST_MOE_TILES", "128,64,64,4,4")
     assert gpu_tiles() == GpuTiles(block_m=128, block=64, block_n=64, num_warps=4, num_stages=4)
+    assert gpu_tiles(dtype=f32) == gpu_tiles()          # a knob's tiles are taken as given
     for bad in ("128,64,64", "8,64,64,4,4", "64,64,128,0,3", "48,64,64,4,4", "64,64,64,6,3", "64,64,64,4,0"):
         monkeypatch.setenv("ETDIST_MOE_TILES", bad)
         with pytest.raises(ValueError, match="ETDIST_MOE_TILES"):
