@@ -48,7 +48,7 @@ FLOAT32_STAGES = 3
 
 # Two size classes. Large expert batches get 128-row tiles with 4 pipeline stages. Measured on one
 # H200 (EP=1, static, uniform and zipf 1.5 routing, fourteenth session; records moe_tiles_ab):
-# where the average expert gets >= 64 rows they win (mixtral_8x7b at 1024 tokens 2373 -> 1773-1793
+# where the average expert gets >= 64 rows they win (zipf 1.5: mixtral_8x7b at 1024 tokens 2373 -> 1773-1793
 # us, qwen3_30b_a3b at 1024 624-631 -> 567-574), at 32 rows they tie (mixtral at 128 tokens) or
 # lose 4-5% (qwen3 at 128-512 tokens); 4 stages beat 3 by 1-7%. (On 2x H200 in the third session,
 # before TMA weights and grouped tiles, 3-stage ones had lost qwen3 at 1024 tokens, 128 rows per
