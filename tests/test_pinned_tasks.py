@@ -90,28 +90,38 @@ def test_cpu_runtime_runs_the_pinned_prefix_on_its_static_programs(interleave):
     torch.testing.assert_close(out[0]["z"], 2 * x + 1)
 
 
-def test_moe_router_chain_is_pinned_and_walked_before_the_queue():
+@pytest.mark.parametrize("tail", [True, False], ids=["tail", "queued-tail"])
+def test_moe_router_chain_is_pinned_and_walked_before_the_queue(tail):
     """nn.MoE's logits -> route -> dispatch -> plan -> tile_table run at every routing: the static
-    formula walks them (spinning waits), then programs pop the expert tasks. Events that only
-    pinned tasks wait on are plain notifies; those a queued task waits on release consumers."""
+    formula walks them (spinning waits), then programs pop the expert tasks, then walk the tail
+    (send_back, combine; moe_layer(tail=False) queues them). Events that only pinned, early-pushed
+    or tail tasks wait on are plain notifies; those a queued task waits on release consumers."""
     ir = moe.moe_layer(top_k=8, block_m=64, dtype=torch.bfloat16, max_experts=128, block=64, block_n=128,
-                       align=16).to_ir()
+                       align=16, tail=tail).to_ir()
     assert [t.name for t in ir.tasks if t.pinned] == ["logits", "route", "dispatch", "plan", "tile_table"]
+    assert [t.name for t in ir.tasks if t.tail] == (["send_back", "combine"] if tail else [])
     src = generate(ir, dynamic=True)
     walk = src.index("for _et_gid in range(_et_pid, _et_end4, NUM_PROGRAMS):")
     pop = src.index("while _et_more != 0:")
-    assert walk < pop and "_et_push" not in src   # walked, then popped; the seeded tasks are read, not pushed
+    last = src.index("for _et_gid in range(_et_end6 + _et_pid, _et_end8, NUM_PROGRAMS):") if tail else \
+        src.index("_et_last = _et_finish(")
+    assert walk < pop < last and "_et_push" not in src   # the seeded tasks are read, not pushed
     assert "_et_next(rq, rq_q, _et_limit, rq_init, rq_ninit, rq_total, ev_epoch," in src
-    pinned, queued = src[walk:pop], src[pop:]
-    for name in ("logits", "route", "dispatch", "plan", "tile_table"):
-        assert f"_et_body_{name}(" in pinned and f"_et_body_{name}(" not in queued
-    for name in ("gate_up", "down", "send_back", "combine"):
-        assert f"_et_body_{name}(" in queued and f"_et_body_{name}(" not in pinned
-    # scored, routed, dispatched, planned: plain; tiled and done (send_back waits): released. gate_up
-    # is early-pushed (it waits on tiled alone) and spins on it
+    pinned, queued, after = src[walk:pop], src[pop:last], src[last:]
+    sections = {"logits": pinned, "route": pinned, "dispatch": pinned, "plan": pinned, "tile_table": pinned,
+                "gate_up": queued, "down": queued, "send_back": after if tail else queued,
+                "combine": after if tail else queued}
+    for name, where in sections.items():
+        assert sum(f"_et_body_{name}(" in x for x in (pinned, queued, after)) == 1 and f"_et_body_{name}(" in where
+    # gate_up is early-pushed (it waits on tiled alone) and spins on it
     assert ir_early(ir) == {"gate_up"}
-    assert pinned.count("_et_notify(") == 4 and pinned.count("_et_release(") == 2
-    assert queued.count("_et_notify(") == 0 and queued.count("_et_release(") == 3
+    if tail:   # only act_ready (down waits on it) releases; tiled, done and returned are waited in the tail
+        assert pinned.count("_et_notify(") == 6 and pinned.count("_et_release(") == 0
+        assert queued.count("_et_notify(") == 1 and queued.count("_et_release(") == 1
+        assert after.count("_et_notify(") == 1 and after.count("_et_release(") == 0 and "_et_wait(" in after
+    else:      # tiled and done (send_back waits) release too, and returned (combine waits)
+        assert pinned.count("_et_notify(") == 4 and pinned.count("_et_release(") == 2
+        assert queued.count("_et_notify(") == 0 and queued.count("_et_release(") == 3
     assert "_et_wait(" in pinned
 
 

@@ -9,11 +9,12 @@ from etdist.workloads import gemm_rs
 from conftest import rel_err
 
 
-def layered(widths, mix, shifts, pinned=0):
+def layered(widths, mix, shifts, pinned=0, tail=0):
     """Layer l has widths[l] tasks; task (l, i) on rank r reads two elements of layer l-1 on rank r
     (i % n and (a*i + b) % n) and writes its value into rank (r + shift_l)'s copy, then signals there.
     The first `pinned` layers are pinned (dynamic schedule: the static formula first; the layer after
-    them, waiting on pinned work alone, is pushed early)."""
+    them, waiting on pinned work alone, is pushed early). The last `tail` task functions (the output
+    copy, then layers from the last) are the tail (dynamic: the static formula once the queue is drained)."""
     g = et.Graph("layered")
     R, me = g.world, g.rank
     g.input("x", (widths[0],))
@@ -28,7 +29,7 @@ def layered(widths, mix, shifts, pinned=0):
         wait = (lambda i: [evs[l - 1][me, i % n_prev], evs[l - 1][me, (a * i + b) % n_prev]]) if l else None
 
         @g.task(grid=(widths[l],), wait=wait, notify=lambda i: evs[l][(me + sh) % R, i], name=f"layer{l}",
-                pinned=l < pinned)
+                pinned=l < pinned, tail=l >= len(widths) - (tail - 1) if tail else False)
         def body(t, i):
             if l == 0:
                 v = t.x[i] * (t.rank + 1)
@@ -40,7 +41,7 @@ def layered(widths, mix, shifts, pinned=0):
     for l in range(len(widths)):
         layer(l)
 
-    @g.task(grid=(widths[-1],), wait=lambda i: evs[-1][me, i])
+    @g.task(grid=(widths[-1],), wait=lambda i: evs[-1][me, i], tail=tail > 0)
     def out(t, i):
         t.y[i] = getattr(t, f"v{len(widths) - 1}")[i]
 
@@ -73,7 +74,8 @@ def test_random_layered_graphs(data, world, layers, programs, schedule, seed, in
     mix = data.draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=layers, max_size=layers))
     shifts = data.draw(st.lists(st.integers(0, 3), min_size=layers, max_size=layers))
     pinned = data.draw(st.integers(0, layers))   # pinned layers, then (dynamic) an early-pushed one
-    kernel = et.compile(layered(widths, mix, shifts, pinned), schedule=schedule, programs=programs,
+    tail = data.draw(st.integers(0, layers - pinned + 1))   # the output copy and the layers before it
+    kernel = et.compile(layered(widths, mix, shifts, pinned, tail), schedule=schedule, programs=programs,
                         samples=[{"WORLD": world}])
     gen = torch.Generator().manual_seed(seed)
     xs = [torch.randn(widths[0], generator=gen) for _ in range(world)]

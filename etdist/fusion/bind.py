@@ -15,7 +15,7 @@ import torch
 
 from .errors import GraphError, InputError
 from .expr import RANK_NAME, WORLD_NAME, compile_fn, evaluate, expand_coords, is_span
-from .ir import Access, EventSpec, GraphIR, Role, TaskSpec, TensorSpec, pinned_prefix
+from .ir import Access, EventSpec, GraphIR, Role, TaskSpec, TensorSpec, pinned_prefix, tail_start
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,13 @@ class Bound:
     def pinned(self) -> int:
         """Ids below it are pinned: the static formula runs them under either schedule."""
         k = pinned_prefix(self.table.ir.tasks)
+        return self.functions[k].offset if k < len(self.functions) else self.total
+
+    @property
+    def tail(self) -> int:
+        """Ids from it on are the tail: the static formula runs them under either schedule, after
+        the queue under "dynamic". Ids in [pinned, tail) are the queued ones."""
+        k = tail_start(self.table.ir.tasks)
         return self.functions[k].offset if k < len(self.functions) else self.total
 
     def decode(self, gid: int) -> tuple[BoundFunction, tuple[int, ...]]:

@@ -28,7 +28,7 @@ from typing import Optional
 
 from .errors import GraphError
 from .expr import Expr, as_expr, var
-from .ir import GraphIR, TaskSpec, early_pushed, pinned_prefix
+from .ir import GraphIR, TaskSpec, early_pushed, pinned_prefix, tail_start
 
 ERR_WORDS = 8
 EVENT_CODE_BASE = 16
@@ -140,8 +140,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     argument (int64, TRACE_WORDS per task, indexed by the task's global id) and the timer reads that
     fill it; without it the kernel has neither (a compile-time switch: costs nothing when off).
     dynamic=True: programs walk the pinned prefix by the static formula (TaskSpec.pinned), then pop
-    tasks from the rank's queue, and notifies that complete an element some released task waits on
-    push its consumers (ready_queue.py). early: the task functions queued at launch instead
+    tasks from the rank's queue, then walk the tail by the static formula (TaskSpec.tail); notifies
+    that complete an element some released task waits on push its consumers (ready_queue.py). early: the task functions queued at launch instead
     (ir.early_pushed, the default; the kernel's host tables must agree)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
     taken = sorted({*OWN_PARAMS, "trace_buf", *QUEUE_PARAMS, *MODULE_NAMES} & {*(t.name for t in ir.tensors), *ir.sizes})
@@ -212,10 +212,11 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
             ends.append(f"_et_end{k}")
         n = len(ir.tasks)
         pinned = pinned_prefix(ir.tasks) if dynamic else n   # task functions the static formula walks
+        tail = tail_start(ir.tasks) if dynamic else n        # ... and from here on, after the queue
         # events some released task waits on: their notifies walk consumers into the queue; the
-        # others (waited on by pinned or early-pushed tasks only, which spin) are plain notifies
+        # others (waited on by pinned, early-pushed or tail tasks only, which spin) are plain notifies
         early = early_pushed(ir) if early is None else early
-        released = frozenset(a.event for u in ir.tasks[pinned:] if u.name not in early for a in u.waits)
+        released = frozenset(a.event for u in ir.tasks[pinned:tail] if u.name not in early for a in u.waits)
         if pinned:   # every task (static), or the pinned prefix: the static formula, waits spin
             out(f"for _et_gid in range(_et_pid, {ends[pinned - 1]}, NUM_PROGRAMS):")
             with out.indent():
@@ -223,7 +224,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         if dynamic:
             # then pop until every queued task ran
             out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
-            if pinned < n:
+            if pinned < tail:
                 out("_et_more = 1")
                 out("while _et_more != 0:")
                 with out.indent():
@@ -234,7 +235,11 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
                         out("_et_more = 0")
                     out("else:")
                     with out.indent():
-                        _emit_dispatch(out, ir, tx, trace, released, range(pinned, n))
+                        _emit_dispatch(out, ir, tx, trace, released, range(pinned, tail))
+            if tail < n:   # the tail: every queued task is claimed, so what it waits on is running
+                out(f"for _et_gid in range({ends[tail - 1] + ' + ' if tail else ''}_et_pid, {ends[n - 1]}, NUM_PROGRAMS):")
+                with out.indent():
+                    _emit_dispatch(out, ir, tx, trace, released, range(tail, n))
         # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
         out(f"_et_last = _et_finish(arena, arena_peers, {ERR_WORDS}, {ArenaLayout.in_kernel('grid')}, "
             f"{ArenaLayout.in_kernel('finished')}, epoch, RANK, WORLD, max_spins, True, "

@@ -74,7 +74,7 @@ class _Launch:
             self.pending = [[0 if gid in early else n for gid, n in enumerate(p.waits)]
                             for p, early in zip(self.plans, self.early)]
             self.queues = [deque() for _ in range(self.world)]
-            self.remaining = [b.total - b.pinned] * self.world
+            self.remaining = [b.tail - b.pinned] * self.world   # queued tasks not yet claimed (or dropped)
             for r, p in enumerate(self.plans):
                 for gid in p.initial:
                     self._release(r, gid)
@@ -151,12 +151,14 @@ class _Launch:
         while True:
             if q:
                 gid = q.popleft()   # released tasks are ready; early-pushed ones wait (on pinned work)
+                self.remaining[rank] -= 1   # claimed, as a GPU program claims a queue index
                 yield from self.run_task(rank, p, gid, wait=gid in self.early[rank])
-                self.remaining[rank] -= 1
-            elif self.remaining[rank] == 0:
-                return
+            elif self.remaining[rank] == 0:   # every queued task claimed: on to the tail
+                break
             else:
                 yield Blocked(rank, p, None, None)
+        for gid in range(self.b.tail + p, self.b.total, sched.programs):   # the tail, as static
+            yield from self.run_task(rank, p, gid, wait=True)
 
     def run_task(self, rank: int, p: int, gid: int, wait: bool) -> Iterator:
         f, idx = self.b.decode(gid)

@@ -462,7 +462,7 @@ class CudaKernel:
         T = len(waits)
         if T >= 2 ** 31:   # queue entries and slots carry a task id in 31 bits (next_task's int32)
             raise GraphError(f"graph {self.ir.name!r}: {T} tasks at these sizes; the dynamic schedule takes < 2**31")
-        queued = T - b.pinned   # pinned tasks run by the static formula, never queued
+        queued = b.tail - b.pinned   # pinned and tail tasks run by the static formula, never queued
         seeded = sorted(initial) + plan.early   # claimed in this order, before anything pushed
         shared = mesh.comm.allgather((T, len(cols), len(seeded), queued, tuple(sorted(self.early))))
         if len({e for *_, e in shared}) > 1:   # a walk one rank expects would never come from another

@@ -22,7 +22,7 @@ import torch
 
 from .errors import GraphError
 from .expr import RANK_NAME, WORLD_NAME, Expr, Size, as_expr, load, sym, var
-from .ir import Access, Check, EventSpec, GraphIR, Role, TaskSpec, TensorSpec, pinned_prefix
+from .ir import Access, Check, EventSpec, GraphIR, Role, TaskSpec, TensorSpec, pinned_prefix, tail_start
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class Graph:
 
     def task(self, grid: Sequence[Size], wait: _MapFn = None, notify: _MapFn = None,
              when: _MapFn = None, name: Optional[str] = None, triton=None, constexprs: Optional[dict] = None,
-             bind: Optional[dict] = None, pinned: bool = False):
+             bind: Optional[dict] = None, pinned: bool = False, tail: bool = False):
         """Decorator: `body(t, *index)` runs once per index of `grid`.
 
         wait / notify: functions of the index returning an event element or a list of them.
@@ -155,12 +155,17 @@ class Graph:
             formula, and every program runs its share before it pops the ready queue: for the work
             every run needs (a MoE router), which a queue would only delay by a hop per step of
             its chain. Pinned functions are declared first and wait only on what pinned tasks notify.
+        tail: under schedule="dynamic", these tasks are dealt to programs by the static formula too,
+            and every program runs its share once it finds the queue drained: for the last steps of
+            a launch (a MoE layer's return and combine), which then spin on their waits instead of
+            each waiting for a queue hop. Tail functions are declared last, and no other task waits
+            on what they notify.
         The decorated function is the torch reference the CPU runtime runs: `body(t, *index)`.
         """
         def register(body: Callable) -> Callable:
             # Traced now: the maps' free names are read at declaration, as a reader expects.
             spec = self._trace_task(body, tuple(grid), wait, notify, when, name or body.__name__)
-            spec = dataclasses.replace(spec, pinned=bool(pinned))
+            spec = dataclasses.replace(spec, pinned=bool(pinned), tail=bool(tail))
             if triton is not None:
                 idx = tuple(var(p) for p in spec.index_names)
                 binds = tuple(sorted((k, v if isinstance(v, str) else as_expr(v(*idx) if callable(v) else v))
@@ -193,6 +198,7 @@ class Graph:
                 raise GraphError(f"graph {self.name!r} has two tasks named {t.name!r}")
             seen.add(t.name)
         _check_pinned(self.name, tasks)
+        _check_tail(self.name, tasks)
         used = {a.event for t in tasks for a in t.waits + t.notifies}
         events = tuple(e.spec for e in self._events.values())
         sizes = tuple(sorted(set(self._sizes) | {RANK_NAME, WORLD_NAME}))
@@ -252,3 +258,24 @@ def _check_pinned(graph: str, tasks) -> None:
             if a.event in free_notifies:
                 raise GraphError(f"graph {graph!r}: pinned task {t.name!r} waits on {a.event!r}, which the "
                                  f"unpinned task {free_notifies[a.event]!r} notifies; pin it too, or unpin {t.name!r}")
+
+
+def _check_tail(graph: str, tasks) -> None:
+    """Tail tasks run after a program finds the queue drained (TaskSpec.tail): they must be declared
+    last, and no other task may wait on what they notify, or a queued task could wait on work that
+    no program starts until the queue is empty."""
+    both = [t.name for t in tasks if t.tail and t.pinned]
+    if both:
+        raise GraphError(f"graph {graph!r}: tasks {both} are both pinned and tail; a task is one or the other")
+    first = tail_start(tasks)
+    early = [t.name for t in tasks[:first] if t.tail]
+    if early:
+        raise GraphError(f"graph {graph!r}: tail tasks {early} are declared before the task {tasks[first - 1].name!r}, "
+                         "which is not; declare the tail ones last")
+    tail_notifies = {a.event: t.name for t in tasks[first:] for a in t.notifies}
+    for t in tasks[:first]:
+        for a in t.waits:
+            if a.event in tail_notifies:
+                raise GraphError(f"graph {graph!r}: task {t.name!r} waits on {a.event!r}, which the tail task "
+                                 f"{tail_notifies[a.event]!r} notifies; put {t.name!r} in the tail too, or take "
+                                 f"{tail_notifies[a.event]!r} out of it")

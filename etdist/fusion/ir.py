@@ -80,11 +80,23 @@ class TaskSpec:
     # Under schedule="dynamic", walked by the static formula before any program pops the queue:
     # work that every routing needs (a MoE layer's router) skips a queue hop per step of its chain.
     pinned: bool = False
+    # Under schedule="dynamic", walked by the static formula once a program finds the queue drained:
+    # the last steps of a launch (a MoE layer's return and combine) spin on their waits there
+    # instead of each waiting for a queue hop.
+    tail: bool = False
 
 
 def pinned_prefix(tasks) -> int:
     """How many task functions, from the first, are pinned (TaskSpec.pinned; they are declared first)."""
     return next((k for k, t in enumerate(tasks) if not t.pinned), len(tasks))
+
+
+def tail_start(tasks) -> int:
+    """The first task function of the tail (TaskSpec.tail; they are declared last)."""
+    k = len(tasks)
+    while k and tasks[k - 1].tail:
+        k -= 1
+    return k
 
 
 def early_pushed(ir: "GraphIR") -> frozenset[str]:
@@ -97,10 +109,10 @@ def early_pushed(ir: "GraphIR") -> frozenset[str]:
     read the count before the pinned task that writes it (found by review); released by the
     notify that completes it, the count has been written."""
     tasks = ir.tasks
-    first_free = pinned_prefix(tasks)
+    first_free, tail = pinned_prefix(tasks), tail_start(tasks)
     free_notified = {a.event for t in tasks[first_free:] for a in t.notifies}
     read_counts = {e.name for e in ir.events if e.count.is_data_dependent}
-    return frozenset(t.name for t in tasks[first_free:]
+    return frozenset(t.name for t in tasks[first_free:tail]
                      if t.waits and not any(a.event in free_notified or a.event in read_counts for a in t.waits))
 
 

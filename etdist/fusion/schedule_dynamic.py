@@ -1,7 +1,8 @@
 """Dynamic schedule: a ready queue fed by an inverse map from event elements to consumer tasks.
 
 Pinned tasks (TaskSpec.pinned) come first in id order and never enter the queue: every program
-runs its static share of them before it pops. Of the rest, tasks without waits start in the
+runs its static share of them before it pops. Tail tasks (TaskSpec.tail) come last and never enter
+it either: every program runs its static share of them once the queue is drained. Of the rest, tasks without waits start in the
 queue, and behind them the early-pushed ones (ir.early_pushed: they wait only on what pinned tasks
 notify, and spin on it when popped). Whoever brings an event element to completion walks the
 element's other consumers and decrements each one's pending-wait count; a consumer reaching zero
@@ -23,7 +24,7 @@ class ReleasePlan:
 
     consumers: dict  # (event, coord) -> [task ids waiting on it, early-pushed ones left out], on this rank
     waits: list      # task id -> number of wait elements
-    initial: list    # task ids with no waits, in id order (pinned ones, below Bound.pinned, never queue)
+    initial: list    # task ids with no waits, in id order (pinned and tail ones never queue)
     early: list = field(default_factory=list)   # early-pushed task ids, in id order: queued after `initial`
 
     @property
@@ -39,7 +40,7 @@ def release_plan(b: Bound, rank: int, early: frozenset = frozenset()) -> Release
     waits = [0] * b.total
     initial, pushed = [], []
     for f in b.functions:
-        if f.maps.spec.pinned:
+        if f.maps.spec.pinned or f.maps.spec.tail:   # the static formula runs them: never queued
             continue
         is_early = f.maps.spec.name in early
         for local in range(f.size):

@@ -228,14 +228,15 @@ def _check_acyclic(b: Bound, notifiers, waiters, schedule, at) -> None:
         cycle = path[path.index(node):][::-1]
         raise GraphError("dependency cycle: " + " -> ".join(_label(b, *n) for n in cycle + [cycle[0]])
                          + f" {at}")
-    # The static formula (every task under "static", the pinned prefix under "dynamic") spins on
-    # waits, so a waiter it walks must come after what it waits on.
-    walked = b.total if schedule == "static" else b.pinned
+    # The static formula (every task under "static", the pinned prefix and the tail under
+    # "dynamic") spins on waits, so a waiter it walks must come after what it waits on.
+    walked = (lambda gid: True) if schedule == "static" else (lambda gid: gid < b.pinned or gid >= b.tail)
     for (n, w), key in why.items():
-        if w[1] < walked and n[1] > w[1]:  # equal ids on different ranks are fine: (id, rank) order progresses
-            what = "static schedule" if schedule == "static" else "pinned task"
+        if walked(w[1]) and n[1] > w[1]:  # equal ids on different ranks are fine: (id, rank) order progresses
+            what, fix = (("static schedule", " or use schedule='dynamic'") if schedule == "static" else
+                         ("pinned task", " or unpin the waiter") if w[1] < b.pinned else
+                         ("tail task", " or take the waiter out of the tail"))
             raise GraphError(
                 f"{what}: {_label(b, *w)} waits on {key[1]}{list(key[2])}, notified by "
                 f"{_label(b, *n)}, which comes later in the static order (device functions in "
-                f"declaration order, then grid order); declare producers before consumers"
-                + (" or use schedule='dynamic'" if schedule == "static" else " or unpin the waiter") + f" {at}")
+                f"declaration order, then grid order); declare producers before consumers" + fix + f" {at}")

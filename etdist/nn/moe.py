@@ -61,6 +61,9 @@ GROUP_M = knobs.read("ETDIST_MOE_GROUP_M", knobs.positive_int, 8)
 # The router's chain runs pinned under the dynamic schedule (moe_layer's pin_router; 0: queued, as
 # before, for A/B runs)
 PIN_ROUTER = knobs.read("ETDIST_MOE_PIN_ROUTER", knobs.flag, True)
+# The return and the combine run as the dynamic schedule's tail (moe_layer's tail; 0: queued, as
+# before, for A/B runs)
+TAIL = knobs.read("ETDIST_MOE_TAIL", knobs.flag, True)
 
 
 def gpu_tiles(large: bool = False, dtype: torch.dtype = torch.bfloat16) -> GpuTiles:
@@ -153,18 +156,20 @@ class MoE(nn.Module):
             return kernel
         dtype = self.router.dtype
         if target == "cuda":
-            knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_MOE_LARGE_ROWS", "ETDIST_TMA")
+            knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_MOE_LARGE_ROWS", "ETDIST_MOE_TAIL",
+                        "ETDIST_TMA")
         tiles = gpu_tiles(large, dtype) if target == "cuda" else None
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
         early = early_push() if self.schedule == "dynamic" else None   # compile reads it: the cache must too
-        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align, GROUP_M, PIN_ROUTER, early)
+        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align, GROUP_M, PIN_ROUTER, TAIL,
+               early)
         if key not in _KERNELS:
             if target == "cpu":
-                graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts)
+                graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=TAIL)
             else:
                 graph = moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype,
                                             max_experts=self.num_experts, block=tiles.block, block_n=tiles.block_n,
-                                            align=align, group_m=GROUP_M, pin_router=PIN_ROUTER)
+                                            align=align, group_m=GROUP_M, pin_router=PIN_ROUTER, tail=TAIL)
             _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target)
             if target == "cuda":
                 _KERNELS[key].num_warps, _KERNELS[key].num_stages = tiles.num_warps, tiles.num_stages

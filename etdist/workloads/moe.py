@@ -31,14 +31,17 @@ from etdist.kernels.gemm_tiles import use_tma
 
 def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
               block: int = 16, block_n: int | None = None, align: int = 1, group_m: int = 8,
-              pin_router: bool = True) -> et.Graph:
+              pin_router: bool = True, tail: bool = True) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
     kernel vectorise its loads, which is what lets Triton pipeline the expert GEMMs' loops).
     group_m: the expert GEMM tiles run in groups of that many row tiles per weight column block
     (et.grouped). pin_router: the router's chain (logits to tile_table) is pinned (TaskSpec.pinned:
-    the static formula under the dynamic schedule too); False queues it, for A/B runs."""
+    the static formula under the dynamic schedule too); False queues it, for A/B runs. tail: the
+    return and the combine are the tail (TaskSpec.tail: under the dynamic schedule, dealt by the
+    static formula once the queue is drained, so they spin instead of each waiting for a queue hop);
+    False queues them, for A/B runs."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
     BN = block_n or block
@@ -189,7 +192,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
 
     # tiled first: done's count reads ntiles, which tile_table writes
     @g.task(grid=(R, slot_blocks, slabs), wait=lambda d, b, c: [tiled[0], done[0]],
-            notify=lambda d, b, c: returned[(me + d) % R], triton=moe_tiles.moe_send_back, constexprs=copy)
+            notify=lambda d, b, c: returned[(me + d) % R], triton=moe_tiles.moe_send_back, constexprs=copy,
+            tail=tail)
     def send_back(t, d, b, c):                           # rank me + d's slots in block b that I served
         dst = (t.rank + d) % t.world
         s, hs = et.block(b, BS, t.T * top_k), et.block(c, WH, t.H)
@@ -200,7 +204,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # block-wide column steps: 4 * block made the [BM, BH] accumulator and its top_k unrolled
     # loads spill (1.8 KB per thread at top-8, 64 rows), and the whole megakernel shares one allocation
     @g.task(grid=(et.cdiv(T, block_m), slabs), wait=lambda i, c: returned[me], triton=moe_tiles.moe_combine,
-            constexprs=dict(TOP_K=top_k, KP=1 << (top_k - 1).bit_length(), BM=block_m, BH=block, WH=WH))
+            constexprs=dict(TOP_K=top_k, KP=1 << (top_k - 1).bit_length(), BM=block_m, BH=block, WH=WH), tail=tail)
     def combine(t, i, c):
         rows, hs = et.block(i, block_m, t.T), et.block(c, WH, t.H)
         owner = t.topk_ids[rows] // t.E_local                            # [rows, k]

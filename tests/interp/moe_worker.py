@@ -2,7 +2,10 @@
 under Triton's interpreter, one process per rank, against the float64 reference:
 
     TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/moe_worker.py [--dynamic]
+
+ETDIST_MOE_TAIL=0 queues the return and combine (moe_layer's tail), as nn.MoE reads it too.
 """
+import os
 import sys
 
 import torch
@@ -17,6 +20,7 @@ def rel_err(y, want):
 
 def main(args):
     schedule = "dynamic" if "--dynamic" in args else "static"
+    tail = os.environ.get("ETDIST_MOE_TAIL", "1") != "0"
     mesh = et.init_mesh(backend="cpu")
     R, r = mesh.world_size, mesh.rank
 
@@ -25,14 +29,14 @@ def main(args):
         ranks, weights = moe.make_inputs(R, T, H=H, I=I, E=4 * R, seed=seed, skew=skew)
         return ranks[r], weights, moe.reference([i["x"] for i in ranks], *weights, top_k=2)[r]
 
-    kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16), schedule=schedule, target="cuda")
+    kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, tail=tail), schedule=schedule, target="cuda")
     for T, skew, seed in ((5, 0.0, 1), (19, 4.0, 2), (3, 0.0, 3)):   # skew: most tokens to few experts
         mine, _, want = case(T, 24, 20, seed, skew)
         for _ in range(2):   # counts differ between calls and sizes: re-armed each launch
             err = rel_err(kernel(mesh, **mine)["y"], want)
             assert err < 1e-4, (schedule, T, skew, err)
     # blocks of 32 (the router keeps 16-token blocks: three route tasks here, each over 32-wide K steps)
-    wide = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block=32), schedule=schedule, target="cuda")
+    wide = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block=32, tail=tail), schedule=schedule, target="cuda")
     mine, _, want = case(37, 40, 20, seed=5, skew=1.0)
     assert rel_err(wide(mesh, **mine)["y"], want) < 1e-4, ("block 32", schedule)
     # a hidden size over several router slices (64 columns each) and copy/combine slabs (128),
@@ -40,7 +44,7 @@ def main(args):
     mine, _, want = case(21, 200, 20, seed=6, skew=1.0)
     assert rel_err(kernel(mesh, **mine)["y"], want) < 1e-4, ("slabs", schedule)
     # sizes promised multiples of 16 (nn.MoE's GPU graph when H and I allow it: vectorised loads)
-    aligned = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, align=16), schedule=schedule,
+    aligned = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, align=16, tail=tail), schedule=schedule,
                          target="cuda")
     mine, _, want = case(7, 32, 16, seed=4, skew=2.0)
     assert rel_err(aligned(mesh, **mine)["y"], want) < 1e-4, ("aligned", schedule)

@@ -1,0 +1,130 @@
+"""Tail tasks: under schedule="dynamic", a suffix of the graph dealt out by the static formula once
+a program finds the ready queue drained (TaskSpec.tail), where its tasks spin on their waits instead
+of each waiting for a queue hop."""
+import pytest
+import torch
+import triton
+
+import etdist as et
+from etdist.fusion.bind import MapTable, bind
+from etdist.fusion.codegen_triton import generate
+from etdist.fusion.schedule_dynamic import release_plan
+
+
+@triton.jit
+def _noop():
+    pass
+
+
+def _chain(tail_c: bool = True, tail_d: bool = True, pin_a: bool = False):
+    """a -> b -> c -> d over n elements; d[i] reads c's element n-1-i (another program's):
+    z = 3 * y[::-1] - y with y = 2x + 1 (_want)."""
+    g = et.Graph("tail_chain")
+    n = g.size("n")
+    g.input("x", (n,))
+    g.scratch("y", (n,))
+    g.scratch("u", (n,))
+    g.output("z", (n,))
+    ya, yb, yc = g.event("ya", (n,)), g.event("yb", (n,)), g.event("yc", (n,))
+
+    @g.task(grid=(n,), notify=lambda i: ya[i], pinned=pin_a, triton=_noop)
+    def a(t, i):
+        t.y[i] = 2 * t.x[i]
+
+    @g.task(grid=(n,), wait=lambda i: ya[i], notify=lambda i: yb[i], triton=_noop)
+    def b(t, i):
+        t.y[i] = t.y[i] + 1
+
+    @g.task(grid=(n,), wait=lambda i: yb[i], notify=lambda i: yc[i], tail=tail_c, triton=_noop)
+    def c(t, i):
+        t.u[i] = 3 * t.y[i]
+
+    @g.task(grid=(n,), wait=lambda i: yc[n - 1 - i], tail=tail_d, triton=_noop)
+    def d(t, i):
+        t.z[i] = t.u[t.n - 1 - i] - t.y[i]
+    return g
+
+
+def _want(x):
+    y = 2 * x + 1
+    return 3 * y.flip(0) - y
+
+
+def test_tail_tasks_are_declared_last_and_nothing_else_waits_on_them():
+    with pytest.raises(et.GraphError, match=r"tail tasks \['c'\] are declared before the task 'd', which is not"):
+        _chain(tail_c=True, tail_d=False).to_ir()
+    g = et.Graph("both")
+    g.input("x", (1,))
+    g.task(grid=(1,), pinned=True, tail=True, name="first")(lambda t, i: None)
+    with pytest.raises(et.GraphError, match=r"tasks \['first'\] are both pinned and tail"):
+        g.to_ir()
+    g = et.Graph("waits_on_tail")
+    g.input("x", (1,))
+    e, f = g.event("e", (1,)), g.event("f", (1,))
+    g.task(grid=(1,), notify=lambda i: e[0], name="first")(lambda t, i: None)
+    g.task(grid=(1,), wait=lambda i: f[0], name="second")(lambda t, i: None)
+    g.task(grid=(1,), wait=lambda i: e[0], notify=lambda i: f[0], tail=True, name="third")(lambda t, i: None)
+    with pytest.raises(et.GraphError, match="task 'second' waits on 'f', which the tail task 'third' notifies"):
+        g.to_ir()
+
+
+def test_a_tail_task_waiting_on_a_later_one_is_refused():
+    """The tail spins as the static schedule does: a wait on a later tail task is refused at
+    compile time (it would deadlock on one program), as under "static"."""
+    g = et.Graph("tail_backwards")
+    g.input("x", (1,))
+    e, f = g.event("e", (1,)), g.event("f", (1,))
+    g.task(grid=(1,), wait=lambda i: f[0], notify=lambda i: e[0], tail=True, name="first")(lambda t, i: None)
+    g.task(grid=(1,), wait=lambda i: e[0], notify=lambda i: f[0], tail=True, name="second")(lambda t, i: None)
+    with pytest.raises(et.GraphError, match="dependency cycle"):
+        et.compile(g, schedule="dynamic")
+    with pytest.raises(et.GraphError, match=r"tail task: d\(0,\)@rank0 waits on yc\[1\], notified by c\(1,\)@rank0, "
+                                            r"which comes later.*take the waiter out of the tail"):
+        et.compile(_backwards_tail(), schedule="dynamic")
+    et.compile(_chain(), schedule="dynamic")   # producers first: fine
+
+
+def _backwards_tail():
+    """c and d of _chain with d declared first: d(0) waits on c(1), a later tail task."""
+    g = et.Graph("tail_order")
+    n = g.size("n")
+    g.input("x", (n,))
+    yc = g.event("yc", (n,))
+    g.task(grid=(n,), wait=lambda i: yc[n - 1 - i], tail=True, name="d")(lambda t, i: None)
+    g.task(grid=(n,), notify=lambda i: yc[i], tail=True, name="c")(lambda t, i: None)
+    g.sample(n=2)
+    return g
+
+
+def test_release_plan_leaves_tail_tasks_out_of_the_queue():
+    b = bind(MapTable.build(_chain().to_ir()), {"n": 5, "RANK": 0, "WORLD": 1})
+    plan = release_plan(b, 0)
+    assert (b.pinned, b.tail, b.total) == (0, 10, 20)                   # a, b queued; c, d the tail
+    assert plan.initial == list(range(5))                                # a waits on nothing
+    assert plan.consumers == {("ya", (i,)): [5 + i] for i in range(5)}  # yb and yc: waited in the tail only
+    src = generate(_chain().to_ir(), dynamic=True)
+    walk = src.index("for _et_gid in range(_et_end1 + _et_pid, _et_end3, NUM_PROGRAMS):")
+    assert src.index("while _et_more != 0:") < walk
+    assert src[walk:].count("_et_wait(") == 2 and src.count("_et_release(") == 1   # a's notify releases b
+
+
+@pytest.mark.parametrize("interleave", ["round_robin", "random"])
+@pytest.mark.parametrize("pin_a", [False, True])
+def test_cpu_runtime_runs_the_tail_on_its_static_programs(interleave, pin_a):
+    kernel = et.compile(_chain(pin_a=pin_a), schedule="dynamic", programs=3)
+    x = torch.randn(7)
+    for seed in (1, 2):   # counters re-armed: a second launch
+        out = kernel.run([{"x": x}], interleave=interleave, seed=seed, trace=True)
+        torch.testing.assert_close(out[0]["z"], _want(x))
+        placed = {label: p for _, p, label, _, _ in kernel.last_stats.trace}
+        for i in range(7):   # c: ids 14..20, d: ids 21..27, each tail task k on program k % 3
+            assert placed[f"c({i},)@rank0"] == i % 3 and placed[f"d({i},)@rank0"] == (7 + i) % 3
+        assert kernel.last_stats.tasks_run == 28
+
+
+def test_static_schedule_ignores_the_tail_flag():
+    x = torch.randn(6)
+    for schedule in ("static", "dynamic"):
+        for tails in ((True, True), (False, True), (False, False)):
+            kernel = et.compile(_chain(*tails), schedule=schedule, programs=2)
+            torch.testing.assert_close(kernel.run([{"x": x}], interleave="random", seed=3)[0]["z"], _want(x))
