@@ -24,6 +24,12 @@
 #          gate/up tiles released by the tile table's notify (ETDIST_EARLY_PUSH=0, as before) against
 #          pushed early (the default: queued at launch, spinning on "tiled"), alternated twice; then
 #          the static schedule once beside them (~5 min);
+#   moetail nn.MoE under the dynamic schedule at 1/128/1024 tokens, zipf-skewed routing (EP=2): the
+#          return and combine queued (ETDIST_MOE_TAIL=0, as before) against walked as the tail (the
+#          default since the fourteenth session, measured on one GPU only), alternated twice (~4 min);
+#   moelarge nn.MoE (static) at 128/512/1024 tokens, uniform routing (EP=2): the large tile class
+#          from 512 rows per expert (ETDIST_MOE_LARGE_ROWS=512, as before) against from 64 (the
+#          default since the fourteenth session, measured on one GPU only), alternated twice (~4 min);
 #   rstail gemm_rs at M=1000/1024/8192 on the five shapes whose plan it changes, the tiles past the
 #          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1) against every tile in slices
 #          (the default), alternated twice (prefill: it rides along, ~4 min);
@@ -97,6 +103,14 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       RESULTS=$RESULTS/early-static MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=static \
         timeout 150 bash launch/bench-gpu.sh bench=gpu_moe 'bench.tokens=[1,128,1024]' model.routing_skew=1.5 2>&1 \
         | rows | sed 's/^/static /' ;;
+    moetail)
+      echo "== nn.MoE dynamic, return and combine queued (tail 0) against walked after the queue (tail 1), zipf 1.5"
+      MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=dynamic \
+        ab moetail ETDIST_MOE_TAIL "0 1" 360 bench=gpu_moe 'bench.tokens=[1,128,1024]' model.routing_skew=1.5 ;;
+    moelarge)
+      echo "== nn.MoE static, the large tiles from 512 rows per expert (512) against from 64 (64), uniform routing"
+      MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=static \
+        ab moelarge ETDIST_MOE_LARGE_ROWS "512 64" 360 bench=gpu_moe 'bench.tokens=[128,512,1024]' ;;
     rstail)
       echo "== gemm_rs above 128 rows: every tile in slices (tail 0, the default), then only the last wave's (tail 1)"
       MODELS_OVERRIDE=gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b WORKLOADS=gemm_rs \
@@ -119,7 +133,7 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
         OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_moe.py $tokens \
           2>&1 | quiet | grep -vE 'UserWarning|_warn_once' | tail -32
       done ;;
-    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, rstail, rsown, mlptail, opsdyn, moetrace)"; exit 2 ;;
+    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, moetail, moelarge, rstail, rsown, mlptail, opsdyn, moetrace)"; exit 2 ;;
   esac
   echo "-- $step done at $((SECONDS - T0)) s"
 done

@@ -26,8 +26,11 @@ overshoot by one per program at the end of a launch, and the last program to fin
 Pushed tasks have all their waits complete: no program spins inside one, which is what makes the
 schedule deadlock-free for any valid graph. The programs that do spin are in pinned tasks
 (TaskSpec.pinned: never queued; every program runs its static share of them first, as under the
-static schedule, deadlock-free as long as they wait only on each other, graph._check_pinned) and in
-early-pushed ones, which wait only on pinned work.
+static schedule, deadlock-free as long as they wait only on each other, graph._check_pinned), in
+early-pushed ones, which wait only on pinned work, and in the tail (TaskSpec.tail: every program
+walks its static share of it once it claims past the launch's last queued index; by then every
+queued task is held by a program that runs it, and no queued task waits on the tail,
+graph._check_tail).
 """
 import triton
 import triton.language as tl
