@@ -236,7 +236,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
                     out("else:")
                     with out.indent():
                         _emit_dispatch(out, ir, tx, trace, released, range(pinned, tail))
-            if tail < n:   # the tail: every queued task is claimed, so what it waits on is running
+            if tail < n:   # the tail: every queued index is claimed, by a program that will run its task
                 out(f"for _et_gid in range({ends[tail - 1] + ' + ' if tail else ''}_et_pid, {ends[n - 1]}, NUM_PROGRAMS):")
                 with out.indent():
                     _emit_dispatch(out, ir, tx, trace, released, range(tail, n))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Optional, Sequence
 
@@ -73,8 +72,13 @@ class _Launch:
             self.early = [frozenset(p.early) for p in self.plans]
             self.pending = [[0 if gid in early else n for gid, n in enumerate(p.waits)]
                             for p, early in zip(self.plans, self.early)]
-            self.queues = [deque() for _ in range(self.world)]
-            self.remaining = [b.tail - b.pinned] * self.world   # queued tasks not yet claimed (or dropped)
+            # A rank's queue as the GPU's: pushes in order (None for a task whose `when` dropped it at
+            # release: the GPU pops those as no-ops), and the next index to claim. A program claims
+            # an index before its task is pushed and waits for it; one past the launch's queued
+            # tasks goes on to the tail, though the tasks at earlier indices may not have run.
+            self.queues = [[] for _ in range(self.world)]
+            self.claimed = [0] * self.world
+            self.queued = b.tail - b.pinned
             for r, p in enumerate(self.plans):
                 for gid in p.initial:
                     self._release(r, gid)
@@ -136,7 +140,7 @@ class _Launch:
         if f.maps.exists(idx, self.envs[rank]):
             self.queues[rank].append(gid)
         else:
-            self.remaining[rank] -= 1
+            self.queues[rank].append(None)
             self.stats.tasks_skipped += 1
 
     # -- programs ----------------------------------------------------------------------------
@@ -148,15 +152,13 @@ class _Launch:
         for gid in sched.tasks_of(p, self.b.pinned):   # the pinned prefix, as static
             yield from self.run_task(rank, p, gid, wait=True)
         q = self.queues[rank]
-        while True:
-            if q:
-                gid = q.popleft()   # released tasks are ready; early-pushed ones wait (on pinned work)
-                self.remaining[rank] -= 1   # claimed, as a GPU program claims a queue index
-                yield from self.run_task(rank, p, gid, wait=gid in self.early[rank])
-            elif self.remaining[rank] == 0:   # every queued task claimed: on to the tail
-                break
-            else:
+        while self.claimed[rank] < self.queued:   # past the last index: on to the tail
+            c = self.claimed[rank]
+            self.claimed[rank] += 1
+            while len(q) <= c:   # claimed before it is pushed
                 yield Blocked(rank, p, None, None)
+            if q[c] is not None:   # released tasks are ready; early-pushed ones wait (on pinned work)
+                yield from self.run_task(rank, p, q[c], wait=q[c] in self.early[rank])
         for gid in range(self.b.tail + p, self.b.total, sched.programs):   # the tail, as static
             yield from self.run_task(rank, p, gid, wait=True)
 

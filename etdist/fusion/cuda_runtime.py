@@ -464,10 +464,14 @@ class CudaKernel:
             raise GraphError(f"graph {self.ir.name!r}: {T} tasks at these sizes; the dynamic schedule takes < 2**31")
         queued = b.tail - b.pinned   # pinned and tail tasks run by the static formula, never queued
         seeded = sorted(initial) + plan.early   # claimed in this order, before anything pushed
-        shared = mesh.comm.allgather((T, len(cols), len(seeded), queued, tuple(sorted(self.early))))
-        if len({e for *_, e in shared}) > 1:   # a walk one rank expects would never come from another
+        shared = mesh.comm.allgather((T, len(cols), len(seeded), queued, tuple(sorted(self.early)), (b.pinned, b.tail)))
+        if len({row[4] for row in shared}) > 1:   # a walk one rank expects would never come from another
             raise GraphError(f"graph {self.ir.name!r}: the ranks disagree on which tasks are pushed early "
-                             f"({[list(e) for *_, e in shared]}); set ETDIST_EARLY_PUSH alike on every rank")
+                             f"({[list(row[4]) for row in shared]}); set ETDIST_EARLY_PUSH alike on every rank")
+        if len({row[5] for row in shared}) > 1:   # likewise a notify one rank makes plain, another walks
+            raise GraphError(f"graph {self.ir.name!r}: the ranks disagree on which tasks are pinned or the tail "
+                             f"(first queued and first tail task ids {[row[5] for row in shared]}); build the graph "
+                             "alike on every rank (nn.MoE: set ETDIST_MOE_PIN_ROUTER and ETDIST_MOE_TAIL alike)")
         T_max, C_max, I_max, N_max = (max(v) for v in zip(*(row[:4] for row in shared)))
         Q = 1 << max(0, (N_max - 1).bit_length())
         lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_rowptr": 2 + Q + T_max}

@@ -198,9 +198,9 @@ class Graph:
                 raise GraphError(f"graph {self.name!r} has two tasks named {t.name!r}")
             seen.add(t.name)
         _check_pinned(self.name, tasks)
-        _check_tail(self.name, tasks)
         used = {a.event for t in tasks for a in t.waits + t.notifies}
         events = tuple(e.spec for e in self._events.values())
+        _check_tail(self.name, tasks, events)
         sizes = tuple(sorted(set(self._sizes) | {RANK_NAME, WORLD_NAME}))
         samples = tuple(tuple(sorted(s.items())) for s in self._samples)
         ir = GraphIR(self.name, tuple(t.to_spec() for t in self._tensors.values()), events,
@@ -260,10 +260,13 @@ def _check_pinned(graph: str, tasks) -> None:
                                  f"unpinned task {free_notifies[a.event]!r} notifies; pin it too, or unpin {t.name!r}")
 
 
-def _check_tail(graph: str, tasks) -> None:
+def _check_tail(graph: str, tasks, events) -> None:
     """Tail tasks run after a program finds the queue drained (TaskSpec.tail): they must be declared
     last, and no other task may wait on what they notify, or a queued task could wait on work that
-    no program starts until the queue is empty."""
+    no program starts until the queue is empty. A program reaches the tail once every queued task is
+    claimed, not run: a first wait whose count reads a tensor would read it before it is written
+    (early-pushed tasks leave such waits out for the same reason); wait first on an event of the
+    task that writes it."""
     both = [t.name for t in tasks if t.tail and t.pinned]
     if both:
         raise GraphError(f"graph {graph!r}: tasks {both} are both pinned and tail; a task is one or the other")
@@ -272,6 +275,12 @@ def _check_tail(graph: str, tasks) -> None:
     if early:
         raise GraphError(f"graph {graph!r}: tail tasks {early} are declared before the task {tasks[first - 1].name!r}, "
                          "which is not; declare the tail ones last")
+    read_counts = {e.name for e in events if e.count.is_data_dependent}
+    for t in tasks[first:]:
+        if t.waits and t.waits[0].event in read_counts:
+            raise GraphError(f"graph {graph!r}: tail task {t.name!r} first waits on {t.waits[0].event!r}, whose count "
+                             "reads a tensor: a tail task may start before that tensor is written; wait first on an "
+                             "event of the task that writes it")
     tail_notifies = {a.event: t.name for t in tasks[first:] for a in t.notifies}
     for t in tasks[:first]:
         for a in t.waits:

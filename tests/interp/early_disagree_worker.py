@@ -1,8 +1,11 @@
 """The ranks disagree on ETDIST_EARLY_PUSH (rank 1 turns it off): the MoE graph's dynamic kernel
 would walk `tiled` on one rank and not on the other. Every rank must refuse at the first call,
-before anything launches, naming the knob (not hang until the watchdog).
+before anything launches, naming the knob (not hang until the watchdog). Then they disagree on the
+tail (rank 1 queues the return and combine): `returned` would be a plain notify on one rank and
+walked on the other, and a queued combine never pushed.
 
-    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/early_disagree_worker.py   -> 'OK early disagree rank r'
+    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/early_disagree_worker.py
+        -> 'OK early disagree rank r', 'OK tail disagree rank r'
 """
 import os
 
@@ -22,6 +25,14 @@ def main():
     except et.GraphError as e:
         assert "set ETDIST_EARLY_PUSH alike on every rank" in str(e), e
         print(f"OK early disagree rank {r}", flush=True)
+    os.environ.pop("ETDIST_EARLY_PUSH", None)
+    kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, tail=r == 0), schedule="dynamic",
+                        target="cuda")
+    try:
+        kernel(mesh, **ranks[r])
+    except et.GraphError as e:
+        assert "the ranks disagree on which tasks are pinned or the tail" in str(e), e
+        print(f"OK tail disagree rank {r}", flush=True)
     mesh.close()
 
 
