@@ -112,14 +112,16 @@ class Bound:
     @property
     def pinned(self) -> int:
         """Ids below it are pinned: the static formula runs them under either schedule."""
-        k = pinned_prefix(self.table.ir.tasks)
-        return self.functions[k].offset if k < len(self.functions) else self.total
+        return self._first_id(pinned_prefix(self.table.ir.tasks))
 
     @property
     def tail(self) -> int:
         """Ids from it on are the tail: the static formula runs them under either schedule, after
         the queue under "dynamic". Ids in [pinned, tail) are the queued ones."""
-        k = tail_start(self.table.ir.tasks)
+        return self._first_id(tail_start(self.table.ir.tasks))
+
+    def _first_id(self, k: int) -> int:
+        """The global id of device function k's first task (the total past the last function)."""
         return self.functions[k].offset if k < len(self.functions) else self.total
 
     def decode(self, gid: int) -> tuple[BoundFunction, tuple[int, ...]]:

@@ -141,8 +141,9 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     fill it; without it the kernel has neither (a compile-time switch: costs nothing when off).
     dynamic=True: programs walk the pinned prefix by the static formula (TaskSpec.pinned), then pop
     tasks from the rank's queue, then walk the tail by the static formula (TaskSpec.tail); notifies
-    that complete an element some released task waits on push its consumers (ready_queue.py). early: the task functions queued at launch instead
-    (ir.early_pushed, the default; the kernel's host tables must agree)."""
+    that complete an element some released task waits on push its consumers (ready_queue.py).
+    early: the task functions queued at launch instead (ir.early_pushed, the default; the kernel's
+    host tables must agree)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
     taken = sorted({*OWN_PARAMS, "trace_buf", *QUEUE_PARAMS, *MODULE_NAMES} & {*(t.name for t in ir.tensors), *ir.sizes})
     if taken:

@@ -159,7 +159,7 @@ class _Launch:
                 yield Blocked(rank, p, None, None)
             if q[c] is not None:   # released tasks are ready; early-pushed ones wait (on pinned work)
                 yield from self.run_task(rank, p, q[c], wait=q[c] in self.early[rank])
-        for gid in range(self.b.tail + p, self.b.total, sched.programs):   # the tail, as static
+        for gid in sched.tasks_of(p, self.b.total, start=self.b.tail):   # the tail, as static
             yield from self.run_task(rank, p, gid, wait=True)
 
     def run_task(self, rank: int, p: int, gid: int, wait: bool) -> Iterator:

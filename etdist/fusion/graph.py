@@ -22,7 +22,7 @@ import torch
 
 from .errors import GraphError
 from .expr import RANK_NAME, WORLD_NAME, Expr, Size, as_expr, load, sym, var
-from .ir import Access, Check, EventSpec, GraphIR, Role, TaskSpec, TensorSpec, pinned_prefix, tail_start
+from .ir import Access, Check, EventSpec, GraphIR, Role, TaskSpec, TensorSpec, pinned_prefix, read_counts, tail_start
 
 
 @dataclass(frozen=True)
@@ -275,9 +275,9 @@ def _check_tail(graph: str, tasks, events) -> None:
     if early:
         raise GraphError(f"graph {graph!r}: tail tasks {early} are declared before the task {tasks[first - 1].name!r}, "
                          "which is not; declare the tail ones last")
-    read_counts = {e.name for e in events if e.count.is_data_dependent}
+    counted = read_counts(events)
     for t in tasks[first:]:
-        if t.waits and t.waits[0].event in read_counts:
+        if t.waits and t.waits[0].event in counted:
             raise GraphError(f"graph {graph!r}: tail task {t.name!r} first waits on {t.waits[0].event!r}, whose count "
                              "reads a tensor: a tail task may start before that tensor is written; wait first on an "
                              "event of the task that writes it")

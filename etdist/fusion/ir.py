@@ -99,6 +99,12 @@ def tail_start(tasks) -> int:
     return k
 
 
+def read_counts(events) -> set[str]:
+    """The events whose count reads a tensor (EventSpec.count.is_data_dependent): a task must not
+    evaluate one before the task that writes the tensor ran."""
+    return {e.name for e in events if e.count.is_data_dependent}
+
+
 def early_pushed(ir: "GraphIR") -> frozenset[str]:
     """The unpinned task functions that wait only on events pinned tasks alone notify (the dynamic
     schedule's early push): they start in the ready queue, behind the tasks that wait on nothing,
@@ -111,9 +117,9 @@ def early_pushed(ir: "GraphIR") -> frozenset[str]:
     tasks = ir.tasks
     first_free, tail = pinned_prefix(tasks), tail_start(tasks)
     free_notified = {a.event for t in tasks[first_free:] for a in t.notifies}
-    read_counts = {e.name for e in ir.events if e.count.is_data_dependent}
+    counted = read_counts(ir.events)
     return frozenset(t.name for t in tasks[first_free:tail]
-                     if t.waits and not any(a.event in free_notified or a.event in read_counts for a in t.waits))
+                     if t.waits and not any(a.event in free_notified or a.event in counted for a in t.waits))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ class StaticSchedule:
     def task_at(self, program: int, position: int) -> int:
         return position * self.programs + program
 
-    def tasks_of(self, program: int, total: int) -> range:
-        """The ids program `program` runs, in order, when the graph has `total` tasks."""
-        return range(program, total, self.programs)
+    def tasks_of(self, program: int, total: int, start: int = 0) -> range:
+        """The ids program `program` runs, in order, of the tasks [start, total): the k-th of them on
+        program k % programs."""
+        return range(start + program, total, self.programs)

@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 from .bind import Bound, MapTable, bind, in_bounds
 from .errors import GraphError
 from .expr import RANK_NAME, WORLD_NAME, expand_coords, is_span
-from .ir import GraphIR
+from .ir import GraphIR, read_counts
 
 # Default sample sizes: small, ragged, and a couple of world sizes. Graphs with checks on their
 # sizes (e.g. experts divisible by the world) should declare samples with graph.sample(...).
@@ -72,7 +72,7 @@ def _structural(ir: GraphIR, schedule: str) -> set[str]:
             if spec.dtype.is_floating_point or spec.dtype.is_complex:
                 raise GraphError(f"{where} reads tensor {name!r} of dtype {spec.dtype}: "
                                  "index maps read integer tensors only")
-    dynamic: set[str] = {e.name for e in ir.events if e.count.is_data_dependent}
+    dynamic = read_counts(ir.events)
     for t in ir.tasks:
         if schedule == "dynamic":
             for a in t.waits:
