@@ -193,14 +193,28 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     if not graph_err < REL_ERR_LIMIT["moe"]:
         raise RuntimeError(f"the torch MoE baseline replayed from a CUDA graph is off (rel err {graph_err:.1e})")
     baselines["graph"] = _time(replay, mesh)
-    touched = min(el, M * R * k)                               # local experts a call can touch, at most
-    floor = max(touched * 3 * H * I * 2 / (ceil.copy_TBps * 1e12),    # their weights read once (bf16)
-                2 * 3 * H * I * M * k / (ceil.mm_TFps * 1e12)) * 1e6  # the expert FLOPs of M*k slots
+    floor = _moe_floor_us(x, router, k, el, H, I, ceil, dev)
     return CellResult(ours_us, baselines, floor, err,
                       "ours graph: the layer captured in a CUDA graph (routing runs in the kernel); "
                       "torch layer: eager = torch._grouped_mm experts + exact all_to_all; graph = the same with "
-                      "padded all_to_all blocks in a CUDA graph; loop = one mm pair per expert; floor: the weights "
-                      "of min(local experts, slots) read once, or the FLOPs of M*k slots", ours_graph_us)
+                      "padded all_to_all blocks in a CUDA graph; loop = one mm pair per expert; floor: on the "
+                      "busiest rank, the weights of the experts this routing reaches read once, or the FLOPs of "
+                      "the slots routed to them", ours_graph_us)
+
+
+def _moe_floor_us(x, router, k: int, el: int, H: int, I: int, ceil: B.Ceilings, dev) -> float:
+    """No rank can finish before it has read the weights of every local expert that received a slot
+    (bf16, once) nor before it has done the FLOPs of the slots it received: the larger of the two on
+    the busiest rank. The routing is the layer's own (fp32 scores of the bf16 inputs, top-k), counted
+    over every rank's tokens."""
+    ids = torch.softmax(x.float() @ router.float(), dim=-1).topk(k, dim=-1).indices
+    slots = torch.bincount(ids.flatten(), minlength=router.shape[1]).to(dev)   # per expert, all ranks
+    if dist.is_initialized():
+        dist.all_reduce(slots)
+    per_rank = slots.view(-1, el)                                              # [rank, local expert]
+    weights = (per_rank > 0).sum(1).double() * 3 * H * I * 2 / (ceil.copy_TBps * 1e12)
+    flops = per_rank.sum(1).double() * 2 * 3 * H * I / (ceil.mm_TFps * 1e12)
+    return torch.maximum(weights, flops).max().item() * 1e6
 
 
 CELLS = {"gemm_rs": gemm_rs_cell, "ag_gemm": ag_gemm_cell, "mlp": mlp_cell, "moe": moe_cell}

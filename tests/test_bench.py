@@ -134,3 +134,31 @@ def test_mesh_nvshmem_without_gpus_is_a_clear_error(monkeypatch):
     with pytest.raises(SystemExit, match="needs CUDA GPUs"):
         bench.on_gpus(cfg("mesh=nvshmem"))
     assert not bench.on_gpus(cfg("mesh=auto"))
+
+
+def test_moe_floor_counts_the_experts_and_slots_the_routing_reaches():
+    import torch
+    """The floor of a MoE cell (etdist.bench_gpu): weights of the experts that received a slot, or the
+    FLOPs of the slots, on the busiest rank. Routing all 4 tokens to experts 0 and 1 (of 8) must count
+    2 experts' weights, not min(experts, slots) = 8 of them; a 2-expert rank's share is checked by hand."""
+    from etdist import bench_gpu
+    from etdist.measure.baselines import Ceilings
+    H, I, E, k = 16, 8, 8, 2
+    router = torch.full((H, E), -10.0)
+    router[:, :2] = torch.tensor([2.0, 1.0])   # every token scores experts 0 and 1 highest
+    x = torch.rand(4, H) + 0.5                  # positive: the scores keep their order
+    ceil = Ceilings(copy_TBps=1e-6, mm_TFps=1e6)   # weights-bound: the floor is the weights read
+    weights_us = lambda n: n * 3 * H * I * 2 / 1e6 * 1e6   # noqa: E731  n experts' bf16 weights at 1 MB/s
+    assert bench_gpu._moe_floor_us(x, router, k, E, H, I, ceil, "cpu") == pytest.approx(weights_us(2))
+    # 4 ranks' worth of experts (2 each): the busiest rank (rank 0: experts 0 and 1) sets the floor
+    assert bench_gpu._moe_floor_us(x, router, k, 2, H, I, ceil, "cpu") == pytest.approx(weights_us(2))
+    # FLOPs-bound: 8 slots, all on rank 0 of 4
+    ceil = Ceilings(copy_TBps=1e6, mm_TFps=1e-6)
+    flops_us = 8 * 2 * 3 * H * I / 1e6 * 1e6
+    assert bench_gpu._moe_floor_us(x, router, k, 2, H, I, ceil, "cpu") == pytest.approx(flops_us)
+    # uniform-ish routing over many experts: far fewer distinct experts than slots
+    gen = torch.Generator().manual_seed(0)
+    xr, rr = torch.randn(16, 64, generator=gen), torch.randn(64, 128, generator=gen)
+    got = bench_gpu._moe_floor_us(xr, rr, 8, 128, 64, 8, Ceilings(copy_TBps=1e-6, mm_TFps=1e6), "cpu")
+    distinct = torch.softmax(xr @ rr, -1).topk(8, -1).indices.unique().numel()
+    assert distinct < 128 and got == pytest.approx(distinct * 3 * 64 * 8 * 2)
