@@ -90,17 +90,23 @@ def test_cpu_runtime_runs_the_pinned_prefix_on_its_static_programs(interleave):
     torch.testing.assert_close(out[0]["z"], 2 * x + 1)
 
 
+@pytest.mark.parametrize("chains", [True, False], ids=["chains", "pinned-only"])
 @pytest.mark.parametrize("tail", [True, False], ids=["tail", "queued-tail"])
-def test_moe_router_chain_is_pinned_and_walked_before_the_queue(tail):
+def test_moe_router_chain_is_pinned_and_walked_before_the_queue(tail, chains):
     """nn.MoE's logits -> route -> dispatch -> plan -> tile_table run at every routing: the static
     formula walks them (spinning waits), then programs pop the expert tasks, then walk the tail
     (send_back, combine; moe_layer(tail=False) queues them). Events that only pinned, early-pushed
-    or tail tasks wait on are plain notifies; those a queued task waits on release consumers."""
+    or tail tasks wait on are plain notifies; those a queued task waits on release consumers.
+    chains (ETDIST_EARLY_PUSH=2, the default): the down tiles are early-pushed behind the gate/up
+    tiles, so act_ready no longer releases anything."""
     ir = moe.moe_layer(top_k=8, block_m=64, dtype=torch.bfloat16, max_experts=128, block=64, block_n=128,
                        align=16, tail=tail).to_ir()
     assert [t.name for t in ir.tasks if t.pinned] == ["logits", "route", "dispatch", "plan", "tile_table"]
     assert [t.name for t in ir.tasks if t.tail] == (["send_back", "combine"] if tail else [])
-    src = generate(ir, dynamic=True)
+    early = ir_early(ir, chains=chains)
+    src = generate(ir, dynamic=True, early=early)
+    if chains:
+        assert src == generate(ir, dynamic=True)   # the default
     walk = src.index("for _et_gid in range(_et_pid, _et_end4, NUM_PROGRAMS):")
     pop = src.index("while _et_more != 0:")
     last = src.index("for _et_gid in range(_et_end6 + _et_pid, _et_end8, NUM_PROGRAMS):") if tail else \
@@ -113,15 +119,17 @@ def test_moe_router_chain_is_pinned_and_walked_before_the_queue(tail):
                 "combine": after if tail else queued}
     for name, where in sections.items():
         assert sum(f"_et_body_{name}(" in x for x in (pinned, queued, after)) == 1 and f"_et_body_{name}(" in where
-    # gate_up is early-pushed (it waits on tiled alone) and spins on it
-    assert ir_early(ir) == {"gate_up"}
-    if tail:   # only act_ready (down waits on it) releases; tiled, done and returned are waited in the tail
+    # gate_up is early-pushed (it waits on tiled alone) and spins on it; with chains, down too (it
+    # waits on act_ready, which only gate_up notifies); send_back never (done's count reads ntiles)
+    assert early == ({"gate_up", "down"} if chains else {"gate_up"})
+    acts = 0 if chains else 1   # act_ready: released by gate_up's notify unless down is early
+    if tail:   # tiled, done and returned are waited in the tail
         assert pinned.count("_et_notify(") == 6 and pinned.count("_et_release(") == 0
-        assert queued.count("_et_notify(") == 1 and queued.count("_et_release(") == 1
+        assert queued.count("_et_notify(") == 2 - acts and queued.count("_et_release(") == acts
         assert after.count("_et_notify(") == 1 and after.count("_et_release(") == 0 and "_et_wait(" in after
     else:      # tiled and done (send_back waits) release too, and returned (combine waits)
         assert pinned.count("_et_notify(") == 4 and pinned.count("_et_release(") == 2
-        assert queued.count("_et_notify(") == 0 and queued.count("_et_release(") == 3
+        assert queued.count("_et_notify(") == 1 - acts and queued.count("_et_release(") == 2 + acts
     assert "_et_wait(" in pinned
 
 
@@ -224,12 +232,82 @@ def test_early_pushed_tasks_wait_and_read_their_when_after_the_wait(monkeypatch,
         assert kernel.last_stats.tasks_skipped == 2 * (9 - live)
 
 
+def _behind_released_graph():
+    """a (pinned) writes live[0]; b and b2 wait on a (early-pushed); b notifies `ran`, whose count
+    reads live, b2 `bd`; c waits on `ran` (so it is released, never early) and notifies `cd`; d
+    waits on c's `cd`, e on b2's `bd`. With early push's chains e is seeded behind b2, d is not:
+    seeded ahead of c (which is pushed later), d could hold every program spinning on it."""
+    g = et.Graph("behind_released")
+    n = g.size("n")
+    g.input("x", (n,))
+    live = g.scratch("live", (1,), torch.int64)
+    g.scratch("y", (n,))
+    g.scratch("u", (n,))
+    g.scratch("v", (n,))
+    g.output("z", (n,))
+    g.output("w", (n,))
+    sized, ran = g.event("sized", (1,)), g.event("ran", (1,), count=lambda _: live[0])
+    bd, cd = g.event("bd", (n,)), g.event("cd", (n,))
+
+    @g.task(grid=(1,), notify=lambda _: sized[0], pinned=True, triton=_noop)
+    def a(t, _):
+        t.live[0] = (t.x > 0).sum()
+
+    @g.task(grid=(n,), wait=lambda i: sized[0], notify=lambda i: ran[0], when=lambda i: i < live[0], triton=_noop)
+    def b(t, i):
+        t.y[i] = 2 * t.x[i]
+
+    @g.task(grid=(n,), wait=lambda i: sized[0], notify=lambda i: bd[i], triton=_noop)
+    def b2(t, i):
+        t.v[i] = 3 * t.x[i]
+
+    @g.task(grid=(n,), wait=lambda i: ran[0], notify=lambda i: cd[i], triton=_noop)
+    def c(t, i):
+        t.u[i] = t.y[:int(t.live[0])].sum() + i
+
+    @g.task(grid=(n,), wait=lambda i: cd[n - 1 - i], triton=_noop)
+    def d(t, i):
+        t.z[i] = t.u[t.n - 1 - i]
+
+    @g.task(grid=(n,), wait=lambda i: bd[i], triton=_noop)
+    def e(t, i):
+        t.w[i] = t.v[i] + 1
+    return g
+
+
+def test_early_push_chains_stop_at_released_tasks():
+    ir = _behind_released_graph().to_ir()
+    assert ir_early(ir) == {"b", "b2"} and ir_early(ir, chains=True) == {"b", "b2", "e"}
+    x = torch.randn(7)
+    x[:2] = x[:2].abs() + 0.1
+    live = int((x > 0).sum())
+    total = x[:live].mul(2).sum()
+    for level in (0, 1, 2):
+        kernel = et.compile(ir, schedule="dynamic", programs=2, early_push=level)
+        assert kernel.early == [frozenset(), {"b", "b2"}, {"b", "b2", "e"}][level]
+        for seed in range(4):
+            out = kernel.run([{"x": x}], interleave="random", seed=seed)
+            torch.testing.assert_close(out[0]["z"], total + torch.arange(7.0).flip(0))
+            torch.testing.assert_close(out[0]["w"], 3 * x + 1)
+    # d seeded (what a rule without the order would do): two programs claim d's tasks ahead of c's
+    # and spin on them, and no program is left to run c
+    kernel = et.compile(ir, schedule="dynamic", programs=2, early_push=2)
+    kernel.early = frozenset({"b", "b2", "d", "e"})
+    with pytest.raises(et.DeadlockError):
+        kernel.run([{"x": x}], interleave="round_robin", seed=0)
+
+
+def test_early_push_level_is_checked():
+    with pytest.raises(et.GraphError, match=r"early_push must be one of \(0, 1, 2\), got 3"):
+        et.compile(_early_graph(), schedule="dynamic", early_push=3)
+
+
 def test_early_push_knob_is_checked():
     import os
     env = dict(os.environ, ETDIST_EARLY_PUSH="yes")
     with pytest.MonkeyPatch.context() as m:
         m.setattr(os, "environ", env)
-        with pytest.raises(et.KnobError, match="ETDIST_EARLY_PUSH='yes': want 0 or 1"):
+        with pytest.raises(et.KnobError, match="ETDIST_EARLY_PUSH='yes': want 0, 1 or 2"):
             et.compile(_early_graph(), schedule="dynamic")
 
 

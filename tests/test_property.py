@@ -13,7 +13,8 @@ def layered(widths, mix, shifts, pinned=0, tail=0):
     """Layer l has widths[l] tasks; task (l, i) on rank r reads two elements of layer l-1 on rank r
     (i % n and (a*i + b) % n) and writes its value into rank (r + shift_l)'s copy, then signals there.
     The first `pinned` layers are pinned (dynamic schedule: the static formula first; the layer after
-    them, waiting on pinned work alone, is pushed early). The last `tail` task functions (the output
+    them, waiting on pinned work alone, is pushed early, and with early push's chains the layers
+    after it too). The last `tail` task functions (the output
     copy, then layers from the last) are the tail (dynamic: the static formula once the queue is drained)."""
     g = et.Graph("layered")
     R, me = g.world, g.rank
@@ -68,15 +69,15 @@ def layered_reference(xs, widths, mix, shifts):
 @settings(max_examples=80, deadline=None)
 @given(data=st.data(), world=st.integers(1, 4), layers=st.integers(1, 4), programs=st.integers(1, 4),
        schedule=st.sampled_from(["static", "dynamic"]), seed=st.integers(0, 2**16),
-       interleave=st.sampled_from(["random", "round_robin"]))
-def test_random_layered_graphs(data, world, layers, programs, schedule, seed, interleave):
+       interleave=st.sampled_from(["random", "round_robin"]), early=st.sampled_from([0, 1, 2]))
+def test_random_layered_graphs(data, world, layers, programs, schedule, seed, interleave, early):
     widths = data.draw(st.lists(st.integers(1, 6), min_size=layers, max_size=layers))
     mix = data.draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=layers, max_size=layers))
     shifts = data.draw(st.lists(st.integers(0, 3), min_size=layers, max_size=layers))
     pinned = data.draw(st.integers(0, layers))   # pinned layers, then (dynamic) an early-pushed one
     tail = data.draw(st.integers(0, layers - pinned + 1))   # the output copy and the layers before it
     kernel = et.compile(layered(widths, mix, shifts, pinned, tail), schedule=schedule, programs=programs,
-                        samples=[{"WORLD": world}])
+                        samples=[{"WORLD": world}], early_push=early)
     gen = torch.Generator().manual_seed(seed)
     xs = [torch.randn(widths[0], generator=gen) for _ in range(world)]
     got = kernel.run([{"x": x} for x in xs], interleave=interleave, seed=seed)

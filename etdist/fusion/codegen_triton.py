@@ -142,7 +142,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     dynamic=True: programs walk the pinned prefix by the static formula (TaskSpec.pinned), then pop
     tasks from the rank's queue, then walk the tail by the static formula (TaskSpec.tail); notifies
     that complete an element some released task waits on push its consumers (ready_queue.py).
-    early: the task functions queued at launch instead (ir.early_pushed, the default; the kernel's
+    early: the task functions queued at launch instead (default: ir.early_pushed with chains, as ETDIST_EARLY_PUSH=2; the kernel's
     host tables must agree)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
     taken = sorted({*OWN_PARAMS, "trace_buf", *QUEUE_PARAMS, *MODULE_NAMES} & {*(t.name for t in ir.tensors), *ir.sizes})
@@ -216,7 +216,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         tail = tail_start(ir.tasks) if dynamic else n        # ... and from here on, after the queue
         # events some released task waits on: their notifies walk consumers into the queue; the
         # others (waited on by pinned, early-pushed or tail tasks only, which spin) are plain notifies
-        early = early_pushed(ir) if early is None else early
+        early = early_pushed(ir, chains=True) if early is None else early
         released = frozenset(a.event for u in ir.tasks[pinned:tail] if u.name not in early for a in u.waits)
         if pinned:   # every task (static), or the pinned prefix: the static formula, waits spin
             out(f"for _et_gid in range(_et_pid, {ends[pinned - 1]}, NUM_PROGRAMS):")
@@ -405,15 +405,15 @@ def signature(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> dict[s
 
 
 def compile_for(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps: int = 4,
-                trace: bool = False, dynamic: bool = False, num_stages: int = 3):
+                trace: bool = False, dynamic: bool = False, num_stages: int = 3, early: Optional[frozenset] = None):
     """The graph's megakernel compiled for sm_`arch` on the host, no GPU needed: Triton's compiled
-    kernel (.asm["ptx"], .metadata.shared = bytes of shared memory per program)."""
+    kernel (.asm["ptx"], .metadata.shared = bytes of shared memory per program). early: as generate's."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     from .cuda_runtime import load_module
 
-    fn = load_module(ir, generate(ir, trace, dynamic)).megakernel
+    fn = load_module(ir, generate(ir, trace, dynamic, early)).megakernel
     sig = {**signature(ir, trace, dynamic), "NUM_PROGRAMS": "constexpr", "USE_ASM": "constexpr"}
     # Pointers are 16-byte aligned at run time (Triton specialises on that); say so here too.
     aligned = {n for n, m in ir.multiples if m % 16 == 0}
@@ -426,6 +426,6 @@ def compile_for(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps:
 
 
 def compile_ptx(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps: int = 4,
-                trace: bool = False, dynamic: bool = False, num_stages: int = 3) -> str:
+                trace: bool = False, dynamic: bool = False, num_stages: int = 3, early: Optional[frozenset] = None) -> str:
     """PTX of the graph's megakernel for sm_`arch`, compiled on the host: no GPU needed."""
-    return compile_for(ir, num_programs, arch, num_warps, trace, dynamic, num_stages).asm["ptx"]
+    return compile_for(ir, num_programs, arch, num_warps, trace, dynamic, num_stages, early).asm["ptx"]

@@ -3,8 +3,9 @@
     kernel = et.compile(graph, schedule="static", target="cpu")
     outs = kernel.run([{"x": x0, "w": w0}, {"x": x1, "w": w1}])   # one dict per rank
 
-ETDIST_DEBUG=1 prints each pass and its counts. ETDIST_EARLY_PUSH=0 turns the dynamic schedule's
-early push off (ir.early_pushed; for A/B runs).
+ETDIST_DEBUG=1 prints each pass and its counts. ETDIST_EARLY_PUSH picks the dynamic schedule's
+early push (ir.early_pushed): 0 off, 1 the tasks that wait on pinned work, 2 (the default) also the
+chains behind them (for A/B runs).
 """
 from __future__ import annotations
 
@@ -24,14 +25,25 @@ TARGETS = ("cpu", "cuda")
 DEFAULT_CPU_PROGRAMS = 4
 
 
-def early_push() -> bool:
-    """ETDIST_EARLY_PUSH, read when a kernel compiles (default on; ir.early_pushed)."""
-    return knobs.now("ETDIST_EARLY_PUSH", knobs.flag, True)
+EARLY_PUSH_LEVELS = (0, 1, 2)
+
+
+def _early_level(text: str) -> int:
+    if text not in ("0", "1", "2"):
+        raise ValueError("want 0, 1 or 2")
+    return int(text)
+
+
+def early_push_level() -> int:
+    """ETDIST_EARLY_PUSH, read when a kernel compiles: 0 no early push, 1 the tasks that wait only on
+    pinned work, 2 (the default) also the tasks that wait only on those (ir.early_pushed's chains)."""
+    return knobs.now("ETDIST_EARLY_PUSH", _early_level, 2)
 
 
 def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str = "cpu",
             programs: Optional[int] = None,
-            samples: Optional[Sequence[Mapping[str, int]]] = None, trace: bool = False):
+            samples: Optional[Sequence[Mapping[str, int]]] = None, trace: bool = False,
+            early_push: Optional[int] = None):
     """Compile a graph into a megakernel for `target`.
 
     schedule: "static" (tasks pre-assigned to programs by formula; the default for dense work) or
@@ -41,6 +53,8 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
         declarations, else small ragged sizes).
     trace: record every task's start/end (target "cuda": a compile-time switch, read with
         kernel.trace(mesh); target "cpu": the default of kernel.run(..., trace=)).
+    early_push: the dynamic schedule's early push, 0, 1 or 2 (ir.early_pushed; default: the
+        ETDIST_EARLY_PUSH knob, else 2).
     """
     if schedule not in SCHEDULES:
         raise GraphError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -60,12 +74,15 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
     if debug:
         print(f"[etdist] validate {ir.name}: {report.tasks} tasks over {len(report.samples)} samples; "
               f"runtime-checked events: {list(report.dynamic_events)}")
-    early = early_push()
+    if early_push is None:
+        early_push = early_push_level()
+    elif early_push not in EARLY_PUSH_LEVELS or isinstance(early_push, bool):
+        raise GraphError(f"early_push must be one of {EARLY_PUSH_LEVELS}, got {early_push!r}")
     if target == "cuda":
         from .cuda_runtime import CudaKernel  # imports triton; CPU-only users never need it
-        kernel = CudaKernel(table, schedule, programs, trace=trace, early_push=early)
+        kernel = CudaKernel(table, schedule, programs, trace=trace, early_push=early_push)
     else:
-        kernel = CpuKernel(table, schedule, programs or DEFAULT_CPU_PROGRAMS, early_push=early)
+        kernel = CpuKernel(table, schedule, programs or DEFAULT_CPU_PROGRAMS, early_push=early_push)
         kernel.trace_default = trace
     if debug:
         print(f"[etdist] build {ir.name}: {kernel}")

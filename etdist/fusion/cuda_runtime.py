@@ -181,10 +181,10 @@ class CudaKernel:
     target = "cuda"
 
     def __init__(self, table: MapTable, schedule: str, programs: Optional[int] = None,
-                 num_warps: int = 4, num_stages: int = 3, trace: bool = False, early_push: bool = True):
+                 num_warps: int = 4, num_stages: int = 3, trace: bool = False, early_push: int = 2):
         self.dynamic = schedule == "dynamic"
         # the dynamic schedule's early-pushed task functions: the kernel and its host tables agree on them
-        self.early = early_pushed(table.ir) if self.dynamic and early_push else frozenset()
+        self.early = early_pushed(table.ir, chains=early_push >= 2) if self.dynamic and early_push else frozenset()
         for e in table.ir.events:
             if self.dynamic and RANK_NAME in e.count.symbols():   # a remote notifier evaluates it
                 raise GraphError(f"event {e.name!r}: schedule='dynamic' on GPUs needs counts that do not "

@@ -105,7 +105,7 @@ def read_counts(events) -> set[str]:
     return {e.name for e in events if e.count.is_data_dependent}
 
 
-def early_pushed(ir: "GraphIR") -> frozenset[str]:
+def early_pushed(ir: "GraphIR", chains: bool = False) -> frozenset[str]:
     """The unpinned task functions that wait only on events pinned tasks alone notify (the dynamic
     schedule's early push): they start in the ready queue, behind the tasks that wait on nothing,
     and spin on their waits when popped. That cannot deadlock: every program runs its pinned share
@@ -113,13 +113,33 @@ def early_pushed(ir: "GraphIR") -> frozenset[str]:
     release walk of an element that frees thousands of them at once (a MoE layer's `tiled`).
     Not a task that waits on a count read from a tensor: spinning from the launch's start, it would
     read the count before the pinned task that writes it (found by review); released by the
-    notify that completes it, the count has been written."""
+    notify that completes it, the count has been written.
+
+    chains=True also pushes early the tasks whose waits are notified only by pinned tasks, by task
+    functions without waits or by early-pushed functions declared before them (a MoE layer's down
+    tiles, behind the gate/up tiles they wait on): no release walk is left on their path. Still
+    deadlock-free: such a task spins only on tasks seeded ahead of it in the queue (seeded tasks
+    are claimed in id order, before anything pushed, each by a running program), so by induction
+    over the id order the earliest unfinished one always has its waits complete; none of them
+    waits on a released task, and released tasks never spin."""
     tasks = ir.tasks
     first_free, tail = pinned_prefix(tasks), tail_start(tasks)
-    free_notified = {a.event for t in tasks[first_free:] for a in t.notifies}
+    notifiers: dict[str, set[int]] = {}
+    for k, t in enumerate(tasks):
+        for a in t.notifies:
+            notifiers.setdefault(a.event, set()).add(k)
     counted = read_counts(ir.events)
-    return frozenset(t.name for t in tasks[first_free:tail]
-                     if t.waits and not any(a.event in free_notified or a.event in counted for a in t.waits))
+    early: set[int] = set()
+
+    def seeded_before(j: int, k: int) -> bool:   # task function j's tasks sit ahead of k's in the queue
+        return j < first_free or (chains and j < k and (j in early or not tasks[j].waits))
+
+    for k in range(first_free, tail):
+        t = tasks[k]
+        if t.waits and all(a.event not in counted and all(seeded_before(j, k) for j in notifiers.get(a.event, ()))
+                           for a in t.waits):
+            early.add(k)
+    return frozenset(tasks[k].name for k in early)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from torch import nn
 
 from .. import fusion
 from .. import knobs
-from ..fusion.compile import early_push
+from ..fusion.compile import early_push_level
 from ..fusion.errors import InputError
 from ..ops.gemm_rs import refusal_reaches_peers
 from ..workloads import moe as moe_graph
@@ -160,7 +160,7 @@ class MoE(nn.Module):
                         "ETDIST_TMA")
         tiles = gpu_tiles(large, dtype) if target == "cuda" else None
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
-        early = early_push() if self.schedule == "dynamic" else None   # compile reads it: the cache must too
+        early = early_push_level() if self.schedule == "dynamic" else None   # compile reads it: the cache must too
         key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align, GROUP_M, PIN_ROUTER, TAIL,
                early)
         if key not in _KERNELS:
