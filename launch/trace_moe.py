@@ -1,7 +1,8 @@
-"""Trace the MoE megakernel (qwen3_30b_a3b-sized, or mixtral_8x7b with MIX=1; EP = world, 64-row
-tiles) under both schedules: the untraced layer's time, then one traced launch summarised per rank
-(span, busy share, per-kind task statistics, gaps between tasks: the scheduling overhead); Chrome
-traces in $OUT (default /tmp).
+"""Trace the MoE megakernel (qwen3_30b_a3b-sized, or mixtral_8x7b with MIX=1; EP = world; the
+layer's own tile class for the token count) under both schedules: the untraced layer's time, then
+one traced launch summarised per rank (span, busy share, per-kind task statistics, gaps between
+tasks: the scheduling overhead); Chrome traces in $OUT (default /tmp). SKEW=1.5: the benchmark's
+Zipf-like routing (etdist.bench_gpu.moe_cell's router and tokens).
 
     torchrun --nproc_per_node=2 launch/trace_moe.py [tokens]
 """
@@ -14,27 +15,37 @@ import torch.distributed as dist
 import etdist as et
 from etdist.fusion import trace as tr
 from etdist.measure.timing import time_ranks
+from etdist.nn import moe as moe_module
 from etdist.workloads import moe as moe_graph
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 H, I, E, K = (4096, 14336, 8, 2) if os.environ.get("MIX") else (2048, 768, 128, 8)
+skew = float(os.environ.get("SKEW", "0"))
 dist.init_process_group("cpu:gloo,cuda:nccl")
 mesh = et.init_mesh()
 out = os.environ.get("OUT", "/tmp")
+gen = torch.Generator(device=mesh.device).manual_seed(0)
+u = torch.randn(H, generator=gen, device=mesh.device)
+u = u / u.norm()
+router = (torch.randn(H, E, generator=gen, device=mesh.device)
+          + torch.outer(u, moe_graph.skew_bias(H, E, skew).to(mesh.device))).to(torch.bfloat16)
+x = (torch.randn(T, H, device=mesh.device) + (moe_graph.SKEW_SHIFT if skew else 0.0) * u).to(torch.bfloat16)
 for sched in ("static", "dynamic"):
     layer = et.nn.MoE(H, I, E, K, schedule=sched)
-    x = torch.randn(T, H, device=mesh.device, dtype=torch.bfloat16)
+    layer.router.data = router
     plain = time_ranks(lambda: layer(x), device=mesh.device)
-    g = moe_graph.moe_layer(K, block_m=64, dtype=torch.bfloat16, max_experts=E, block=64, block_n=128, align=16,
-                            group_m=et.nn.moe.GROUP_M)   # ETDIST_MOE_GROUP_M, as the layer
+    tiles = moe_module.gpu_tiles(layer.large_tiles(T))
+    g = moe_graph.moe_layer(K, block_m=tiles.block_m, dtype=torch.bfloat16, max_experts=E, block=tiles.block,
+                            block_n=tiles.block_n, align=16, group_m=moe_module.GROUP_M,
+                            pin_router=moe_module.PIN_ROUTER, tail=moe_module.TAIL)   # as the layer builds it
     kernel = et.compile(g, schedule=sched, target="cuda", trace=True)
-    kernel.num_warps, kernel.num_stages = 8, 3
+    kernel.num_warps, kernel.num_stages = tiles.num_warps, tiles.num_stages
     args = dict(x=x, wg=layer.router.data, w_gate_up=layer.w_gate_up[0].data, w_down=layer.w_down[0].data)
     for _ in range(3):
         kernel(mesh, **args)
     rows = kernel.trace(mesh)
     if mesh.rank == 0:
         tr.write_chrome(rows, f"{out}/moe_{sched}_{T}.json", track="SM")
-        print(f"== {sched} T={T}: untraced layer {plain:.0f} us", flush=True)
+        print(f"== {sched} T={T} tiles {tuple(tiles)}: untraced layer {plain:.0f} us", flush=True)
         print(tr.summary(rows, 0), flush=True)
 mesh.close()
