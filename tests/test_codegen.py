@@ -192,20 +192,22 @@ def test_all_gather_gemm_graph_compiles():
 
 
 def test_dynamic_schedule_pops_a_ready_queue_and_releases_consumers():
-    """Without early push (ETDIST_EARLY_PUSH=0 or 1: gemm_rs waits on no pinned work) the matmul
-    tiles' notifies release the reduce tiles; with its chains (2, the default) the reduce tiles are
-    seeded behind the matmul tiles and spin, and nothing is released."""
+    """Without early push's chains (ETDIST_EARLY_PUSH=0 or 1, the default: gemm_rs waits on no
+    pinned work) the matmul tiles' notifies release the reduce tiles; with them (2) the reduce
+    tiles are seeded behind the matmul tiles and spin, and nothing is released."""
+    from etdist.fusion.ir import early_pushed
     ir = gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
-    chained = generate(ir, dynamic=True)
+    chained = generate(ir, dynamic=True, early=early_pushed(ir, chains=True))
     assert chained.count("_et_release(") == 0 and chained.count("_et_notify(") == 1
-    src = generate(ir, dynamic=True, early=frozenset())
+    src = generate(ir, dynamic=True)
+    assert src == generate(ir, dynamic=True, early=frozenset())
     assert "while _et_more != 0:" in src and "_et_next(rq, rq_q, _et_limit" in src
     assert "for _et_gid in range(" not in src                        # no static formula
     assert src.count("_et_release(") == 1 and "_et_notify(" not in src
     assert "ev_epoch * (WORLD)" in src                                # arrived's count, for the release
     assert "epoch" not in kernel_params(ir, dynamic=True)              # the kernel's own (arena words)
     assert "ev_epoch = tl.load(arena + " in src and "_et_last != 0" in src
-    ptx = compile_ptx(ir, dynamic=True, early=frozenset())
+    ptx = compile_ptx(ir, dynamic=True)
     assert "wgmma" in ptx and "atom.global.gpu.relaxed.add.u64" in ptx         # claims: fetch-and-add on the head
     assert "cas.b64" not in ptx                                                # no retry loop on the head
     assert "atom.global.gpu.relaxed.exch.b64" in ptx and "_et_rewind(rq, _et_limit)" in src  # head rewound

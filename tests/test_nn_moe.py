@@ -183,3 +183,21 @@ def test_float64_is_for_simulated_ranks_only():
     x = torch.randn(5, H, dtype=torch.float64)
     got, want = moe(x), torch_moe(x, gate, up, down, router)
     assert got.dtype == torch.float64 and ((got - want).abs().max() / want.abs().max()).item() < 1e-5   # logits in fp32
+
+
+def test_early_push_by_tile_class(monkeypatch):
+    """Under the dynamic schedule the small class seeds its down tiles behind the gate/up tiles
+    (early push's chains), the large class releases them by act_ready's walk (as measured on one
+    H200); ETDIST_EARLY_PUSH overrides both, and the static schedule has no queue."""
+    monkeypatch.delenv("ETDIST_EARLY_PUSH", raising=False)
+    moe = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16)
+    assert moe._kernel("cuda").early == {"gate_up", "down"} and moe._kernel("cpu").early == {"gate_up", "down"}
+    assert moe._kernel("cuda", large=True).early == {"gate_up"}
+    monkeypatch.setenv("ETDIST_EARLY_PUSH", "1")
+    moe = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16)
+    assert moe._kernel("cuda").early == {"gate_up"}
+    monkeypatch.setenv("ETDIST_EARLY_PUSH", "0")
+    moe = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16)
+    assert moe._kernel("cuda", large=True).early == frozenset()
+    static = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16, schedule="static")
+    assert static._kernel("cuda").early == frozenset()

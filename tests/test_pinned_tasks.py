@@ -97,16 +97,16 @@ def test_moe_router_chain_is_pinned_and_walked_before_the_queue(tail, chains):
     formula walks them (spinning waits), then programs pop the expert tasks, then walk the tail
     (send_back, combine; moe_layer(tail=False) queues them). Events that only pinned, early-pushed
     or tail tasks wait on are plain notifies; those a queued task waits on release consumers.
-    chains (ETDIST_EARLY_PUSH=2, the default): the down tiles are early-pushed behind the gate/up
-    tiles, so act_ready no longer releases anything."""
+    chains (ETDIST_EARLY_PUSH=2, nn.MoE's small tile class): the down tiles are early-pushed behind
+    the gate/up tiles, so act_ready no longer releases anything."""
     ir = moe.moe_layer(top_k=8, block_m=64, dtype=torch.bfloat16, max_experts=128, block=64, block_n=128,
                        align=16, tail=tail).to_ir()
     assert [t.name for t in ir.tasks if t.pinned] == ["logits", "route", "dispatch", "plan", "tile_table"]
     assert [t.name for t in ir.tasks if t.tail] == (["send_back", "combine"] if tail else [])
     early = ir_early(ir, chains=chains)
     src = generate(ir, dynamic=True, early=early)
-    if chains:
-        assert src == generate(ir, dynamic=True)   # the default
+    if not chains:
+        assert src == generate(ir, dynamic=True)   # generate's default (ETDIST_EARLY_PUSH=1)
     walk = src.index("for _et_gid in range(_et_pid, _et_end4, NUM_PROGRAMS):")
     pop = src.index("while _et_more != 0:")
     last = src.index("for _et_gid in range(_et_end6 + _et_pid, _et_end8, NUM_PROGRAMS):") if tail else \

@@ -96,16 +96,16 @@ def test_release_plan_leaves_tail_tasks_out_of_the_queue():
     assert (b.pinned, b.tail, b.total) == (0, 10, 20)                   # a, b queued; c, d the tail
     assert plan.initial == list(range(5))                                # a waits on nothing
     assert plan.consumers == {("ya", (i,)): [5 + i] for i in range(5)}  # yb and yc: waited in the tail only
-    src = generate(_chain().to_ir(), dynamic=True, early=frozenset())
+    src = generate(_chain().to_ir(), dynamic=True)
     walk = src.index("for _et_gid in range(_et_end1 + _et_pid, _et_end3, NUM_PROGRAMS):")
     assert src.index("while _et_more != 0:") < walk
     assert src[walk:].count("_et_wait(") == 2 and src.count("_et_release(") == 1   # a's notify releases b
-    # early push's chains (the default): b waits only on a, which waits on nothing, so b is seeded
-    # behind it and nothing is released
+    # early push's chains (ETDIST_EARLY_PUSH=2): b waits only on a, which waits on nothing, so b is
+    # seeded behind it and nothing is released
     early = early_pushed(_chain().to_ir(), chains=True)
     assert early == {"b"} and early_pushed(_chain().to_ir()) == frozenset()
     assert release_plan(b, 0, early).seeded == list(range(10))
-    assert generate(_chain().to_ir(), dynamic=True).count("_et_release(") == 0
+    assert generate(_chain().to_ir(), dynamic=True, early=early).count("_et_release(") == 0
 
 
 @pytest.mark.parametrize("interleave", ["round_robin", "random"])

@@ -142,8 +142,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     dynamic=True: programs walk the pinned prefix by the static formula (TaskSpec.pinned), then pop
     tasks from the rank's queue, then walk the tail by the static formula (TaskSpec.tail); notifies
     that complete an element some released task waits on push its consumers (ready_queue.py).
-    early: the task functions queued at launch instead (default: ir.early_pushed with chains, as ETDIST_EARLY_PUSH=2; the kernel's
-    host tables must agree)."""
+    early: the task functions queued at launch instead (default: ir.early_pushed, as
+    ETDIST_EARLY_PUSH=1; the kernel's host tables must agree)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
     taken = sorted({*OWN_PARAMS, "trace_buf", *QUEUE_PARAMS, *MODULE_NAMES} & {*(t.name for t in ir.tensors), *ir.sizes})
     if taken:
@@ -216,7 +216,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         tail = tail_start(ir.tasks) if dynamic else n        # ... and from here on, after the queue
         # events some released task waits on: their notifies walk consumers into the queue; the
         # others (waited on by pinned, early-pushed or tail tasks only, which spin) are plain notifies
-        early = early_pushed(ir, chains=True) if early is None else early
+        early = early_pushed(ir) if early is None else early
         released = frozenset(a.event for u in ir.tasks[pinned:tail] if u.name not in early for a in u.waits)
         if pinned:   # every task (static), or the pinned prefix: the static formula, waits spin
             out(f"for _et_gid in range(_et_pid, {ends[pinned - 1]}, NUM_PROGRAMS):")

@@ -4,8 +4,8 @@
     outs = kernel.run([{"x": x0, "w": w0}, {"x": x1, "w": w1}])   # one dict per rank
 
 ETDIST_DEBUG=1 prints each pass and its counts. ETDIST_EARLY_PUSH picks the dynamic schedule's
-early push (ir.early_pushed): 0 off, 1 the tasks that wait on pinned work, 2 (the default) also the
-chains behind them (for A/B runs).
+early push (ir.early_pushed): 0 off, 1 (the default) the tasks that wait on pinned work, 2 also the
+chains behind them.
 """
 from __future__ import annotations
 
@@ -34,10 +34,11 @@ def _early_level(text: str) -> int:
     return int(text)
 
 
-def early_push_level() -> int:
+def early_push_level(default: int = 1) -> int:
     """ETDIST_EARLY_PUSH, read when a kernel compiles: 0 no early push, 1 the tasks that wait only on
-    pinned work, 2 (the default) also the tasks that wait only on those (ir.early_pushed's chains)."""
-    return knobs.now("ETDIST_EARLY_PUSH", _early_level, 2)
+    pinned work, 2 also the tasks that wait only on those (ir.early_pushed's chains); unset, `default`
+    (1 for et.compile; a layer may pick another where it measured one, as nn.MoE does)."""
+    return knobs.now("ETDIST_EARLY_PUSH", _early_level, default)
 
 
 def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str = "cpu",
@@ -54,7 +55,7 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
     trace: record every task's start/end (target "cuda": a compile-time switch, read with
         kernel.trace(mesh); target "cpu": the default of kernel.run(..., trace=)).
     early_push: the dynamic schedule's early push, 0, 1 or 2 (ir.early_pushed; default: the
-        ETDIST_EARLY_PUSH knob, else 2).
+        ETDIST_EARLY_PUSH knob, else 1).
     """
     if schedule not in SCHEDULES:
         raise GraphError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")

@@ -246,7 +246,7 @@ class CpuKernel:
 
     target = "cpu"
 
-    def __init__(self, table: MapTable, schedule: str, programs: int, early_push: int = 2):
+    def __init__(self, table: MapTable, schedule: str, programs: int, early_push: int = 1):
         self.table, self.ir, self.schedule, self.programs = table, table.ir, schedule, programs
         # the dynamic schedule's early-pushed task functions (ir.early_pushed)
         self.early = early_pushed(self.ir, chains=early_push >= 2) if schedule == "dynamic" and early_push else frozenset()

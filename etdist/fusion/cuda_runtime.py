@@ -181,7 +181,7 @@ class CudaKernel:
     target = "cuda"
 
     def __init__(self, table: MapTable, schedule: str, programs: Optional[int] = None,
-                 num_warps: int = 4, num_stages: int = 3, trace: bool = False, early_push: int = 2):
+                 num_warps: int = 4, num_stages: int = 3, trace: bool = False, early_push: int = 1):
         self.dynamic = schedule == "dynamic"
         # the dynamic schedule's early-pushed task functions: the kernel and its host tables agree on them
         self.early = early_pushed(table.ir, chains=early_push >= 2) if self.dynamic and early_push else frozenset()

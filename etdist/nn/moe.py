@@ -66,6 +66,15 @@ PIN_ROUTER = knobs.read("ETDIST_MOE_PIN_ROUTER", knobs.flag, True)
 TAIL = knobs.read("ETDIST_MOE_TAIL", knobs.flag, True)
 
 
+# Early push under the dynamic schedule (et.compile's early_push; ETDIST_EARLY_PUSH overrides both).
+# The small class seeds its down tiles behind the gate/up tiles (2: no act_ready walk, no queue hop
+# before a down tile), the large class releases them (1). One H200, EP=1, zipf 1.5, alternated twice
+# (fifteenth session, records moe_chain_ab): small class, qwen3_30b_a3b at 1 / 16 / 128 tokens
+# -8 / -9 / -4% (1 token: 1.03x static's time, from 1.11x), mixtral_8x7b +2-4% at 1 and 16, tied
+# at 128; large class, mixtral at 1024 tokens +5-6% (its expert tiles ran slower, traced), qwen3 tied.
+EARLY_PUSH_SMALL, EARLY_PUSH_LARGE = 2, 1
+
+
 def gpu_tiles(large: bool = False, dtype: torch.dtype = torch.bfloat16) -> GpuTiles:
     """Tuning knobs: ETDIST_MOE_TILES / ETDIST_MOE_TILES_LARGE="block_m,block,block_n,warps,stages"
     (the small and large size class; read when a module builds its kernel, and taken as given)."""
@@ -160,7 +169,8 @@ class MoE(nn.Module):
                         "ETDIST_TMA")
         tiles = gpu_tiles(large, dtype) if target == "cuda" else None
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
-        early = early_push_level() if self.schedule == "dynamic" else None   # compile reads it: the cache must too
+        # the small class's down tiles are early-pushed behind the gate/up tiles (EARLY_PUSH_SMALL)
+        early = early_push_level(EARLY_PUSH_LARGE if large else EARLY_PUSH_SMALL) if self.schedule == "dynamic" else None
         key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align, GROUP_M, PIN_ROUTER, TAIL,
                early)
         if key not in _KERNELS:
@@ -170,7 +180,7 @@ class MoE(nn.Module):
                 graph = moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype,
                                             max_experts=self.num_experts, block=tiles.block, block_n=tiles.block_n,
                                             align=align, group_m=GROUP_M, pin_router=PIN_ROUTER, tail=TAIL)
-            _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target)
+            _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target, early_push=early)
             if target == "cuda":
                 _KERNELS[key].num_warps, _KERNELS[key].num_stages = tiles.num_warps, tiles.num_stages
         kernel = self._compiled[target, large] = _KERNELS[key]
