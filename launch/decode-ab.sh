@@ -24,6 +24,10 @@
 #          gate/up tiles released by the tile table's notify (ETDIST_EARLY_PUSH=0, as before) against
 #          pushed early (the default: queued at launch, spinning on "tiled"), alternated twice; then
 #          the static schedule once beside them (~5 min);
+#   chain  nn.MoE under the dynamic schedule at 1/16/128/1024 tokens, Zipf 1.5 routing (EP=2): the down
+#          tiles released by act_ready's walk (ETDIST_EARLY_PUSH=1) against seeded behind the gate/up
+#          tiles (2: the small class's default since the fifteenth session, measured on one GPU
+#          only; the large class keeps 1), alternated twice, then static once (~5 min);
 #   moetail nn.MoE under the dynamic schedule at 1/128/1024 tokens, zipf-skewed routing (EP=2): the
 #          return and combine queued (ETDIST_MOE_TAIL=0, as before) against walked as the tail (the
 #          default since the fourteenth session, measured on one GPU only), alternated twice (~4 min);
@@ -103,6 +107,13 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       RESULTS=$RESULTS/early-static MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=static \
         timeout 150 bash launch/bench-gpu.sh bench=gpu_moe 'bench.tokens=[1,128,1024]' model.routing_skew=1.5 2>&1 \
         | rows | sed 's/^/static /' ;;
+    chain)
+      echo "== nn.MoE dynamic, down tiles released (early 1) against seeded behind gate/up (early 2), zipf 1.5"
+      MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=dynamic \
+        ab chain ETDIST_EARLY_PUSH "1 2" 360 bench=gpu_moe 'bench.tokens=[1,16,128,1024]' model.routing_skew=1.5
+      RESULTS=$RESULTS/chain-static MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=static \
+        timeout 150 bash launch/bench-gpu.sh bench=gpu_moe 'bench.tokens=[1,16,128,1024]' model.routing_skew=1.5 2>&1 \
+        | rows | sed 's/^/static /' ;;
     moetail)
       echo "== nn.MoE dynamic, return and combine queued (tail 0) against walked after the queue (tail 1), zipf 1.5"
       MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=dynamic \
@@ -133,7 +144,7 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
         OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_moe.py $tokens \
           2>&1 | quiet | grep -vE 'UserWarning|_warn_once' | tail -32
       done ;;
-    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, moetail, moelarge, rstail, rsown, mlptail, opsdyn, moetrace)"; exit 2 ;;
+    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, chain, moetail, moelarge, rstail, rsown, mlptail, opsdyn, moetrace)"; exit 2 ;;
   esac
   echo "-- $step done at $((SECONDS - T0)) s"
 done
