@@ -137,10 +137,10 @@ def test_mesh_nvshmem_without_gpus_is_a_clear_error(monkeypatch):
 
 
 def test_moe_floor_counts_the_experts_and_slots_the_routing_reaches():
-    import torch
     """The floor of a MoE cell (etdist.bench_gpu): weights of the experts that received a slot, or the
     FLOPs of the slots, on the busiest rank. Routing all 4 tokens to experts 0 and 1 (of 8) must count
     2 experts' weights, not min(experts, slots) = 8 of them; a 2-expert rank's share is checked by hand."""
+    import torch
     from etdist import bench_gpu
     from etdist.measure.baselines import Ceilings
     H, I, E, k = 16, 8, 8, 2

@@ -48,8 +48,9 @@ def test_counts_read_from_tensors_rearm_every_launch(schedule):
 def test_moe_kernel_with_in_kernel_routing(world, schedule, early, tail):
     """The EP MoE graph's GPU bodies: routing (softmax top-k) in the kernel decides which expert
     tiles exist; dispatch and combine by peer stores; uniform and skewed routing. Dynamic: the
-    gate/up and down tiles seeded at launch (early 2, the default), the gate/up tiles alone (early 1:
-    act_ready releases the down tiles) or neither (early 0: the tile table releases gate/up);
+    gate/up and down tiles seeded at launch (early 2, nn.MoE's small class), the gate/up tiles
+    alone (early 1, et.compile's default: act_ready releases the down tiles) or neither (early 0:
+    the tile table releases gate/up);
     the return and combine walked as the tail (tail 1, the default) or queued (tail 0)."""
     rc, out = interpreted("moe_worker.py", world, schedule, ETDIST_EARLY_PUSH=early, ETDIST_MOE_TAIL=tail)
     assert rc == 0 and out.count(f"OK moe {schedule}") == world, out[-5000:]

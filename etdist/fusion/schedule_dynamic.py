@@ -3,8 +3,9 @@
 Pinned tasks (TaskSpec.pinned) come first in id order and never enter the queue: every program
 runs its static share of them before it pops. Tail tasks (TaskSpec.tail) come last and never enter
 it either: every program runs its static share of them once the queue is drained. Of the rest,
-tasks without waits start in the queue, and behind them the early-pushed ones (ir.early_pushed: they wait only on what pinned tasks
-notify, and spin on it when popped). Whoever brings an event element to completion walks the
+tasks without waits start in the queue, and behind them the early-pushed ones (ir.early_pushed:
+they wait only on what pinned tasks notify, or with its chains also on tasks seeded ahead of them,
+and spin on it when popped). Whoever brings an event element to completion walks the
 element's other consumers and decrements each one's pending-wait count; a consumer reaching zero
 is evaluated (`when`, which may read data its waits guarded) and pushed, or dropped if it does not
 exist. The plan is plain Python built from a bound graph; runtimes own the queue itself.

@@ -6,7 +6,8 @@ Layout of the int64 buffer `rq` (offsets are kernel arguments, the same on every
     cols | seeded tasks
 
 A launch's queue starts with its seeded tasks: those that wait on nothing, then the early-pushed
-ones (ir.early_pushed: they wait only on pinned tasks' events and spin when popped). Their ids sit
+ones (ir.early_pushed: they wait only on pinned tasks' events, or with its chains also on seeded
+tasks ahead of them, and spin when popped). Their ids sit
 in a table the host writes once per shape, and a claim of one of the launch's first NINIT indices
 reads it directly (next_task): seeding costs no atomics and keeps id order (pushed one by one at
 the start, each program paid a chain of sys-scope atomics before its first task).
@@ -27,7 +28,8 @@ Pushed tasks have all their waits complete: no program spins inside one, which i
 schedule deadlock-free for any valid graph. The programs that do spin are in pinned tasks
 (TaskSpec.pinned: never queued; every program runs its static share of them first, as under the
 static schedule, deadlock-free as long as they wait only on each other, graph._check_pinned), in
-early-pushed ones, which wait only on pinned work, and in the tail (TaskSpec.tail: every program
+early-pushed ones, which wait only on pinned work or on tasks seeded ahead of them (each held
+by a running program, so the earliest unfinished one always progresses), and in the tail (TaskSpec.tail: every program
 walks its static share of it once it claims past the launch's last queued index; by then every
 queued task is held by a program that runs it, and no queued task waits on the tail,
 graph._check_tail).
