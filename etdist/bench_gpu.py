@@ -158,7 +158,7 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     = grouped experts (torch._grouped_mm) with exchanged split sizes, `graph` = grouped experts with
     fixed padded all_to_all blocks captured in a CUDA graph, `loop` = one mm pair per expert."""
     from .measure.moe_baseline import torch_moe
-    from .workloads.moe import SKEW_SHIFT, skew_router
+    from .workloads.moe import skew_router, skew_tokens
     R, H, I, E, k = mesh.world_size, model.hidden, model.expert_intermediate, model.num_experts, model.top_k
     el, dev, bf16 = E // R, mesh.device, torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)           # the same router and skew on every rank
@@ -169,7 +169,7 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     gen.manual_seed(1 + mesh.rank)                             # this rank's experts and tokens
     wgu = [(torch.randn(el, H, 2 * I, generator=gen, device=dev) * H ** -0.5).to(bf16) for _ in range(2)]
     wd = [(torch.randn(el, I, H, generator=gen, device=dev) * I ** -0.5).to(bf16) for _ in range(2)]
-    x = (torch.randn(M, H, generator=gen, device=dev) + (SKEW_SHIFT if skew else 0.0) * u).to(bf16)
+    x = skew_tokens(torch.randn(M, H, generator=gen, device=dev), u, skew).to(bf16)
     router = router.to(bf16)
     layers = []
     for a, b in zip(wgu, wd):                                  # two weight copies, rotated

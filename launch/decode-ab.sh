@@ -64,6 +64,16 @@ ab() {
     env "$var=$v" RESULTS="$RESULTS/$name-$v" timeout 150 bash launch/bench-gpu.sh "$@" 2>&1 | rows | sed "s/^/$name $v /"
   done
 }
+# moe_ab NAME VAR "V1 V2" TOKENS: nn.MoE under the dynamic schedule, zipf 1.5, VAR alternated by `ab`, then the
+# static schedule once beside it (rows prefixed "static")
+moe_ab() {
+  local name=$1 var=$2 values=$3 tokens=$4 models=qwen3_30b_a3b,mixtral_8x7b
+  MODELS_OVERRIDE=$models WORKLOADS=moe SCHEDULE=dynamic \
+    ab "$name" "$var" "$values" 360 bench=gpu_moe "bench.tokens=$tokens" model.routing_skew=1.5
+  RESULTS=$RESULTS/$name-static MODELS_OVERRIDE=$models WORKLOADS=moe SCHEDULE=static \
+    timeout 150 bash launch/bench-gpu.sh bench=gpu_moe "bench.tokens=$tokens" model.routing_skew=1.5 2>&1 \
+    | rows | sed 's/^/static /'
+}
 T0=$SECONDS
 for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
   case $step in
@@ -102,18 +112,10 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       done ;;
     early)
       echo "== nn.MoE dynamic, gate/up released by a walk (early 0) against pushed at launch (early 1), zipf 1.5"
-      MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=dynamic \
-        ab early ETDIST_EARLY_PUSH "0 1" 360 bench=gpu_moe 'bench.tokens=[1,128,1024]' model.routing_skew=1.5
-      RESULTS=$RESULTS/early-static MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=static \
-        timeout 150 bash launch/bench-gpu.sh bench=gpu_moe 'bench.tokens=[1,128,1024]' model.routing_skew=1.5 2>&1 \
-        | rows | sed 's/^/static /' ;;
+      moe_ab early ETDIST_EARLY_PUSH "0 1" '[1,128,1024]' ;;
     chain)
       echo "== nn.MoE dynamic, down tiles released (early 1) against seeded behind gate/up (early 2), zipf 1.5"
-      MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=dynamic \
-        ab chain ETDIST_EARLY_PUSH "1 2" 360 bench=gpu_moe 'bench.tokens=[1,16,128,1024]' model.routing_skew=1.5
-      RESULTS=$RESULTS/chain-static MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=static \
-        timeout 150 bash launch/bench-gpu.sh bench=gpu_moe 'bench.tokens=[1,16,128,1024]' model.routing_skew=1.5 2>&1 \
-        | rows | sed 's/^/static /' ;;
+      moe_ab chain ETDIST_EARLY_PUSH "1 2" '[1,16,128,1024]' ;;
     moetail)
       echo "== nn.MoE dynamic, return and combine queued (tail 0) against walked after the queue (tail 1), zipf 1.5"
       MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=dynamic \

@@ -14,9 +14,7 @@ import torch.distributed as dist
 
 import etdist as et
 from etdist.fusion import trace as tr
-from etdist.fusion.compile import early_push_level
 from etdist.measure.timing import time_ranks
-from etdist.nn import moe as moe_module
 from etdist.workloads import moe as moe_graph
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
@@ -30,18 +28,13 @@ u = torch.randn(H, generator=gen, device=mesh.device)
 u = u / u.norm()
 router = moe_graph.skew_router(torch.randn(H, E, generator=gen, device=mesh.device), u, skew).to(torch.bfloat16)
 gen.manual_seed(1 + mesh.rank)                             # this rank's tokens
-x = (torch.randn(T, H, generator=gen, device=mesh.device) + (moe_graph.SKEW_SHIFT if skew else 0.0) * u).to(torch.bfloat16)
+x = moe_graph.skew_tokens(torch.randn(T, H, generator=gen, device=mesh.device), u, skew).to(torch.bfloat16)
 for sched in ("static", "dynamic"):
     layer = et.nn.MoE(H, I, E, K, schedule=sched)
     layer.router.data = router
     plain = time_ranks(lambda: layer(x), device=mesh.device)
-    large = layer.large_tiles(T)
-    tiles = moe_module.gpu_tiles(large)
-    g = moe_graph.moe_layer(K, block_m=tiles.block_m, dtype=torch.bfloat16, max_experts=E, block=tiles.block,
-                            block_n=tiles.block_n, align=16, group_m=moe_module.GROUP_M,
-                            pin_router=moe_module.PIN_ROUTER, tail=moe_module.TAIL)   # as the layer builds it
-    early = early_push_level(moe_module.EARLY_PUSH_LARGE if large else moe_module.EARLY_PUSH_SMALL)
-    kernel = et.compile(g, schedule=sched, target="cuda", trace=True, early_push=early)   # the layer's level too
+    tiles, align, early = layer._plan("cuda", layer.large_tiles(T))   # the layer's own graph, tiles and early push
+    kernel = et.compile(layer._graph("cuda", tiles, align), schedule=sched, target="cuda", trace=True, early_push=early)
     kernel.num_warps, kernel.num_stages = tiles.num_warps, tiles.num_stages
     args = dict(x=x, wg=layer.router.data, w_gate_up=layer.w_gate_up[0].data, w_down=layer.w_down[0].data)
     for _ in range(3):

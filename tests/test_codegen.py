@@ -340,9 +340,9 @@ def test_dynamic_moe_megakernel_does_not_spill(top_k, large, pin):
     ir = moe.moe_layer(top_k=top_k, block_m=t.block_m, dtype=torch.bfloat16, max_experts=128, block=t.block,
                        block_n=t.block_n, align=16, pin_router=pin).to_ir()
     # the early push nn.MoE compiles each class with (the small class's down tiles seeded: chains)
-    from etdist.fusion.ir import early_pushed
+    from etdist.fusion.ir import early_at
     from etdist.nn.moe import EARLY_PUSH_LARGE, EARLY_PUSH_SMALL
-    early = early_pushed(ir, chains=(EARLY_PUSH_LARGE if large else EARLY_PUSH_SMALL) >= 2)
+    early = early_at(ir, EARLY_PUSH_LARGE if large else EARLY_PUSH_SMALL)
     kernel = compile_for(ir, num_warps=t.num_warps, num_stages=t.num_stages, dynamic=True, early=early)
     assert kernel.metadata.shared <= 232448 and _spill_bytes(kernel.asm["ptx"]) <= 64
 

@@ -138,22 +138,30 @@ def _noop():
     pass
 
 
-def _early_graph(extra: int = 0):
-    """a (pinned) writes how many of b's tasks exist and notifies `sized`; b waits only on that (so it
-    is early-pushed) and exists where i < live[0]: its `when` reads what a wrote; c waits on `ran`,
-    which the live b tasks complete (released by the walk). extra: `ran` waits for that many more
-    notifies than ever come (a deadlock)."""
-    g = et.Graph("early_push")
+def _sized(name: str, extra: int = 0):
+    """The start the graphs below share: a (pinned) writes how many of x are positive into live[0]
+    and notifies `sized`; `ran` completes after live[0] + extra notifies (a count read from a tensor).
+    Returns the graph, n, live, sized and ran."""
+    g = et.Graph(name)
     n = g.size("n")
     g.input("x", (n,))
     live = g.scratch("live", (1,), torch.int64)
     g.scratch("y", (n,))
-    g.output("z", (n,))
     sized, ran = g.event("sized", (1,)), g.event("ran", (1,), count=lambda _: live[0] + extra)
 
     @g.task(grid=(1,), notify=lambda _: sized[0], pinned=True, triton=_noop)
     def a(t, _):
         t.live[0] = (t.x > 0).sum()
+    return g, n, live, sized, ran
+
+
+def _early_graph(extra: int = 0):
+    """a (pinned) writes how many of b's tasks exist and notifies `sized`; b waits only on that (so it
+    is early-pushed) and exists where i < live[0]: its `when` reads what a wrote; c waits on `ran`,
+    which the live b tasks complete (released by the walk). extra: `ran` waits for that many more
+    notifies than ever come (a deadlock)."""
+    g, n, live, sized, ran = _sized("early_push", extra)
+    g.output("z", (n,))
 
     @g.task(grid=(n,), wait=lambda i: sized[0], notify=lambda i: ran[0], when=lambda i: i < live[0], triton=_noop)
     def b(t, i):
@@ -169,17 +177,8 @@ def _pinned_count_graph():
     """a (pinned) writes live[0]; p (pinned) notifies `ran` once per live task, a count read from
     live; u waits on `ran` alone, which only pinned tasks notify, yet is not early-pushed: queued at
     the start it would read ran's count before a wrote it (found by review)."""
-    g = et.Graph("early_reads_count")
-    n = g.size("n")
-    g.input("x", (n,))
-    live = g.scratch("live", (1,), torch.int64)
-    g.scratch("y", (n,))
+    g, n, live, sized, ran = _sized("early_reads_count")
     g.output("z", (1,))
-    sized, ran = g.event("sized", (1,)), g.event("ran", (1,), count=lambda _: live[0])
-
-    @g.task(grid=(1,), notify=lambda _: sized[0], pinned=True, triton=_noop)
-    def a(t, _):
-        t.live[0] = (t.x > 0).sum()
 
     @g.task(grid=(n,), wait=lambda i: sized[0], notify=lambda i: ran[0], when=lambda i: i < live[0], pinned=True,
             triton=_noop)
@@ -237,21 +236,12 @@ def _behind_released_graph():
     reads live, b2 `bd`; c waits on `ran` (so it is released, never early) and notifies `cd`; d
     waits on c's `cd`, e on b2's `bd`. With early push's chains e is seeded behind b2, d is not:
     seeded ahead of c (which is pushed later), d could hold every program spinning on it."""
-    g = et.Graph("behind_released")
-    n = g.size("n")
-    g.input("x", (n,))
-    live = g.scratch("live", (1,), torch.int64)
-    g.scratch("y", (n,))
+    g, n, live, sized, ran = _sized("behind_released")
     g.scratch("u", (n,))
     g.scratch("v", (n,))
     g.output("z", (n,))
     g.output("w", (n,))
-    sized, ran = g.event("sized", (1,)), g.event("ran", (1,), count=lambda _: live[0])
     bd, cd = g.event("bd", (n,)), g.event("cd", (n,))
-
-    @g.task(grid=(1,), notify=lambda _: sized[0], pinned=True, triton=_noop)
-    def a(t, _):
-        t.live[0] = (t.x > 0).sum()
 
     @g.task(grid=(n,), wait=lambda i: sized[0], notify=lambda i: ran[0], when=lambda i: i < live[0], triton=_noop)
     def b(t, i):

@@ -29,7 +29,7 @@ EARLY_PUSH_LEVELS = (0, 1, 2)
 
 
 def _early_level(text: str) -> int:
-    if text not in ("0", "1", "2"):
+    if text not in {str(v) for v in EARLY_PUSH_LEVELS}:
         raise ValueError("want 0, 1 or 2")
     return int(text)
 

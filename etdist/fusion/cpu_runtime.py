@@ -24,7 +24,7 @@ import torch
 from .bind import Bound, MapTable, bind, bind_inputs, in_bounds
 from .errors import CounterError, DeadlockError, DoubleNotifyError, InputError, RuntimeFault
 from .expr import RANK_NAME, WORLD_NAME, evaluate
-from .ir import Role, early_pushed
+from .ir import Role, early_at
 from .schedule_dynamic import release_plan
 from .schedule_static import StaticSchedule
 from .tile_context import TileContext
@@ -249,7 +249,7 @@ class CpuKernel:
     def __init__(self, table: MapTable, schedule: str, programs: int, early_push: int = 1):
         self.table, self.ir, self.schedule, self.programs = table, table.ir, schedule, programs
         # the dynamic schedule's early-pushed task functions (ir.early_pushed)
-        self.early = early_pushed(self.ir, chains=early_push >= 2) if schedule == "dynamic" and early_push else frozenset()
+        self.early = early_at(self.ir, early_push) if schedule == "dynamic" else frozenset()
         self._counters: dict = {}
         self.last_stats: Optional[LaunchStats] = None
         self.trace_default = False   # compile(..., trace=True) sets it

@@ -42,7 +42,7 @@ from .schedule_dynamic import release_plan
 from .codegen_triton import ERR_WORDS, TRACE_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
 from .errors import GraphError, InputError, RuntimeFault
 from .expr import RANK_NAME, evaluate
-from .ir import Role, early_pushed
+from .ir import Role, early_at
 
 DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
 # ETDIST_ERROR_WORD_COPY=1 also copies the error word to the host after each launch, as before the
@@ -184,7 +184,7 @@ class CudaKernel:
                  num_warps: int = 4, num_stages: int = 3, trace: bool = False, early_push: int = 1):
         self.dynamic = schedule == "dynamic"
         # the dynamic schedule's early-pushed task functions: the kernel and its host tables agree on them
-        self.early = early_pushed(table.ir, chains=early_push >= 2) if self.dynamic and early_push else frozenset()
+        self.early = early_at(table.ir, early_push) if self.dynamic else frozenset()
         for e in table.ir.events:
             if self.dynamic and RANK_NAME in e.count.symbols():   # a remote notifier evaluates it
                 raise GraphError(f"event {e.name!r}: schedule='dynamic' on GPUs needs counts that do not "

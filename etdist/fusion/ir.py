@@ -142,6 +142,12 @@ def early_pushed(ir: "GraphIR", chains: bool = False) -> frozenset[str]:
     return frozenset(tasks[k].name for k in early)
 
 
+def early_at(ir: "GraphIR", level: int) -> frozenset[str]:
+    """The early-pushed task functions at an early-push level (et.compile's early_push): none at 0,
+    early_pushed's at 1, with its chains at 2."""
+    return early_pushed(ir, chains=level >= 2) if level else frozenset()
+
+
 @dataclass(frozen=True)
 class Check:
     """A condition on sizes that a call must satisfy (e.g. experts divisible by world size)."""

@@ -157,30 +157,39 @@ class MoE(nn.Module):
             return False
         return tokens * self.world * self.top_k >= LARGE_ROWS_PER_EXPERT * self.num_experts
 
+    def _plan(self, target: str, large: bool = False):
+        """What the compiled layer depends on besides the module's sizes, the knobs read now: (the GPU
+        tiles of the size class, the promised alignment of H and I, the early-push level)."""
+        if target == "cuda":
+            knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_MOE_LARGE_ROWS", "ETDIST_MOE_TAIL",
+                        "ETDIST_TMA")
+        tiles = gpu_tiles(large, self.router.dtype) if target == "cuda" else None
+        align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
+        # the small class's down tiles are early-pushed behind the gate/up tiles (EARLY_PUSH_SMALL)
+        early = early_push_level(EARLY_PUSH_LARGE if large else EARLY_PUSH_SMALL) if self.schedule == "dynamic" else None
+        return tiles, align, early
+
+    def _graph(self, target: str, tiles: Optional[GpuTiles], align: int):
+        """The layer's graph for `target` (tiles and align from _plan)."""
+        dtype = self.router.dtype
+        if target == "cpu":
+            return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=TAIL)
+        return moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts,
+                                   block=tiles.block, block_n=tiles.block_n, align=align, group_m=GROUP_M,
+                                   pin_router=PIN_ROUTER, tail=TAIL)
+
     def _kernel(self, target: str, large: bool = False):
         """The compiled layer, looked up once per module and size class (the tile knob is read
         then): one binary per configuration, shared by every layer that has it."""
         kernel = self._compiled.get((target, large))
         if kernel is not None:
             return kernel
-        dtype = self.router.dtype
-        if target == "cuda":
-            knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_MOE_LARGE_ROWS", "ETDIST_MOE_TAIL",
-                        "ETDIST_TMA")
-        tiles = gpu_tiles(large, dtype) if target == "cuda" else None
-        align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
-        # the small class's down tiles are early-pushed behind the gate/up tiles (EARLY_PUSH_SMALL)
-        early = early_push_level(EARLY_PUSH_LARGE if large else EARLY_PUSH_SMALL) if self.schedule == "dynamic" else None
-        key = (target, self.top_k, self.schedule, dtype, self.num_experts, tiles, align, GROUP_M, PIN_ROUTER, TAIL,
-               early)
+        tiles, align, early = self._plan(target, large)
+        key = (target, self.top_k, self.schedule, self.router.dtype, self.num_experts, tiles, align, GROUP_M,
+               PIN_ROUTER, TAIL, early)
         if key not in _KERNELS:
-            if target == "cpu":
-                graph = moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=TAIL)
-            else:
-                graph = moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype,
-                                            max_experts=self.num_experts, block=tiles.block, block_n=tiles.block_n,
-                                            align=align, group_m=GROUP_M, pin_router=PIN_ROUTER, tail=TAIL)
-            _KERNELS[key] = fusion.compile(graph, schedule=self.schedule, target=target, early_push=early)
+            _KERNELS[key] = fusion.compile(self._graph(target, tiles, align), schedule=self.schedule, target=target,
+                                           early_push=early)
             if target == "cuda":
                 _KERNELS[key].num_warps, _KERNELS[key].num_stages = tiles.num_warps, tiles.num_stages
         kernel = self._compiled[target, large] = _KERNELS[key]

@@ -266,6 +266,12 @@ def skew_router(router: torch.Tensor, u: torch.Tensor, skew: float) -> torch.Ten
     return router - torch.outer(u, u @ router) + torch.outer(u, bias)
 
 
+def skew_tokens(x: torch.Tensor, u: torch.Tensor, skew: float) -> torch.Tensor:
+    """Tokens x [T, H] for a router skewed along u (skew_router): shifted by SKEW_SHIFT * u, or as
+    they are at skew 0."""
+    return x + SKEW_SHIFT * u if skew else x
+
+
 def make_inputs(world: int, T: int, H: int, I: int, E: int, seed: int = 0, skew: float = 0.0,
                 dtype=torch.float32):
     """Per-rank inputs plus the full expert stacks for the reference.
@@ -280,8 +286,7 @@ def make_inputs(world: int, T: int, H: int, I: int, E: int, seed: int = 0, skew:
     w1 = torch.randn(E, H, 2 * I, generator=gen) / H ** 0.5
     w2 = torch.randn(E, I, H, generator=gen) / I ** 0.5
     el = E // world
-    shift = SKEW_SHIFT if skew else 0.0
-    ranks = [{"x": (torch.randn(T, H, generator=gen) + shift * u).to(dtype), "wg": wg.to(dtype),
+    ranks = [{"x": skew_tokens(torch.randn(T, H, generator=gen), u, skew).to(dtype), "wg": wg.to(dtype),
               "w_gate_up": w1[r * el:(r + 1) * el].to(dtype).contiguous(),
               "w_down": w2[r * el:(r + 1) * el].to(dtype).contiguous()} for r in range(world)]
     return ranks, (wg, w1, w2)
