@@ -9,7 +9,8 @@ rest of the file is left as it is), one PNG per workload, schedule and world int
 
 Speedup = best baseline / ours, where the best baseline is the faster of `graph` and `eager`
 (DESIGN.md: at large sizes the graph is sometimes the slower of the two), and for MoE also of
-`loop` (the torch layer with one mm pair per expert; older MoE records call it `eager`).
+`loop` (the torch layer with one mm pair per expert; older MoE records call it `eager`) and
+`fused` (a serving engine's fused MoE kernels, etdist.measure.fused_moe; from the sixteenth session).
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from .measure.shapes import MLP_SHAPES
 
 BEGIN = "<!-- report:begin -->"
 END = "<!-- report:end -->"
-HEADLINE = ("graph", "eager", "loop")     # the best baseline is the faster of these
-BASELINE_ORDER = ("graph", "eager", "loop", "symm_mem", "mm")
+HEADLINE = ("graph", "eager", "loop", "fused")     # the best baseline is the faster of these
+BASELINE_ORDER = ("graph", "eager", "loop", "fused", "symm_mem", "mm")
 
 
 # ----------------------------------------------------------------------------------- the numbers

@@ -9,6 +9,10 @@ ranks, the rows travel to the rank owning their expert with all_to_all_single ->
   experts="loop"     one mm pair per local expert (a host sync per expert; any dtype, so it is
                      also the float32 reference on GPUs, where _grouped_mm takes bf16 only)
 
+  experts="fused"    a serving engine's fused MoE (etdist.measure.fused_moe): slots aligned per
+                     expert, one Triton grouped-GEMM launch per projection; on one rank it also
+                     gathers the tokens and weighs the slots in the kernel, as engines do
+
 and two ways to dispatch across ranks:
 
   dispatch="exact"   split sizes exchanged first, then exactly the routed rows (one host sync)
@@ -16,7 +20,7 @@ and two ways to dispatch across ranks:
                      (as low-latency EP kernels do with fixed buffers): no host sync, so with
                      experts="grouped" the whole layer can be captured in a CUDA graph
 
-One rank with experts="grouped" never syncs the host either way.
+One rank with experts="grouped" or "fused" never syncs the host either way.
 """
 from __future__ import annotations
 
@@ -24,24 +28,28 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .fused_moe import experts as fused_experts, fused_moe, pick_config
+
 
 def torch_moe(x: torch.Tensor, router: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
               group=None, experts: str = "grouped", dispatch: str = "exact") -> torch.Tensor:
     """x [T, H] this rank's tokens; router [H, E]; w_gate_up [E_local, H, 2I] (gate columns first),
     w_down [E_local, I, H] this rank's experts (expert e lives on rank e // E_local). Returns y [T, H]."""
-    if experts not in ("grouped", "loop") or dispatch not in ("exact", "padded"):
-        raise ValueError(f"experts must be 'grouped' or 'loop' and dispatch 'exact' or 'padded', "
+    if experts not in ("grouped", "loop", "fused") or dispatch not in ("exact", "padded"):
+        raise ValueError(f"experts must be 'grouped', 'loop' or 'fused' and dispatch 'exact' or 'padded', "
                          f"got {experts!r}, {dispatch!r}")
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     el = w_gate_up.shape[0]
     probs = torch.softmax(x.float() @ router.float(), dim=-1)
     w, ids = probs.topk(top_k, dim=-1)
     w = (w / w.sum(-1, keepdim=True)).to(x.dtype)
+    if experts == "fused" and world == 1:
+        return fused_moe(x, ids, w, w_gate_up, w_down)
     flat = ids.reshape(-1)                                   # (token, k) slots
     order = torch.argsort(flat, stable=True)                 # slots sorted by expert, so by rank
     rows = x.repeat_interleave(top_k, dim=0)[order]          # [S, H], S = T * top_k
     expert = flat[order]
-    run = _grouped_experts if experts == "grouped" else _looped_experts
+    run = {"grouped": _grouped_experts, "loop": _looped_experts, "fused": _fused_experts}[experts]
     if world == 1:
         back = run(rows, expert % el, w_gate_up, w_down)
     elif dispatch == "exact":
@@ -81,6 +89,12 @@ def _grouped_experts(rows, local, w_gate_up, w_down) -> torch.Tensor:
     out = torch.empty_like(rows)
     out[perm] = torch._grouped_mm(act, w_down, offs=ends)   # rows past the last group: unused
     return out
+
+
+def _fused_experts(rows, local, w_gate_up, w_down) -> torch.Tensor:
+    """The same with the serving engine's kernels: each row one slot (k = 1), unweighted."""
+    ids = local.view(-1, 1)
+    return fused_experts(rows, ids, None, w_gate_up, w_down, pick_config(rows, ids, None, w_gate_up, w_down))
 
 
 def _exact_exchange(rows, expert, el, world, group, run, w_gate_up, w_down) -> torch.Tensor:
