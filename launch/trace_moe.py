@@ -33,8 +33,10 @@ for sched in ("static", "dynamic"):
     layer = et.nn.MoE(H, I, E, K, schedule=sched)
     layer.router.data = router
     plain = time_ranks(lambda: layer(x), device=mesh.device)
-    tiles, align, early = layer._plan("cuda", layer.large_tiles(T))   # the layer's own graph, tiles and early push
-    kernel = et.compile(layer._graph("cuda", tiles, align), schedule=sched, target="cuda", trace=True, early_push=early)
+    large = layer.large_tiles(T)
+    tiles, align, early = layer._plan("cuda", large)   # the layer's own graph, tiles and early push
+    kernel = et.compile(layer._graph("cuda", tiles, align, large), schedule=sched, target="cuda", trace=True,
+                        early_push=early)
     kernel.num_warps, kernel.num_stages = tiles.num_warps, tiles.num_stages
     args = dict(x=x, wg=layer.router.data, w_gate_up=layer.w_gate_up[0].data, w_down=layer.w_down[0].data)
     for _ in range(3):

@@ -313,10 +313,12 @@ def _op_kernels():
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]
     # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the
     # megakernel has one register allocation, the expert GEMM loops spilled too.
-    from etdist.nn.moe import LARGE_TILES, GpuTiles
-    for name, top_k, t in (("moe", 8, GpuTiles()), ("moe large", 2, LARGE_TILES)):
+    from etdist.nn.moe import LARGE_PLAN_BLOCK, LARGE_ROUTE_BLOCK, LARGE_TILES, GpuTiles
+    large_blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK)
+    for name, top_k, t, blocks in (("moe", 8, GpuTiles(), {}), ("moe large", 2, LARGE_TILES, large_blocks),
+                                   ("moe large top-8", 8, LARGE_TILES, large_blocks)):
         yield name, functools.partial(moe.moe_layer, top_k=top_k, block_m=t.block_m, dtype=bf, max_experts=128,
-                                      block=t.block, block_n=t.block_n, align=16), t.num_warps, t.num_stages
+                                      block=t.block, block_n=t.block_n, align=16, **blocks), t.num_warps, t.num_stages
 
 
 @pytest.mark.parametrize("name,build,warps,stages", list(_op_kernels()), ids=lambda v: v if isinstance(v, str) else "")
@@ -327,18 +329,19 @@ def test_op_megakernels_do_not_spill(name, build, warps, stages):
     assert _spill_bytes(kernel.asm["ptx"]) <= 64, name
 
 
-@pytest.mark.parametrize("top_k,large,pin", [(8, False, True), (8, False, False), (2, True, True)],
-                         ids=["small-pinned", "small-queued", "large-pinned"])
+@pytest.mark.parametrize("top_k,large,pin", [(8, False, True), (8, False, False), (2, True, True), (8, True, True)],
+                         ids=["small-pinned", "small-queued", "large-pinned", "large-top8"])
 def test_dynamic_moe_megakernel_does_not_spill(top_k, large, pin):
     """The ready queue's release walk (1024 consumers a block) is a call of its own: inlined, it
     made nn.MoE's dynamic kernels spill (found by review: 340 bytes per thread with 128-row tiles).
     nn.MoE's own tile classes (the large one, at 4 stages and with the tail's second static walk,
     spills 44 bytes a thread: the bound of the ops' kernels, 64, applies)."""
-    from etdist.nn.moe import LARGE_TILES, GpuTiles
+    from etdist.nn.moe import LARGE_PLAN_BLOCK, LARGE_ROUTE_BLOCK, LARGE_TILES, GpuTiles
     from etdist.workloads import moe
     t = LARGE_TILES if large else GpuTiles()
+    blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK) if large else {}
     ir = moe.moe_layer(top_k=top_k, block_m=t.block_m, dtype=torch.bfloat16, max_experts=128, block=t.block,
-                       block_n=t.block_n, align=16, pin_router=pin).to_ir()
+                       block_n=t.block_n, align=16, pin_router=pin, **blocks).to_ir()
     # the early push nn.MoE compiles each class with (the small class's down tiles seeded: chains)
     from etdist.fusion.ir import early_at
     from etdist.nn.moe import EARLY_PUSH_LARGE, EARLY_PUSH_SMALL

@@ -42,12 +42,14 @@ def test_counts_read_from_tensors_rearm_every_launch(schedule):
     assert rc == 0 and out.count(f"OK data-dependent {schedule}") == 2, out[-5000:]
 
 
-@pytest.mark.parametrize("world,schedule,early,tail", [(2, "static", "2", "1"), (2, "dynamic", "2", "1"),
+@pytest.mark.parametrize("world,schedule,early,tail", [(1, "static", "2", "1"), (1, "dynamic", "2", "1"),
+                                                       (2, "static", "2", "1"), (2, "dynamic", "2", "1"),
                                                        (3, "dynamic", "2", "1"), (2, "dynamic", "1", "1"),
                                                        (2, "dynamic", "0", "1"), (2, "dynamic", "2", "0")])
 def test_moe_kernel_with_in_kernel_routing(world, schedule, early, tail):
     """The EP MoE graph's GPU bodies: routing (softmax top-k) in the kernel decides which expert
-    tiles exist; dispatch and combine by peer stores; uniform and skewed routing. Dynamic: the
+    tiles exist; dispatch and combine by peer stores (one rank: no rows move, gate/up reads x and
+    the combine expert_out); uniform and skewed routing. Dynamic: the
     gate/up and down tiles seeded at launch (early 2, nn.MoE's small class), the gate/up tiles
     alone (early 1, et.compile's default: act_ready releases the down tiles) or neither (early 0:
     the tile table releases gate/up);

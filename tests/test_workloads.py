@@ -209,6 +209,11 @@ def test_moe_degenerate_sizes_are_refused_before_running(schedule):
     assert all(rel_err(g["y"], w) < TOL for g, w in zip(kernel.run(inputs), want))
     with pytest.raises(et.GraphError, match="top_k must be a positive int, got 0"):
         moe.moe_layer(top_k=0)
+    for bad in (24, 8, 0, True):     # a Triton block: a power of two, >= 16
+        with pytest.raises(et.GraphError, match=f"route_block must be a power of two >= 16 .*got {bad!r}"):
+            moe.moe_layer(route_block=bad)
+    with pytest.raises(et.GraphError, match="plan_block must be a power of two >= 16"):
+        moe.moe_layer(plan_block=1000)
 
 
 def test_one_compile_serves_every_size():

@@ -54,6 +54,11 @@ FLOAT32_STAGES = 3
 # before TMA weights and grouped tiles, 3-stage ones had lost qwen3 at 1024 tokens, 128 rows per
 # expert: 1107 -> 1399 us. The threshold is a knob until EP=2 is measured again.)
 LARGE_TILES = GpuTiles(128, 64, 128, 8, 4)
+# The large class's router blocks: tokens per routing task and slots per plan step (moe_layer's
+# route_block / plan_block; the small class keeps 16 / 1024, what decode wants). qwen3_30b_a3b
+# at 4096 tokens, traced on one H200: 16-token routing tasks took the launch's first 100 us and
+# each expert's plan 61 us, walking 32768 slots 1024 at a time.
+LARGE_ROUTE_BLOCK, LARGE_PLAN_BLOCK = 64, 4096
 LARGE_ROWS_PER_EXPERT = knobs.read("ETDIST_MOE_LARGE_ROWS", knobs.positive_int, GpuTiles().block_m)
 # Expert GEMM tiles walk groups of this many row tiles per weight block (moe_layer's group_m; 1: row
 # tile after row tile, as before the grouping, for A/B runs)
@@ -169,14 +174,15 @@ class MoE(nn.Module):
         early = early_push_level(EARLY_PUSH_LARGE if large else EARLY_PUSH_SMALL) if self.schedule == "dynamic" else None
         return tiles, align, early
 
-    def _graph(self, target: str, tiles: Optional[GpuTiles], align: int):
-        """The layer's graph for `target` (tiles and align from _plan)."""
+    def _graph(self, target: str, tiles: Optional[GpuTiles], align: int, large: bool = False):
+        """The layer's graph for `target` (tiles and align from _plan; large: the size class)."""
         dtype = self.router.dtype
         if target == "cpu":
             return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=TAIL)
+        blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK) if large else {}
         return moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts,
                                    block=tiles.block, block_n=tiles.block_n, align=align, group_m=GROUP_M,
-                                   pin_router=PIN_ROUTER, tail=TAIL)
+                                   pin_router=PIN_ROUTER, tail=TAIL, **blocks)
 
     def _kernel(self, target: str, large: bool = False):
         """The compiled layer, looked up once per module and size class (the tile knob is read
@@ -186,9 +192,9 @@ class MoE(nn.Module):
             return kernel
         tiles, align, early = self._plan(target, large)
         key = (target, self.top_k, self.schedule, self.router.dtype, self.num_experts, tiles, align, GROUP_M,
-               PIN_ROUTER, TAIL, early)
+               PIN_ROUTER, TAIL, early, large and target == "cuda")
         if key not in _KERNELS:
-            _KERNELS[key] = fusion.compile(self._graph(target, tiles, align), schedule=self.schedule, target=target,
+            _KERNELS[key] = fusion.compile(self._graph(target, tiles, align, large), schedule=self.schedule, target=target,
                                            early_push=early)
             if target == "cuda":
                 _KERNELS[key].num_warps, _KERNELS[key].num_stages = tiles.num_warps, tiles.num_stages

@@ -12,6 +12,9 @@ w_gate_up [E_local, H, 2I], w_down [E_local, I, H]). Per rank, every task one bl
     send_back  slot block b of rank me + d's slots that my experts served -> back to it
     combine    tokens block i: y[t] = sum_k weight[t, k] * out[t, k]
 
+On one rank the GPU bodies move no rows: gate/up reads each slot's token from x, the combine reads
+expert_out (dispatch then only marks the slots' experts, send_back does nothing but notify).
+
 The row tiles live in a worst-case grid (cdiv(R*S, BM) + min(E_local, R*S): every expert that
 received a slot may end in a partial tile); `done` expects one notify per existing down tile plus
 one from tile_table, so a rank whose experts received no token still completes, and its waiters wait
@@ -33,7 +36,7 @@ from etdist.kernels.gemm_tiles import use_tma
 
 def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
               block: int = 16, block_n: int | None = None, align: int = 1, group_m: int = 8,
-              pin_router: bool = True, tail: bool = True) -> et.Graph:
+              pin_router: bool = True, tail: bool = True, route_block: int = 16, plan_block: int = 1024) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -43,9 +46,14 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     the static formula under the dynamic schedule too); False queues it, for A/B runs. tail: the
     return and the combine are the tail (TaskSpec.tail: under the dynamic schedule, dealt by the
     static formula once the queue is drained, so they spin instead of each waiting for a queue hop);
-    False queues them, for A/B runs."""
+    False queues them, for A/B runs. route_block: tokens per router task (the logits' and the
+    routing's blocks; 16 is tl.dot's least, what decode wants); plan_block: received slots per
+    step of an expert's plan (its stream compaction walks all of them in steps of this many)."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
+    for name, v in (("route_block", route_block), ("plan_block", plan_block)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1):
+            raise et.GraphError(f"moe_layer: {name} must be a power of two >= 16 (a Triton block), got {v!r}")
     BN = block_n or block
     g = et.Graph("moe")
     T, E, EL = g.size("T"), g.size("E"), g.size("E_local")
@@ -94,8 +102,10 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
 
     # The router's logits accumulate in fp32 (bf16 products are exact in it; fp32 inputs take an
     # IEEE dot on CUDA cores): it must pick the experts a float32 reference picks. Blocks of 16
-    # tokens, tl.dot's minimum: at decode a 64-row block did 64x the work of one token.
-    BT = 16
+    # tokens (route_block), tl.dot's minimum, at decode: a 64-row block did 64x the work of one
+    # token. Thousands of tokens want larger blocks (qwen3_30b_a3b at 4096 tokens, traced: 2048
+    # logits tasks of 16 tokens took the first 100 us of a 1358 us launch).
+    BT = route_block
     scored = g.event("scored", (et.cdiv(T, BT),), count=slices)
     routed = g.event("routed", (1,), count=et.cdiv(T, BT))
     dispatched = g.event("dispatched", (R,), count=R * slot_blocks * slabs, distributed=True)   # per source
@@ -138,7 +148,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
             peer.recv_expert[t.rank][s] = torch.where(mine, ids % n_local, -1)
 
     @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: planned[0],
-            triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=1024), pinned=pin)
+            triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=plan_block), pinned=pin)
     def plan(t, e):
         found = (t.recv_expert.reshape(-1) == e).nonzero().flatten()
         t.counts[e] = found.numel()
@@ -167,7 +177,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     dn = lambda q: et.grouped(q, max_tiles, h_tiles, group_m)    # noqa: E731  (row tile j, column block h)
 
     @g.task(grid=(max_tiles * gu_tiles,), wait=lambda q: tiled[0], notify=lambda q: act_ready[gu(q)[0]],
-            triton=moe_tiles.moe_gate_up, constexprs=expert_gemm,
+            triton=moe_tiles.moe_gate_up, constexprs=dict(expert_gemm, TOP_K=top_k),
             bind=dict(j=lambda q: gu(q)[0], n=lambda q: gu(q)[1]))
     def gate_up(t, q):
         j, n = t(gu(q)[0]), t(gu(q)[1])

@@ -73,19 +73,20 @@ def main():
             assert err < 3e-2, ("bf16", schedule, T, err)
         print(f"OK moe-bf16 {schedule} (both tile classes) rank {r}", flush=True)
 
-    # the sweep's torch baselines in bf16 (torch._grouped_mm takes bf16 on GPUs) against float64
+    # the sweep's baselines in bf16 (torch._grouped_mm takes bf16 on GPUs) against float64
     T = 40
     ranks, (wg, w1, w2) = moe_graph.make_inputs(R, T, H, I, E, seed=3, skew=2.0)
     # the reference routes the bf16-rounded inputs: on the originals one token of rank 0 picks
     # another expert (a near tie), an error of 0.27 that is the rounding's, not the baseline's
     want = moe_graph.reference([rounded(i["x"]) for i in ranks], rounded(wg), rounded(w1), rounded(w2), top_k=K)[r]
     bf = {k: v.to(dev, torch.bfloat16) for k, v in ranks[r].items()}
-    for dispatch in ("exact", "padded"):
-        got = torch_moe(bf["x"], bf["wg"], bf["w_gate_up"], bf["w_down"], K, experts="grouped", dispatch=dispatch)
-        assert rel_err(got, want) < 3e-2, (dispatch, rel_err(got, want))
-    replay = graphed(lambda i: torch_moe(bf["x"], bf["wg"], bf["w_gate_up"], bf["w_down"], K, experts="grouped",
-                                         dispatch="padded"), 1, dev)
-    assert rel_err(replay(), want) < 3e-2
+    for experts in ("grouped", "fused"):          # fused: the serving engine's kernels (measure.fused_moe)
+        for dispatch in ("exact", "padded"):
+            got = torch_moe(bf["x"], bf["wg"], bf["w_gate_up"], bf["w_down"], K, experts=experts, dispatch=dispatch)
+            assert rel_err(got, want) < 3e-2, (experts, dispatch, rel_err(got, want))
+        replay = graphed(lambda i: torch_moe(bf["x"], bf["wg"], bf["w_gate_up"], bf["w_down"], K, experts=experts,
+                                             dispatch="padded"), 1, dev)
+        assert rel_err(replay(), want) < 3e-2, (experts, "graph")
     print(f"OK moe-baselines rank {r}", flush=True)
     mesh.close()
 

@@ -39,6 +39,12 @@ def main(args):
     wide = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block=32, tail=tail), schedule=schedule, target="cuda")
     mine, _, want = case(37, 40, 20, seed=5, skew=1.0)
     assert rel_err(wide(mesh, **mine)["y"], want) < 1e-4, ("block 32", schedule)
+    # the large class's router blocks (nn.MoE: 64 tokens per routing task, 4096 slots per plan
+    # step), smaller here: ragged token blocks, a plan over several steps
+    big = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, route_block=32, plan_block=32, tail=tail),
+                     schedule=schedule, target="cuda")
+    mine, _, want = case(45, 24, 20, seed=7, skew=1.0)
+    assert rel_err(big(mesh, **mine)["y"], want) < 1e-4, ("route/plan blocks", schedule)
     # a hidden size over several router slices (64 columns each) and copy/combine slabs (128),
     # both ragged at the end
     mine, _, want = case(21, 200, 20, seed=6, skew=1.0)
