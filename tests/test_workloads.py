@@ -216,6 +216,16 @@ def test_moe_degenerate_sizes_are_refused_before_running(schedule):
         moe.moe_layer(plan_block=1000)
 
 
+def test_moe_graph_built_for_one_rank_is_refused_on_two(schedule):
+    """one_rank=True (nn.MoE on one GPU: the bodies move no rows) runs one rank and refuses more."""
+    kernel = et.compile(moe.moe_layer(top_k=2, block_m=4, one_rank=True), schedule=schedule)
+    two, _ = moe.make_inputs(2, 5, 8, 4, E=4)
+    with pytest.raises(et.InputError, match=r"built for one rank \(moe_layer\(one_rank=True\)\)"):
+        kernel.run(two)
+    one, (wg, w1, w2) = moe.make_inputs(1, 5, 8, 4, E=4)
+    assert rel_err(kernel.run(one)[0]["y"], moe.reference([one[0]["x"]], wg, w1, w2, top_k=2)[0]) < TOL
+
+
 def test_one_compile_serves_every_size():
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8))
     for M in (1, 2, 9, 64, 65):

@@ -180,9 +180,10 @@ class MoE(nn.Module):
         if target == "cpu":
             return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=TAIL)
         blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK) if large else {}
+        # one GPU: no rows to move, the expert tiles read the tokens in place (moe_layer's one_rank)
         return moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts,
                                    block=tiles.block, block_n=tiles.block_n, align=align, group_m=GROUP_M,
-                                   pin_router=PIN_ROUTER, tail=TAIL, **blocks)
+                                   pin_router=PIN_ROUTER, tail=TAIL, one_rank=self.world == 1, **blocks)
 
     def _kernel(self, target: str, large: bool = False):
         """The compiled layer, looked up once per module and size class (the tile knob is read
@@ -192,7 +193,7 @@ class MoE(nn.Module):
             return kernel
         tiles, align, early = self._plan(target, large)
         key = (target, self.top_k, self.schedule, self.router.dtype, self.num_experts, tiles, align, GROUP_M,
-               PIN_ROUTER, TAIL, early, large and target == "cuda")
+               PIN_ROUTER, TAIL, early, large and target == "cuda", self.world == 1 and target == "cuda")
         if key not in _KERNELS:
             _KERNELS[key] = fusion.compile(self._graph(target, tiles, align, large), schedule=self.schedule, target=target,
                                            early_push=early)

@@ -12,8 +12,8 @@ w_gate_up [E_local, H, 2I], w_down [E_local, I, H]). Per rank, every task one bl
     send_back  slot block b of rank me + d's slots that my experts served -> back to it
     combine    tokens block i: y[t] = sum_k weight[t, k] * out[t, k]
 
-On one rank the GPU bodies move no rows: gate/up reads each slot's token from x, the combine reads
-expert_out (dispatch then only marks the slots' experts, send_back does nothing but notify).
+Built for one rank (one_rank=True) the GPU bodies move no rows: gate/up reads each slot's token
+from x, the combine reads expert_out (dispatch only marks the slots' experts, send_back only notifies).
 
 The row tiles live in a worst-case grid (cdiv(R*S, BM) + min(E_local, R*S): every expert that
 received a slot may end in a partial tile); `done` expects one notify per existing down tile plus
@@ -36,7 +36,8 @@ from etdist.kernels.gemm_tiles import use_tma
 
 def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
               block: int = 16, block_n: int | None = None, align: int = 1, group_m: int = 8,
-              pin_router: bool = True, tail: bool = True, route_block: int = 16, plan_block: int = 1024) -> et.Graph:
+              pin_router: bool = True, tail: bool = True, route_block: int = 16, plan_block: int = 1024,
+              one_rank: bool = False) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -48,7 +49,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     static formula once the queue is drained, so they spin instead of each waiting for a queue hop);
     False queues them, for A/B runs. route_block: tokens per router task (the logits' and the
     routing's blocks; 16 is tl.dot's least, what decode wants); plan_block: received slots per
-    step of an expert's plan (its stream compaction walks all of them in steps of this many)."""
+    step of an expert's plan (its stream compaction walks all of them in steps of this many).
+    one_rank: a graph for world size 1 only (refused on more), whose GPU bodies move no rows."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
     for name, v in (("route_block", route_block), ("plan_block", plan_block)):
@@ -61,6 +63,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     R, me = g.world, g.rank
     S = T * top_k                                      # (token, k) slots per rank
     g.check(et.eq(EL * R, E), "the number of experts must be world size x experts per rank")
+    if one_rank:
+        g.check(et.eq(R, 1), "this MoE graph was built for one rank (moe_layer(one_rank=True))")
     g.check(E >= top_k, f"top_k={top_k} needs at least {top_k} experts")
     # an expert with no hidden units (I = 0) has no gate/up tiles, and those are what order the
     # down tiles after the routing; no features (H = 0) has nothing to route
@@ -75,7 +79,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # split over RH-column slices of the hidden size (512 KB of Qwen3's router on one SM, 85 us).
     WH, RH = 8 * block, 4 * block
     slabs, slices = et.cdiv(H, WH), et.cdiv(H, RH)
-    copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH)
+    one = bool(one_rank)
+    copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH, ONE_RANK=one)
     tiles = dict(BM=block_m, BN=BN, BK=block, BE=BE)
     expert_gemm = dict(tiles, TMA=use_tma(align))   # weights through TMA where rows are aligned
     # every expert that received a slot may end in a partial tile (at most min(E_local, R*S) do):
@@ -177,7 +182,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     dn = lambda q: et.grouped(q, max_tiles, h_tiles, group_m)    # noqa: E731  (row tile j, column block h)
 
     @g.task(grid=(max_tiles * gu_tiles,), wait=lambda q: tiled[0], notify=lambda q: act_ready[gu(q)[0]],
-            triton=moe_tiles.moe_gate_up, constexprs=dict(expert_gemm, TOP_K=top_k),
+            triton=moe_tiles.moe_gate_up, constexprs=dict(expert_gemm, TOP_K=top_k, ONE_RANK=one),
             bind=dict(j=lambda q: gu(q)[0], n=lambda q: gu(q)[1]))
     def gate_up(t, q):
         j, n = t(gu(q)[0]), t(gu(q)[1])
@@ -216,7 +221,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # block-wide column steps: 4 * block made the [BM, BH] accumulator and its top_k unrolled
     # loads spill (1.8 KB per thread at top-8, 64 rows), and the whole megakernel shares one allocation
     @g.task(grid=(et.cdiv(T, block_m), slabs), wait=lambda i, c: returned[me], triton=moe_tiles.moe_combine,
-            constexprs=dict(TOP_K=top_k, KP=1 << (top_k - 1).bit_length(), BM=block_m, BH=block, WH=WH), tail=tail)
+            constexprs=dict(TOP_K=top_k, KP=1 << (top_k - 1).bit_length(), BM=block_m, BH=block, WH=WH, ONE_RANK=one),
+            tail=tail)
     def combine(t, i, c):
         rows, hs = et.block(i, block_m, t.T), et.block(c, WH, t.H)
         owner = t.topk_ids[rows] // t.E_local                            # [rows, k]
@@ -224,7 +230,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         out = t.back[owner, slot][..., hs]                               # [rows, k, slab]
         t.y[rows, hs] = (t.topk_w[rows].unsqueeze(-1) * out).sum(1)
 
-    for world in (1, 2, 4):
+    for world in (1,) if one else (1, 2, 4):
         g.sample(T=3, H=2 * align, I=2 * align, E=2 * world, E_local=2, WORLD=world)
     return g
 

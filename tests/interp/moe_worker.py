@@ -29,19 +29,23 @@ def main(args):
         ranks, weights = moe.make_inputs(R, T, H=H, I=I, E=4 * R, seed=seed, skew=skew)
         return ranks[r], weights, moe.reference([i["x"] for i in ranks], *weights, top_k=2)[r]
 
-    kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, tail=tail), schedule=schedule, target="cuda")
+    one = R == 1   # one rank: the graph nn.MoE builds there, whose bodies move no rows (one_rank)
+    kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, tail=tail, one_rank=one), schedule=schedule,
+                        target="cuda")
     for T, skew, seed in ((5, 0.0, 1), (19, 4.0, 2), (3, 0.0, 3)):   # skew: most tokens to few experts
         mine, _, want = case(T, 24, 20, seed, skew)
         for _ in range(2):   # counts differ between calls and sizes: re-armed each launch
             err = rel_err(kernel(mesh, **mine)["y"], want)
             assert err < 1e-4, (schedule, T, skew, err)
     # blocks of 32 (the router keeps 16-token blocks: three route tasks here, each over 32-wide K steps)
-    wide = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block=32, tail=tail), schedule=schedule, target="cuda")
+    wide = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block=32, tail=tail, one_rank=one),
+                      schedule=schedule, target="cuda")
     mine, _, want = case(37, 40, 20, seed=5, skew=1.0)
     assert rel_err(wide(mesh, **mine)["y"], want) < 1e-4, ("block 32", schedule)
     # the large class's router blocks (nn.MoE: 64 tokens per routing task, 4096 slots per plan
     # step), smaller here: ragged token blocks, a plan over several steps
-    big = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, route_block=32, plan_block=32, tail=tail),
+    big = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, route_block=32, plan_block=32, tail=tail,
+                                   one_rank=one),
                      schedule=schedule, target="cuda")
     mine, _, want = case(45, 24, 20, seed=7, skew=1.0)
     assert rel_err(big(mesh, **mine)["y"], want) < 1e-4, ("route/plan blocks", schedule)
@@ -50,8 +54,8 @@ def main(args):
     mine, _, want = case(21, 200, 20, seed=6, skew=1.0)
     assert rel_err(kernel(mesh, **mine)["y"], want) < 1e-4, ("slabs", schedule)
     # sizes promised multiples of 16 (nn.MoE's GPU graph when H and I allow it: vectorised loads)
-    aligned = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, align=16, tail=tail), schedule=schedule,
-                         target="cuda")
+    aligned = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, align=16, tail=tail, one_rank=one),
+                         schedule=schedule, target="cuda")
     mine, _, want = case(7, 32, 16, seed=4, skew=2.0)
     assert rel_err(aligned(mesh, **mine)["y"], want) < 1e-4, ("aligned", schedule)
     # the user-facing module on the same kernel path (the GPU codegen, here interpreted)
