@@ -316,7 +316,9 @@ def _op_kernels():
     from etdist.nn.moe import LARGE_PLAN_BLOCK, LARGE_ROUTE_BLOCK, LARGE_TILES, GpuTiles
     large_blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK)
     for name, top_k, t, blocks in (("moe", 8, GpuTiles(), {}), ("moe large", 2, LARGE_TILES, large_blocks),
-                                   ("moe large top-8", 8, LARGE_TILES, large_blocks)):
+                                   ("moe large top-8", 8, LARGE_TILES, large_blocks),
+                                   ("moe one rank top-8", 8, GpuTiles(), dict(one_rank=True)),
+                                   ("moe large one rank top-8", 8, LARGE_TILES, dict(large_blocks, one_rank=True))):
         yield name, functools.partial(moe.moe_layer, top_k=top_k, block_m=t.block_m, dtype=bf, max_experts=128,
                                       block=t.block, block_n=t.block_n, align=16, **blocks), t.num_warps, t.num_stages
 

@@ -230,7 +230,9 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         out = t.back[owner, slot][..., hs]                               # [rows, k, slab]
         t.y[rows, hs] = (t.topk_w[rows].unsqueeze(-1) * out).sum(1)
 
-    for world in (1,) if one else (1, 2, 4):
+    if one:       # enough experts for top_k on the one rank (the ranks below provide them otherwise)
+        g.sample(T=3, H=2 * align, I=2 * align, E=max(2, top_k), E_local=max(2, top_k), WORLD=1)
+    for world in () if one else (1, 2, 4):
         g.sample(T=3, H=2 * align, I=2 * align, E=2 * world, E_local=2, WORLD=world)
     return g
 
