@@ -40,6 +40,10 @@ class CellResult:
     ours_graph_us: Optional[float] = None   # our op captured in a CUDA graph, as the `graph` baseline is
     extra: Optional[dict] = None            # more of the cell for its record (e.g. a baseline's tuned config)
 
+    def record_extra(self) -> Optional[dict]:
+        extra = {**({"ours_graph_us": self.ours_graph_us} if self.ours_graph_us else {}), **(self.extra or {})}
+        return extra or None
+
 
 def _chunk(M: int, world: int, rank: int) -> tuple[int, int]:
     """This rank's rows [start, stop) of M split in chunks of cdiv(M, world), ragged at the end."""
@@ -161,6 +165,7 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     fixed padded all_to_all blocks captured in a CUDA graph, `loop` = one mm pair per expert, `fused`
     = a serving engine's fused MoE kernels (etdist.measure.fused_moe, tuned here per M) behind the
     padded all_to_all, in a CUDA graph."""
+    from .measure import fused_moe as F
     from .measure.moe_baseline import torch_moe
     from .workloads.moe import skew_router, skew_tokens
     R, H, I, E, k = mesh.world_size, model.hidden, model.expert_intermediate, model.num_experts, model.top_k
@@ -199,10 +204,9 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     if not graph_err < REL_ERR_LIMIT["moe"]:
         raise RuntimeError(f"the torch MoE baseline replayed from a CUDA graph is off (rel err {graph_err:.1e})")
     baselines["graph"] = _time(replay, mesh)
-    fused = torch_layer("fused", "padded")
-    fused(0)                                                   # tunes its config, before any capture
-    picked = _fused_pick(x, router, k, wgu[0], wd[0], mesh)
-    replay = B.graphed(fused, 2, dev)
+    replay = B.graphed(torch_layer("fused", "padded"), 2, dev)   # its warm-up tunes it, before the capture
+    # the config it picked: one rank's slots, or expert-parallel the padded rows of every rank, one slot each
+    picked = F.tuned(H, I, el, *((k, M * k) if R == 1 else (1, R * M * k)), bf16, dev)
     fused_err = _max_over_ranks(_rel_err(replay(), want), dev)
     if not fused_err < REL_ERR_LIMIT["moe"]:
         raise RuntimeError(f"the fused MoE baseline is off its float32 loop (rel err {fused_err:.1e})")
@@ -214,21 +218,7 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
                       "padded all_to_all blocks in a CUDA graph; loop = one mm pair per expert; fused = a serving "
                       "engine's fused MoE (Triton, slots aligned per expert, tuned per M) in a CUDA graph; floor: on the "
                       "busiest rank, the weights of the experts this routing reaches read once, or the FLOPs of "
-                      "the slots routed to them", ours_graph_us, {"fused_config": picked})
-
-
-def _fused_pick(x, router, k: int, w_gate_up, w_down, mesh) -> str:
-    """The config the fused baseline tuned itself to on this rank (its slot count: one rank's tokens;
-    expert-parallel, the padded blocks of every rank), as 'BMxBNxBK gG wW sS'."""
-    from .measure import fused_moe as F
-    if mesh.world_size == 1:
-        ids = torch.softmax(x.float() @ router.float(), dim=-1).topk(k, dim=-1).indices
-        x_rows = x
-    else:   # _fused_experts: world * T * k padded rows, one slot each
-        ids = torch.zeros(mesh.world_size * x.shape[0] * k, 1, dtype=torch.long, device=x.device)
-        x_rows = x.new_empty(ids.shape[0], x.shape[1])
-    c = F.pick_config(x_rows, ids, None, w_gate_up, w_down)
-    return f"{c.block_m}x{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}"
+                      "the slots routed to them", ours_graph_us, {"fused_config": picked.label})
 
 
 def _moe_floor_us(x, router, k: int, el: int, H: int, I: int, ceil: B.Ceilings, dev) -> float:
@@ -355,8 +345,7 @@ def run_sweep(cfg, console, folder) -> list:
         rec = records.make_record(workload=workload, model=name, M=M, world=mesh.world_size,
                                   schedule=schedule, ours_us=res.ours_us, baselines=res.baselines,
                                   floor_us=res.floor_us, rel_err=res.rel_err, notes=res.notes, env=env,
-                                  extra={**({"ours_graph_us": res.ours_graph_us} if res.ours_graph_us else {}),
-                                         **(res.extra or {})} or None)
+                                  extra=res.record_extra())
         for where in filter(None, (pathlib.Path(folder) / "results", cfg.bench.results_dir)):
             records.append(pathlib.Path(where) / f"{workload}.jsonl", rec)
         best = min(res.baselines[k] for k in HEADLINE if k in res.baselines)

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from etdist.measure.fused_moe import CONFIGS
 from etdist.measure.moe_baseline import torch_moe
 from etdist.workloads import moe
 
@@ -68,7 +69,7 @@ def test_align_pads_each_expert_to_whole_row_blocks():
     assert al.slot_of_row.numel() % 4 == 0 and al.slot_of_row.numel() >= 12
 
 
-@pytest.mark.parametrize("cfg", __import__("etdist.measure.fused_moe", fromlist=["CONFIGS"]).CONFIGS, ids=str)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 def test_every_fused_config_builds_for_sm90_and_fits(cfg):
     """Every entry of the fused baseline's tuning table compiles for sm_90 (no GPU needed) within its
     227 KB of shared memory, on the tensor cores (wgmma from 64-row blocks, mma.sync below): a

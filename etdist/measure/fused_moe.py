@@ -24,6 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .baselines import graphed
+from .timing import time_batched
+
 
 class Config(NamedTuple):
     block_m: int      # slots per row block (the per-expert padding)
@@ -32,6 +35,10 @@ class Config(NamedTuple):
     group_m: int      # row blocks walked per column block (L2 reuse of the weight block)
     num_warps: int
     num_stages: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
 
 
 # Decode (a few slots per expert) wants short row blocks and deep K blocks; prefill wants the
@@ -45,7 +52,17 @@ CONFIGS = (
 )
 # the interpreter (CPU tests) runs every program in Python: small blocks keep it quick
 INTERPRETER_CONFIG = Config(16, 32, 32, 2, 4, 1)
-_CHOSEN: dict = {}      # (H, I, E, k, slots, dtype, device) -> Config
+_CHOSEN: dict = {}      # tuning_key(...) -> Config
+
+
+def tuning_key(hidden: int, inter: int, experts: int, top_k: int, slots: int, dtype, device) -> tuple:
+    """What a tuned config is kept under: the layer's shape and its slot count (tokens x k)."""
+    return hidden, inter, experts, top_k, slots, dtype, torch.device(device)
+
+
+def tuned(*key) -> Optional[Config]:
+    """The config pick_config chose for tuning_key(*key), if it ran."""
+    return _CHOSEN.get(tuning_key(*key))
 
 
 def _interpreted() -> bool:
@@ -183,41 +200,23 @@ def pick_config(x, ids, weights, w_gate_up, w_down) -> Config:
     that fails to build is skipped); under the Triton interpreter, INTERPRETER_CONFIG."""
     if _interpreted() or x.device.type != "cuda":
         return INTERPRETER_CONFIG
-    key = (x.shape[1], w_down.shape[1], w_gate_up.shape[0], ids.shape[1], ids.numel(), x.dtype, x.device)
+    key = tuning_key(x.shape[1], w_down.shape[1], w_gate_up.shape[0], ids.shape[1], ids.numel(), x.dtype, x.device)
     if key in _CHOSEN:
         return _CHOSEN[key]
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("fused_moe: this shape was never tuned; call it once before capturing a CUDA graph")
     times = {}
     for cfg in CONFIGS:
+        # timed replayed from a CUDA graph, as the sweep times this baseline (eager, its dozen small
+        # launches made the host the bottleneck and the pick noisy)
+        step = lambda _, cfg=cfg: fused_moe(x, ids, weights, w_gate_up, w_down, cfg)   # noqa: E731
         try:
-            fused_moe(x, ids, weights, w_gate_up, w_down, cfg)            # build + warm
+            replay = graphed(step, 1, x.device)                       # builds and warms it first
         except (triton.runtime.errors.OutOfResources, triton.CompilationError):
             continue
-        times[cfg] = _replay_ms(lambda: fused_moe(x, ids, weights, w_gate_up, w_down, cfg))
+        times[cfg] = time_batched(replay, calls=10, batches=3, warmup=1, device=x.device)
     if not times:
         raise RuntimeError("fused_moe: no config of CONFIGS builds on this device")
     _CHOSEN[key] = min(times, key=times.get)
     return _CHOSEN[key]
 
-
-def _replay_ms(step, reps: int = 10, rounds: int = 3) -> float:
-    """step's time replayed from a CUDA graph (as the benchmark times this baseline; eager, its
-    dozen small launches made the host the bottleneck and the pick noisy): the best of `rounds`
-    means of `reps` replays."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    best = float("inf")
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / reps)
-    return best
