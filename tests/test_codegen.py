@@ -313,14 +313,18 @@ def _op_kernels():
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]
     # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the
     # megakernel has one register allocation, the expert GEMM loops spilled too.
-    from etdist.nn.moe import LARGE_PLAN_BLOCK, LARGE_ROUTE_BLOCK, LARGE_TILES, GpuTiles
+    # The tiles are a layer's (nn.moe.layer_tiles): qwen3's (I = 768: 256-wide down tiles) at top-8,
+    # mixtral's (I = 14336) at top-2.
+    from etdist.nn.moe import LARGE_PLAN_BLOCK, LARGE_ROUTE_BLOCK, layer_tiles
     large_blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK)
-    for name, top_k, t, blocks in (("moe", 8, GpuTiles(), {}), ("moe large", 2, LARGE_TILES, large_blocks),
-                                   ("moe large top-8", 8, LARGE_TILES, large_blocks),
-                                   ("moe one rank top-8", 8, GpuTiles(), dict(one_rank=True)),
-                                   ("moe large one rank top-8", 8, LARGE_TILES, dict(large_blocks, one_rank=True))):
+    for name, top_k, I, large, blocks in (("moe", 8, 768, False, {}), ("moe large", 2, 14336, True, large_blocks),
+                                          ("moe large top-8", 8, 768, True, large_blocks),
+                                          ("moe one rank top-8", 8, 768, False, dict(one_rank=True)),
+                                          ("moe large one rank top-8", 8, 768, True, dict(large_blocks, one_rank=True))):
+        t = layer_tiles(I, large)
         yield name, functools.partial(moe.moe_layer, top_k=top_k, block_m=t.block_m, dtype=bf, max_experts=128,
-                                      block=t.block, block_n=t.block_n, align=16, **blocks), t.num_warps, t.num_stages
+                                      block=t.block, block_n=t.block_n, down_block_n=t.down_n,
+                                      half_tails=t.half_tails, align=16, **blocks), t.num_warps, t.num_stages
 
 
 @pytest.mark.parametrize("name,build,warps,stages", list(_op_kernels()), ids=lambda v: v if isinstance(v, str) else "")
@@ -331,36 +335,41 @@ def test_op_megakernels_do_not_spill(name, build, warps, stages):
     assert _spill_bytes(kernel.asm["ptx"]) <= 64, name
 
 
-@pytest.mark.parametrize("top_k,large,pin", [(8, False, True), (8, False, False), (2, True, True), (8, True, True)],
-                         ids=["small-pinned", "small-queued", "large-pinned", "large-top8"])
-def test_dynamic_moe_megakernel_does_not_spill(top_k, large, pin):
+@pytest.mark.parametrize("top_k,I,large,pin", [(8, 768, False, True), (8, 768, False, False), (2, 14336, True, True),
+                                               (8, 768, True, True), (8, 14336, True, True)],
+                         ids=["small-pinned", "small-queued", "large-pinned", "large-top8", "large-top8-long"])
+def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large, pin):
     """The ready queue's release walk (1024 consumers a block) is a call of its own: inlined, it
     made nn.MoE's dynamic kernels spill (found by review: 340 bytes per thread with 128-row tiles).
-    nn.MoE's own tile classes (the large one, at 4 stages and with the tail's second static walk,
-    spills 44 bytes a thread: the bound of the ops' kernels, 64, applies)."""
-    from etdist.nn.moe import LARGE_PLAN_BLOCK, LARGE_ROUTE_BLOCK, LARGE_TILES, GpuTiles
+    nn.MoE's own tiles for the expert size I (nn.moe.layer_tiles). The large class, at 4 stages
+    and with the tail's second static walk, spills 20-44 bytes a thread; its 256-wide down tiles
+    (I <= 2048) 88 at top-8: a bound of 96 there, as they won 12-15% spilled (seventeenth
+    session); else the bound of the ops' kernels, 64."""
+    from etdist.nn.moe import LARGE_PLAN_BLOCK, LARGE_ROUTE_BLOCK, layer_tiles
     from etdist.workloads import moe
-    t = LARGE_TILES if large else GpuTiles()
+    t = layer_tiles(I, large)
     blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK) if large else {}
     ir = moe.moe_layer(top_k=top_k, block_m=t.block_m, dtype=torch.bfloat16, max_experts=128, block=t.block,
-                       block_n=t.block_n, align=16, pin_router=pin, **blocks).to_ir()
+                       block_n=t.block_n, down_block_n=t.down_n, half_tails=t.half_tails, align=16, pin_router=pin,
+                       **blocks).to_ir()
     # the early push nn.MoE compiles each class with (the small class's down tiles seeded: chains)
     from etdist.fusion.ir import early_at
     from etdist.nn.moe import EARLY_PUSH_LARGE, EARLY_PUSH_SMALL
     early = early_at(ir, EARLY_PUSH_LARGE if large else EARLY_PUSH_SMALL)
     kernel = compile_for(ir, num_warps=t.num_warps, num_stages=t.num_stages, dynamic=True, early=early)
-    assert kernel.metadata.shared <= 232448 and _spill_bytes(kernel.asm["ptx"]) <= 64
+    bound = 96 if large and t.down_n == 256 else 64
+    assert kernel.metadata.shared <= 232448 and _spill_bytes(kernel.asm["ptx"]) <= bound
 
 
 @pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
 def test_float32_moe_tiles_fit_in_shared_memory(large):
     """nn.MoE's float32 tiles drop to nn.moe.FLOAT32_STAGES: at the bf16 stages they would need
     246-328 KB of shared memory a program, and the launch would fail."""
-    from etdist.nn.moe import gpu_tiles
+    from etdist.nn.moe import layer_tiles
     from etdist.workloads import moe
-    t = gpu_tiles(large, torch.float32)
+    t = layer_tiles(768, large, torch.float32)        # short experts: no 256-wide down tiles in float32
     ir = moe.moe_layer(top_k=2, block_m=t.block_m, dtype=torch.float32, max_experts=128, block=t.block,
-                       block_n=t.block_n, align=16).to_ir()
+                       block_n=t.block_n, down_block_n=t.down_n, half_tails=t.half_tails, align=16).to_ir()
     assert compile_for(ir, num_warps=t.num_warps, num_stages=t.num_stages).metadata.shared <= 232448
 
 

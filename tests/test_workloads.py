@@ -214,6 +214,21 @@ def test_moe_degenerate_sizes_are_refused_before_running(schedule):
             moe.moe_layer(route_block=bad)
     with pytest.raises(et.GraphError, match="plan_block must be a power of two >= 16"):
         moe.moe_layer(plan_block=1000)
+    with pytest.raises(et.GraphError, match="down_block_n must be a power of two >= 16 .*got 24"):
+        moe.moe_layer(down_block_n=24)
+    with pytest.raises(et.GraphError, match="half_tails needs block_m >= 32 .*got block_m=16"):
+        moe.moe_layer(block_m=16, half_tails=True)
+
+
+def test_moe_down_tiles_have_their_own_width(schedule):
+    """down_block_n (nn.MoE: 256 where the experts' intermediate size is short) sets the down tiles'
+    columns apart from the gate/up tiles': their grid, the columns each writes and the count `done`
+    expects; H ragged against both."""
+    kernel = et.compile(moe.moe_layer(top_k=2, block_m=4, block=16, block_n=16, down_block_n=32), schedule=schedule)
+    for T, H in ((5, 40), (9, 72)):
+        inputs, (wg, w1, w2) = moe.make_inputs(2, T, H, 20, E=4, seed=T, skew=1.0)
+        want = moe.reference([i["x"] for i in inputs], wg, w1, w2, top_k=2)
+        assert all(rel_err(g["y"], w) < TOL for g, w in zip(kernel.run(inputs), want))
 
 
 def test_moe_graph_built_for_one_rank_is_refused_on_two(schedule):

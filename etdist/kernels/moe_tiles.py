@@ -128,65 +128,90 @@ def moe_tile_table(counts, tile_end, ntiles, E_local, BM: tl.constexpr, BE: tl.c
 
 
 @triton.jit
-def _expert_rows(j, counts, slots, tile_end, T, E_local, WORLD, BM: tl.constexpr, BE: tl.constexpr):
-    """Row tile j of the table: its expert, its received-slot rows, which of them exist."""
+def _expert_tile(j, counts, tile_end, E_local, BM: tl.constexpr, BE: tl.constexpr):
+    """Row tile j of the table: its expert, its first row among the expert's slots, and how many
+    rows it has (1..BM)."""
     es = tl.arange(0, BE)
     ends = tl.load(tile_end + es, mask=es < E_local, other=2 ** 40)
     before = ends <= j                                  # experts whose tiles all come before j
-    e = tl.sum(before.to(tl.int32), 0)
-    r = (j - tl.max(tl.where(before, ends, 0), 0)) * BM + tl.arange(0, BM)
-    rok = r < tl.load(counts + e)
-    rows = tl.load(slots + e * (WORLD * T) + r, mask=rok, other=0)
-    return e.to(tl.int64), rows, rok
+    e = tl.sum(before.to(tl.int32), 0).to(tl.int64)
+    r0 = (j - tl.max(tl.where(before, ends, 0), 0)) * BM
+    return e, r0, tl.minimum(tl.load(counts + e) - r0, BM)
+
+
+@triton.jit
+def _tile_rows(e, r0, n, slots, T, WORLD, ROWS: tl.constexpr):
+    """The tile's received-slot rows (ROWS of them, the first n real) and which exist."""
+    r = tl.arange(0, ROWS)
+    rok = r < n
+    return tl.load(slots + e * (WORLD * T) + r0 + r, mask=rok, other=0), rok
+
+
+@triton.jit
+def _gate_up_tile(e, r0, m, n, x, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K: tl.constexpr, BM: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, ONE_RANK: tl.constexpr):
+    """act[rows, n*BN:(n+1)*BN] for the m rows of expert e's slots from r0 on, in a BM-row body
+    (moe_gate_up; the rows are loaded here: a branch's values must keep one shape)."""
+    rows, rok = _tile_rows(e, r0, m, slots, T, WORLD, BM)
+    if ONE_RANK:
+        src, arows = x, rows // TOP_K
+    else:
+        src, arows = recv, rows
+    wgu = w_gate_up + e * H * 2 * I
+    js = n * BN + tl.arange(0, BN)
+    ks = tl.arange(0, BK)
+    g = tl.zeros((BM, BN), tl.float32)
+    u = tl.zeros((BM, BN), tl.float32)
+    if TMA:
+        g_d = tl.make_tensor_descriptor(wgu, shape=[H, I], strides=[2 * I, 1], block_shape=[BK, BN])
+        u_d = tl.make_tensor_descriptor(wgu + I, shape=[H, I], strides=[2 * I, 1], block_shape=[BK, BN])
+        for k0 in range(0, H, BK):
+            kk = k0 + ks
+            a = tl.load(src + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
+            g = _dot(a, g_d.load([k0, n * BN]), g)
+            u = _dot(a, u_d.load([k0, n * BN]), u)
+    else:
+        for k0 in range(0, H, BK):
+            kk = k0 + ks
+            a = tl.load(src + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
+            bm = (kk[:, None] < H) & (js[None, :] < I)
+            bg = tl.load(wgu + kk[:, None] * (2 * I) + js[None, :], mask=bm, other=0.0)
+            bu = tl.load(wgu + kk[:, None] * (2 * I) + I + js[None, :], mask=bm, other=0.0)
+            g = _dot(a, bg, g)
+            u = _dot(a, bu, u)
+    tl.store(act + rows[:, None] * I + js[None, :], (g * tl.sigmoid(g) * u).to(act.dtype.element_ty),
+             mask=rok[:, None] & (js[None, :] < I))
 
 
 @triton.jit
 def moe_gate_up(j, n, x, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, H, I, E_local, WORLD,
                 TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr,
-                TMA: tl.constexpr, ONE_RANK: tl.constexpr):
+                TMA: tl.constexpr, ONE_RANK: tl.constexpr, HALF: tl.constexpr):
     """act[rows of tile j, n*BN:(n+1)*BN] = silu(x @ w_gate) * (x @ w_up); tiles past ntiles do
     nothing (they still notify, so the down tiles of every tile can wait on a fixed element).
     TMA: the expert's weights load through descriptors (the token rows are a gather: pointers).
     ONE_RANK: the rows are read from x itself (slot s is token s // TOP_K): dispatch copies none.
     A compile-time choice: selected at run time, the operand's address lost the alignment Triton
-    vectorises and pipelines on (mixtral_8x7b at 4096 tokens, one H200: 5953 -> 8128 us)."""
+    vectorises and pipelines on (mixtral_8x7b at 4096 tokens, one H200: 5953 -> 8128 us).
+    HALF: a tile with at most BM / 2 rows (an expert's last) runs a BM / 2-row body."""
     if j < tl.load(ntiles):
-        e, rows, rok = _expert_rows(j, counts, slots, tile_end, T, E_local, WORLD, BM, BE)
-        if ONE_RANK:
-            src, arows = x, rows // TOP_K
+        e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
+        if HALF:
+            if m <= BM // 2:
+                _gate_up_tile(e, r0, m, n, x, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM // 2, BN, BK,
+                              TMA, ONE_RANK)
+            else:
+                _gate_up_tile(e, r0, m, n, x, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA,
+                              ONE_RANK)
         else:
-            src, arows = recv, rows
-        wgu = w_gate_up + e * H * 2 * I
-        js = n * BN + tl.arange(0, BN)
-        ks = tl.arange(0, BK)
-        g = tl.zeros((BM, BN), tl.float32)
-        u = tl.zeros((BM, BN), tl.float32)
-        if TMA:
-            g_d = tl.make_tensor_descriptor(wgu, shape=[H, I], strides=[2 * I, 1], block_shape=[BK, BN])
-            u_d = tl.make_tensor_descriptor(wgu + I, shape=[H, I], strides=[2 * I, 1], block_shape=[BK, BN])
-            for k0 in range(0, H, BK):
-                kk = k0 + ks
-                a = tl.load(src + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
-                g = _dot(a, g_d.load([k0, n * BN]), g)
-                u = _dot(a, u_d.load([k0, n * BN]), u)
-        else:
-            for k0 in range(0, H, BK):
-                kk = k0 + ks
-                a = tl.load(src + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
-                bm = (kk[:, None] < H) & (js[None, :] < I)
-                bg = tl.load(wgu + kk[:, None] * (2 * I) + js[None, :], mask=bm, other=0.0)
-                bu = tl.load(wgu + kk[:, None] * (2 * I) + I + js[None, :], mask=bm, other=0.0)
-                g = _dot(a, bg, g)
-                u = _dot(a, bu, u)
-        tl.store(act + rows[:, None] * I + js[None, :], (g * tl.sigmoid(g) * u).to(act.dtype.element_ty),
-                 mask=rok[:, None] & (js[None, :] < I))
+            _gate_up_tile(e, r0, m, n, x, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA, ONE_RANK)
 
 
 @triton.jit
-def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_local, WORLD,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, TMA: tl.constexpr):
-    """expert_out[rows of tile j, h*BN:(h+1)*BN] = act[rows] @ w_down[e][:, those columns]."""
-    e, rows, rok = _expert_rows(j, counts, slots, tile_end, T, E_local, WORLD, BM, BE)
+def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, TMA: tl.constexpr):
+    """expert_out[rows, h*BN:(h+1)*BN] for the m rows of expert e's slots from r0 on (moe_down)."""
+    rows, rok = _tile_rows(e, r0, m, slots, T, WORLD, BM)
     wd = w_down + e * I * H
     hs = h * BN + tl.arange(0, BN)
     ks = tl.arange(0, BK)
@@ -205,6 +230,22 @@ def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_
             out = _dot(a, dn, out)
     tl.store(expert_out + rows[:, None] * H + hs[None, :], out.to(expert_out.dtype.element_ty),
              mask=rok[:, None] & (hs[None, :] < H))
+
+
+@triton.jit
+def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_local, WORLD,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, TMA: tl.constexpr,
+             HALF: tl.constexpr):
+    """expert_out[rows of tile j, h*BN:(h+1)*BN] = act[rows] @ w_down[e][:, those columns]
+    (HALF: as moe_gate_up's)."""
+    e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
+    if HALF:
+        if m <= BM // 2:
+            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM // 2, BN, BK, TMA)
+        else:
+            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA)
+    else:
+        _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA)
 
 
 @triton.jit

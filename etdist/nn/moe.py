@@ -32,13 +32,16 @@ _KERNELS: dict = {}
 
 class GpuTiles(NamedTuple):
     """The GPU kernel's blocks: slots per expert row tile, the contraction / token block, the columns
-    of an expert GEMM tile, warps and pipeline stages."""
+    of an expert GEMM tile, warps and pipeline stages; then what nn.MoE adds per layer (MoE._plan):
+    the columns of a down tile (None: block_n) and whether half-full last row tiles run half-height."""
     block_m: int = 64
     block: int = 64
     block_n: int = 128
     num_warps: int = 8      # two 64x128 fp32 accumulators in the gate/up tile
     num_stages: int = 5     # 3 -> 5 (one H200, EP=1, zipf 1.5): qwen3_30b_a3b at 16 / 128 tokens -8 / -10%,
                             # mixtral_8x7b at 1 / 16 / 128 -19 / -8 / -6% (records moe_tiles_ab); 205 KB
+    down_n: Optional[int] = None
+    half_tails: bool = False
 
 
 # float32's tiles are twice the bytes: the small class at 3 stages takes 164 KB of shared memory a
@@ -71,6 +74,26 @@ PIN_ROUTER = knobs.read("ETDIST_MOE_PIN_ROUTER", knobs.flag, True)
 TAIL = knobs.read("ETDIST_MOE_TAIL", knobs.flag, True)
 
 
+# Down tiles DOWN_WIDE columns wide where the experts' intermediate size (the down GEMM's
+# contraction) is at most SHORT_DOWN_K: such a tile is short, its fixed costs (the gathered rows,
+# the pipeline's fill, the store) weigh, and a wider one pays them once per 256 columns. One H200,
+# EP=1, dynamic, seventeenth session (scratch A/B in one process, records moe_tiles_ab):
+# qwen3_30b_a3b (I = 768) at 16 / 128 tokens -10 / -11%, with half tails at 1024 / 4096 -15 /
+# -12%, at 1 token +4% (67 -> 70 us: half as many down tasks). Long contractions keep block_n:
+# mixtral_8x7b's (14336) tiles are long already, and 256 wide its ~300 down tiles at 1024 tokens
+# fill three waves of 132 SMs where 128 wide they fill 4.5 (+4%). Knob: ETDIST_MOE_DOWN_N.
+DOWN_WIDE, SHORT_DOWN_K = 256, 2048
+DOWN_N = knobs.read("ETDIST_MOE_DOWN_N", knobs.tile_width, None)
+# An expert's last row tile, where it holds at most half of block_m rows, runs a half-height GEMM
+# body (moe_layer's half_tails), in the classes whose row tiles are HALF_TAILS_FROM rows or more:
+# a wgmma is 64 rows a warpgroup, so only a 128-row tile has a half that does less work. qwen3 at
+# 1024 / 4096 tokens, Zipf 1.5: 148 / 348 row tiles, 89 / 100 of them half-height; -8 / -5%,
+# mixtral -1 to -5% (on a 64-row class +4 to +7%: no less work, more code). Knob:
+# ETDIST_MOE_HALF_TAILS=0 (for A/B runs).
+HALF_TAILS_FROM = 128
+HALF_TAILS = knobs.read("ETDIST_MOE_HALF_TAILS", knobs.flag, True)
+
+
 # Early push under the dynamic schedule (et.compile's early_push; ETDIST_EARLY_PUSH overrides both).
 # The small class seeds its down tiles behind the gate/up tiles (2: no act_ready walk, no queue hop
 # before a down tile), the large class releases them (1). One H200, EP=1, zipf 1.5, alternated twice
@@ -78,6 +101,15 @@ TAIL = knobs.read("ETDIST_MOE_TAIL", knobs.flag, True)
 # -8 / -9 / -4% (1 token: 1.03x static's time, from 1.11x), mixtral_8x7b +2-4% at 1 and 16, tied
 # at 128; large class, mixtral at 1024 tokens +5-6% (its expert tiles ran slower, traced), qwen3 tied.
 EARLY_PUSH_SMALL, EARLY_PUSH_LARGE = 2, 1
+
+
+def down_width(intermediate: int, dtype: torch.dtype = torch.bfloat16) -> Optional[int]:
+    """Columns per down tile (None: the class's block_n): DOWN_WIDE for short down contractions in
+    2-byte dtypes (in float32 a 256-wide weight tile takes 64 KB a stage: the small class would
+    need 240 KB of shared memory, sm_90 has 227 KB); ETDIST_MOE_DOWN_N overrides."""
+    if DOWN_N is not None:
+        return DOWN_N
+    return DOWN_WIDE if intermediate <= SHORT_DOWN_K and dtype.itemsize <= 2 else None
 
 
 def gpu_tiles(large: bool = False, dtype: torch.dtype = torch.bfloat16) -> GpuTiles:
@@ -89,6 +121,13 @@ def gpu_tiles(large: bool = False, dtype: torch.dtype = torch.bfloat16) -> GpuTi
         return GpuTiles(*values)
     tiles = LARGE_TILES if large else GpuTiles()
     return tiles._replace(num_stages=FLOAT32_STAGES) if dtype.itemsize > 2 else tiles
+
+
+def layer_tiles(intermediate: int, large: bool = False, dtype: torch.dtype = torch.bfloat16) -> GpuTiles:
+    """gpu_tiles with what a layer of that expert intermediate size adds (they ride with the tiles
+    into the compile key): its down width, and half tails in the classes of 128-row tiles."""
+    t = gpu_tiles(large, dtype)
+    return t._replace(down_n=down_width(intermediate, dtype), half_tails=HALF_TAILS and t.block_m >= HALF_TAILS_FROM)
 
 
 class MoE(nn.Module):
@@ -167,8 +206,8 @@ class MoE(nn.Module):
         tiles of the size class, the promised alignment of H and I, the early-push level)."""
         if target == "cuda":
             knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_MOE_LARGE_ROWS", "ETDIST_MOE_TAIL",
-                        "ETDIST_TMA")
-        tiles = gpu_tiles(large, self.router.dtype) if target == "cuda" else None
+                        "ETDIST_MOE_DOWN_N", "ETDIST_MOE_HALF_TAILS", "ETDIST_TMA")
+        tiles = layer_tiles(self.intermediate, large, self.router.dtype) if target == "cuda" else None
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
         # the small class's down tiles are early-pushed behind the gate/up tiles (EARLY_PUSH_SMALL)
         early = early_push_level(EARLY_PUSH_LARGE if large else EARLY_PUSH_SMALL) if self.schedule == "dynamic" else None
@@ -182,7 +221,8 @@ class MoE(nn.Module):
         blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK) if large else {}
         # one GPU: no rows to move, the expert tiles read the tokens in place (moe_layer's one_rank)
         return moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts,
-                                   block=tiles.block, block_n=tiles.block_n, align=align, group_m=GROUP_M,
+                                   block=tiles.block, block_n=tiles.block_n, down_block_n=tiles.down_n,
+                                   half_tails=tiles.half_tails, align=align, group_m=GROUP_M,
                                    pin_router=PIN_ROUTER, tail=TAIL, one_rank=self.world == 1, **blocks)
 
     def _kernel(self, target: str, large: bool = False):

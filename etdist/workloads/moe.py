@@ -37,7 +37,7 @@ from etdist.kernels.gemm_tiles import use_tma
 def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
               block: int = 16, block_n: int | None = None, align: int = 1, group_m: int = 8,
               pin_router: bool = True, tail: bool = True, route_block: int = 16, plan_block: int = 1024,
-              one_rank: bool = False) -> et.Graph:
+              one_rank: bool = False, down_block_n: int | None = None, half_tails: bool = False) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -50,13 +50,20 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     False queues them, for A/B runs. route_block: tokens per router task (the logits' and the
     routing's blocks; 16 is tl.dot's least, what decode wants); plan_block: received slots per
     step of an expert's plan (its stream compaction walks all of them in steps of this many).
-    one_rank: a graph for world size 1 only (refused on more), whose GPU bodies move no rows."""
+    one_rank: a graph for world size 1 only (refused on more), whose GPU bodies move no rows.
+    down_block_n: columns per down tile (default block_n). half_tails: an expert's last row tile,
+    where it has at most block_m / 2 rows, runs a block_m / 2-row GEMM body (needs block_m >= 32)."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
-    for name, v in (("route_block", route_block), ("plan_block", plan_block)):
+    widths = (("route_block", route_block), ("plan_block", plan_block)) + (
+        (("down_block_n", down_block_n),) if down_block_n is not None else ())
+    for name, v in widths:
         if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1):
             raise et.GraphError(f"moe_layer: {name} must be a power of two >= 16 (a Triton block), got {v!r}")
-    BN = block_n or block
+    if half_tails and block_m < 32:
+        raise et.GraphError(f"moe_layer: half_tails needs block_m >= 32 (half a tile is a tl.dot of >= 16 rows), "
+                            f"got block_m={block_m}")
+    BN, BND = block_n or block, down_block_n or block_n or block
     g = et.Graph("moe")
     T, E, EL = g.size("T"), g.size("E"), g.size("E_local")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)
@@ -81,8 +88,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     slabs, slices = et.cdiv(H, WH), et.cdiv(H, RH)
     one = bool(one_rank)
     copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH, ONE_RANK=one)
-    tiles = dict(BM=block_m, BN=BN, BK=block, BE=BE)
-    expert_gemm = dict(tiles, TMA=use_tma(align))   # weights through TMA where rows are aligned
+    # weights through TMA where rows are aligned
+    expert_gemm = dict(BM=block_m, BK=block, BE=BE, TMA=use_tma(align), HALF=bool(half_tails))
     # every expert that received a slot may end in a partial tile (at most min(E_local, R*S) do):
     max_tiles = et.cdiv(R * S, block_m) + et.minimum(EL, R * S)
     slot_blocks = et.cdiv(S, BS)
@@ -117,7 +124,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     planned = g.event("planned", (1,), count=EL)
     tiled = g.event("tiled", (1,))
     act_ready = g.event("act_ready", (max_tiles,), count=et.cdiv(I, BN))
-    done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BN) + 1)
+    done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BND) + 1)
     returned = g.event("returned", (R,), count=R * slot_blocks * slabs, distributed=True)
 
     # The router, dispatch and tile planning run at every routing: pinned (the static formula under
@@ -177,12 +184,12 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # tiles are numbered expert after expert, so a group shares one expert's weights wherever the
     # expert has several (mixtral at 4096 tokens: 16 row tiles per expert; walked row tile after row
     # tile, its 112 gate/up column blocks re-read the expert's weights from HBM for every one).
-    gu_tiles, h_tiles = et.cdiv(I, BN), et.cdiv(H, BN)
+    gu_tiles, h_tiles = et.cdiv(I, BN), et.cdiv(H, BND)
     gu = lambda q: et.grouped(q, max_tiles, gu_tiles, group_m)   # noqa: E731  (row tile j, column block n)
     dn = lambda q: et.grouped(q, max_tiles, h_tiles, group_m)    # noqa: E731  (row tile j, column block h)
 
     @g.task(grid=(max_tiles * gu_tiles,), wait=lambda q: tiled[0], notify=lambda q: act_ready[gu(q)[0]],
-            triton=moe_tiles.moe_gate_up, constexprs=dict(expert_gemm, TOP_K=top_k, ONE_RANK=one),
+            triton=moe_tiles.moe_gate_up, constexprs=dict(expert_gemm, BN=BN, TOP_K=top_k, ONE_RANK=one),
             bind=dict(j=lambda q: gu(q)[0], n=lambda q: gu(q)[1]))
     def gate_up(t, q):
         j, n = t(gu(q)[0]), t(gu(q)[1])
@@ -199,12 +206,12 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # dynamic queue's consumers of `tiled` once more per down tile
     @g.task(grid=(max_tiles * h_tiles,), wait=lambda q: act_ready[dn(q)[0]],
             when=lambda q: dn(q)[0] < ntiles[0], notify=lambda q: done[0],
-            triton=moe_tiles.moe_down, constexprs=expert_gemm,
+            triton=moe_tiles.moe_down, constexprs=dict(expert_gemm, BN=BND),
             bind=dict(j=lambda q: dn(q)[0], h=lambda q: dn(q)[1]))
     def down(t, q):
         j, h = t(dn(q)[0]), t(dn(q)[1])
         e, rows = expert_rows(t, j)
-        cols = et.block(h, BN, t.H)
+        cols = et.block(h, BND, t.H)
         t.expert_out.reshape(-1, t.H)[rows, cols] = t.act[rows] @ t.w_down[e][:, cols]
 
     # tiled first: done's count reads ntiles, which tile_table writes

@@ -49,6 +49,14 @@ def main(args):
                      schedule=schedule, target="cuda")
     mine, _, want = case(45, 24, 20, seed=7, skew=1.0)
     assert rel_err(big(mesh, **mine)["y"], want) < 1e-4, ("route/plan blocks", schedule)
+    # an expert's last row tile in a half-height body where it has at most 16 of its 32 rows
+    # (half_tails), down tiles wider than the gate/up ones: skewed, so experts end in tiles of 1-16
+    # rows, of 17-32 and whole ones
+    halves = et.compile(moe.moe_layer(top_k=2, block_m=32, max_experts=16, block_n=16, down_block_n=32,
+                                      half_tails=True, tail=tail, one_rank=one), schedule=schedule, target="cuda")
+    for T, seed in ((45, 8), (29, 9)):
+        mine, _, want = case(T, 48, 40, seed=seed, skew=1.0)
+        assert rel_err(halves(mesh, **mine)["y"], want) < 1e-4, ("half tails", schedule, T)
     # a hidden size over several router slices (64 columns each) and copy/combine slabs (128),
     # both ragged at the end
     mine, _, want = case(21, 200, 20, seed=6, skew=1.0)
