@@ -388,14 +388,13 @@ def test_swap_ab_skinny_tile_multiplies_transposed():
 @triton.jit
 def _moe_dispatch_alone(x, topk_ids, recv, recv_peers, recv_expert, recv_expert_peers, T, H, E_local, RANK, WORLD):
     moe_tiles.moe_dispatch(tl.program_id(0), tl.program_id(1), tl.program_id(2), x, topk_ids, recv, recv_peers,
-                           recv_expert, recv_expert_peers, T, H, E_local, RANK, WORLD, TOP_K=8, BS=64, BH=128, WH=512,
-                           ONE_RANK=False)
+                           recv_expert, recv_expert_peers, T, H, E_local, RANK, WORLD, TOP_K=8, BS=64, BH=128, WH=512)
 
 
 @triton.jit
 def _moe_send_back_alone(d, recv_expert, expert_out, back, back_peers, T, H, RANK, WORLD):
     moe_tiles.moe_send_back(d, tl.program_id(0), tl.program_id(1), recv_expert, expert_out, back, back_peers, T, H,
-                            RANK, WORLD, TOP_K=8, BS=64, BH=128, WH=512, ONE_RANK=False)
+                            RANK, WORLD, TOP_K=8, BS=64, BH=128, WH=512)
 
 
 @pytest.mark.parametrize("fn,sig", [

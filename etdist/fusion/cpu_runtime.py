@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from .bind import Bound, MapTable, bind, bind_inputs, in_bounds
-from .errors import CounterError, DeadlockError, DoubleNotifyError, InputError, RuntimeFault
+from .errors import CounterError, DeadlockError, DoubleNotifyError, GraphError, InputError, RuntimeFault
 from .expr import RANK_NAME, WORLD_NAME, evaluate
 from .ir import Role, early_at
 from .schedule_dynamic import release_plan
@@ -282,6 +282,11 @@ class CpuKernel:
         except Exception:
             launch.discard()  # the next launch starts from the counters as they were before this one
             raise
+        for s in self.ir.tensors:   # a zeroed scratch's promise: its tasks left it zero
+            bad = [r for r in range(launch.world) if s.zeroed and tensors[r][s.name].any()]
+            if bad:
+                raise GraphError(f"graph {self.ir.name!r}: scratch {s.name!r} is declared zeroed but is not zero "
+                                 f"after the launch on rank {bad[0]}: a task must leave it zero")
         launch.stats.wall_s = time.perf_counter() - t0
         self.last_stats = launch.stats
         outs = [s.name for s in self.ir.tensors if s.role is Role.OUTPUT]
@@ -297,7 +302,7 @@ class CpuKernel:
             if any(d < 0 for d in shape):
                 raise InputError(f"tensor {s.name!r} of graph {self.ir.name!r} would have shape "
                                  f"{list(shape)} on rank {rank} at sizes {dict(sizes)}")
-            out[s.name] = _poisoned(shape, s.dtype)
+            out[s.name] = torch.zeros(shape, dtype=s.dtype) if s.zeroed else _poisoned(shape, s.dtype)
         return out
 
     def _counters_for(self, b: Bound):

@@ -400,6 +400,8 @@ class CudaKernel:
                 continue
             shape = tuple(evaluate(d, {**bound, RANK_NAME: mesh.rank}) for d in s.shape)
             scratch[s.name] = self._buffer(mesh, st, s, shape)
+            if s.zeroed:                 # a new view, or new memory: zero (the launches keep it so)
+                scratch[s.name].zero_()
         event_shapes = {e.name: tuple(evaluate(d, bound) for d in e.shape) for e in self.ir.events}
         offsets, at = {}, ArenaLayout(world).events
         for e in self.ir.events:

@@ -66,8 +66,9 @@ class EventTensor:
 class TensorRef:
     """A graph tensor. Inside index maps `counts[e]` reads it at run time (a data-dependent map)."""
 
-    def __init__(self, name: str, shape: tuple, dtype: torch.dtype, role: Role, symmetric: bool):
+    def __init__(self, name: str, shape: tuple, dtype: torch.dtype, role: Role, symmetric: bool, zeroed: bool = False):
         self.name, self.shape, self.dtype, self.role, self.symmetric = name, shape, dtype, role, symmetric
+        self.zeroed = zeroed
 
     def __getitem__(self, index) -> Expr:
         index = index if isinstance(index, tuple) else (index,)
@@ -76,7 +77,8 @@ class TensorRef:
         return load(self.name, index)
 
     def to_spec(self) -> TensorSpec:
-        return TensorSpec(self.name, tuple(as_expr(s) for s in self.shape), self.dtype, self.role, self.symmetric)
+        return TensorSpec(self.name, tuple(as_expr(s) for s in self.shape), self.dtype, self.role, self.symmetric,
+                          self.zeroed)
 
 
 _MapFn = Optional[Callable[..., Union[EventRef, Sequence[EventRef], None]]]
@@ -121,8 +123,11 @@ class Graph:
         return self._tensor(name, shape, dtype, Role.OUTPUT, symmetric)
 
     def scratch(self, name: str, shape: Sequence[Size], dtype: torch.dtype = torch.float32,
-                symmetric: bool = False) -> TensorRef:
-        return self._tensor(name, shape, dtype, Role.SCRATCH, symmetric)
+                symmetric: bool = False, zeroed: bool = False) -> TensorRef:
+        """Internal memory, uninitialised; zeroed: zero when allocated, a promise that the graph's
+        tasks leave it zero at the end of every launch (a counter one task takes and re-zeroes), so
+        no launch needs a clearing pass. The CPU runtime checks the promise after each launch."""
+        return self._tensor(name, shape, dtype, Role.SCRATCH, symmetric, zeroed)
 
     def event(self, name: str, shape: Sequence[Size], count: Union[Size, Callable] = 1,
               distributed: bool = False) -> EventTensor:
@@ -176,14 +181,14 @@ class Graph:
             return body
         return register
 
-    def _tensor(self, name, shape, dtype, role, symmetric) -> TensorRef:
+    def _tensor(self, name, shape, dtype, role, symmetric, zeroed=False) -> TensorRef:
         if not name.isidentifier():
             raise GraphError(f"tensor name {name!r} must be a Python identifier")
         if name in self._tensors:
             raise GraphError(f"graph {self.name!r} already has a tensor named {name!r}")
         if not isinstance(dtype, torch.dtype):
             raise GraphError(f"tensor {name!r}: dtype must be a torch.dtype, got {dtype!r}")
-        ref = TensorRef(name, tuple(shape), dtype, role, symmetric)
+        ref = TensorRef(name, tuple(shape), dtype, role, symmetric, zeroed)
         self._tensors[name] = ref
         return ref
 

@@ -28,6 +28,7 @@ class TensorSpec:
     dtype: torch.dtype
     role: Role
     symmetric: bool  # peers may read/write it (NVSHMEM symmetric heap on GPUs)
+    zeroed: bool = False  # scratch zeroed when allocated, which the graph's tasks leave zero after each launch
 
 
 @dataclass(frozen=True)

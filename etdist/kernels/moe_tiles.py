@@ -47,10 +47,12 @@ def moe_logits(i, k, x, wg, logits, T, H, E, BT: tl.constexpr, BE: tl.constexpr,
 
 
 @triton.jit
-def moe_route(i, logits, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr,
-              RH: tl.constexpr):
+def _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr,
+           BE: tl.constexpr, RH: tl.constexpr, PLACE: tl.constexpr):
     """Tokens [i*BT, (i+1)*BT): softmax(sum of the slices' logits) -> top-k experts and their
-    weights, renormalised."""
+    weights, renormalised. PLACE (one rank): each (token, k) slot also takes the next place in its
+    expert's list, slots[e, fill[e]++] (an atomic per slot: lists in no set order, rows whose
+    results do not depend on their neighbours)."""
     cols = tl.arange(0, BE)
     rows = i * BT + tl.arange(0, BT)
     acc = tl.zeros((BT, BE), tl.float32)
@@ -67,6 +69,10 @@ def moe_route(i, logits, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.
         best = tl.argmax(p, 1)
         tl.store(topk_ids + rows * TOP_K + kk, best.to(tl.int64), mask=rows < T)
         tl.store(topk_w + rows * TOP_K + kk, val.to(topk_w.dtype.element_ty), mask=rows < T)
+        if PLACE:
+            e = best.to(tl.int64)
+            at = tl.atomic_add(fill + e, 1, mask=rows < T, sem="relaxed")
+            tl.store(slots + e * T + at, _i64(rows) * TOP_K + kk, mask=rows < T)
         total += val
         p = tl.where(cols[None, :] == best[:, None], -1.0, p)
     tl.debug_barrier()                         # the weights are read back by other threads
@@ -76,9 +82,25 @@ def moe_route(i, logits, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.
 
 
 @triton.jit
+def moe_route(i, logits, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr,
+              RH: tl.constexpr):
+    """Tokens [i*BT, (i+1)*BT): softmax(sum of the slices' logits) -> top-k experts and their
+    weights, renormalised."""
+    _route(i, logits, topk_ids, topk_w, topk_ids, topk_ids, T, H, E, TOP_K, BT, BE, RH, False)
+
+
+@triton.jit
+def moe_route_place(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr,
+                    BE: tl.constexpr, RH: tl.constexpr):
+    """moe_route on one rank, where every expert is local: each slot also goes straight into its
+    expert's list (slots[e, fill[e]++]), no dispatch or plan after it; moe_tile_table_take takes
+    the counts and leaves fill zero for the next launch."""
+    _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K, BT, BE, RH, True)
+
+
+@triton.jit
 def moe_dispatch(d, b, c, x, topk_ids, recv, recv_peers, recv_expert, recv_expert_peers, T, H, E_local, RANK,
-                 WORLD, TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr,
-                 ONE_RANK: tl.constexpr):
+                 WORLD, TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr):
     """My (token, k) slots [b*BS, (b+1)*BS) whose expert lives on rank me + d: their hidden columns
     [c*WH, (c+1)*WH) into its recv[me], and (slab 0) its recv_expert[me] marked with the local
     expert (-1 for slots it does not serve)."""
@@ -94,8 +116,6 @@ def moe_dispatch(d, b, c, x, topk_ids, recv, recv_peers, recv_expert, recv_exper
     mine = ((ids // E_local) == dst) & ok
     if c == 0:
         tl.store(expert_d + s, tl.where(mine, ids % E_local, -1), mask=ok)
-    if ONE_RANK:
-        return                  # the gate/up tiles read the token rows from x (moe_gate_up)
     tok = s // TOP_K
     for h0 in range(c * WH, tl.minimum(H, (c + 1) * WH), BH):
         h = h0 + tl.arange(0, BH)
@@ -118,13 +138,29 @@ def moe_plan(e, recv_expert, counts, slots, T, WORLD, TOP_K: tl.constexpr, BS: t
 
 
 @triton.jit
+def _tile_table(n_rows, tile_end, ntiles, es, E_local, BM: tl.constexpr):
+    n = (n_rows + BM - 1) // BM
+    tl.store(tile_end + es, tl.cumsum(n, 0), mask=es < E_local)
+    tl.store(ntiles, tl.sum(n, 0))
+
+
+@triton.jit
 def moe_tile_table(counts, tile_end, ntiles, E_local, BM: tl.constexpr, BE: tl.constexpr):
     """Row tiles of BM slots per expert, numbered expert after expert: tile_end[e] = the first tile
     after expert e's (an inclusive prefix sum), ntiles = all of them."""
     es = tl.arange(0, BE)
-    n = (tl.load(counts + es, mask=es < E_local, other=0) + BM - 1) // BM
-    tl.store(tile_end + es, tl.cumsum(n, 0), mask=es < E_local)
-    tl.store(ntiles, tl.sum(n, 0))
+    _tile_table(tl.load(counts + es, mask=es < E_local, other=0), tile_end, ntiles, es, E_local, BM)
+
+
+@triton.jit
+def moe_tile_table_take(fill, counts, tile_end, ntiles, E_local, BM: tl.constexpr, BE: tl.constexpr):
+    """moe_tile_table on one rank: the counts are fill's (moe_route_place), taken into `counts` and
+    fill zeroed for the next launch."""
+    es = tl.arange(0, BE)
+    n = tl.load(fill + es, mask=es < E_local, other=0)
+    tl.store(counts + es, n, mask=es < E_local)
+    tl.store(fill + es, tl.zeros_like(n), mask=es < E_local)
+    _tile_table(n, tile_end, ntiles, es, E_local, BM)
 
 
 @triton.jit
@@ -250,11 +286,9 @@ def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_
 
 @triton.jit
 def moe_send_back(d, b, c, recv_expert, expert_out, back, back_peers, T, H, RANK, WORLD,
-                  TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr, ONE_RANK: tl.constexpr):
+                  TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr):
     """The outputs of rank me + d's slots [b*BS, (b+1)*BS) that my experts served, hidden columns
-    [c*WH, (c+1)*WH), into its back[me]. ONE_RANK: nothing to move (moe_combine reads expert_out)."""
-    if ONE_RANK:
-        return
+    [c*WH, (c+1)*WH), into its back[me]."""
     dst = (RANK + d) % WORLD
     S = _i64(T) * TOP_K
     back_d = aligned_peer(back, back_peers, dst) + RANK * S * H   # 16-byte stores (see moe_dispatch)
@@ -268,14 +302,12 @@ def moe_send_back(d, b, c, recv_expert, expert_out, back, back_peers, T, H, RANK
 
 
 @triton.jit
-def moe_combine(i, c, topk_ids, topk_w, back, expert_out, y, T, H, E_local, TOP_K: tl.constexpr,
-                KP: tl.constexpr, BM: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr, ONE_RANK: tl.constexpr):
+def moe_combine(i, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.constexpr, KP: tl.constexpr,
+                BM: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr):
     """y[token, slab c] = sum over k of weight[token, k] * back[owner of its k-th expert, its slot]:
-    tokens [i*BM, (i+1)*BM), hidden columns [c*WH, (c+1)*WH). ONE_RANK: expert_out is back (the
-    same [owner = 0, slot] layout), moe_send_back copies nothing."""
+    tokens [i*BM, (i+1)*BM), hidden columns [c*WH, (c+1)*WH) (one rank: `back` is expert_out, the
+    same [owner = 0, slot] layout)."""
     S = T * TOP_K
-    if ONE_RANK:
-        back = expert_out
     t = i * BM + tl.arange(0, BM)
     ok = t < T
     ks = tl.arange(0, KP)

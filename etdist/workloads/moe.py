@@ -12,8 +12,10 @@ w_gate_up [E_local, H, 2I], w_down [E_local, I, H]). Per rank, every task one bl
     send_back  slot block b of rank me + d's slots that my experts served -> back to it
     combine    tokens block i: y[t] = sum_k weight[t, k] * out[t, k]
 
-Built for one rank (one_rank=True) the GPU bodies move no rows: gate/up reads each slot's token
-from x, the combine reads expert_out (dispatch only marks the slots' experts, send_back only notifies).
+Built for one rank (one_rank=True) nothing moves and nothing is planned: route places each slot in
+its expert's list itself (slots[e, fill[e]++], an atomic per slot on GPUs; tile_table takes the
+counts and leaves `fill` zero), gate/up reads each slot's token from x, the combine reads
+expert_out; the graph has no dispatch, plan or send_back tasks.
 
 The row tiles live in a worst-case grid (cdiv(R*S, BM) + min(E_local, R*S): every expert that
 received a slot may end in a partial tile); `done` expects one notify per existing down tile plus
@@ -87,7 +89,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     WH, RH = 8 * block, 4 * block
     slabs, slices = et.cdiv(H, WH), et.cdiv(H, RH)
     one = bool(one_rank)
-    copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH, ONE_RANK=one)
+    copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH)
     # weights through TMA where rows are aligned
     expert_gemm = dict(BM=block_m, BK=block, BE=BE, TMA=use_tma(align), HALF=bool(half_tails))
     # every expert that received a slot may end in a partial tile (at most min(E_local, R*S) do):
@@ -101,15 +103,19 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     g.scratch("logits", (slices, T, BE), torch.float32)    # per hidden slice, summed by route
     g.scratch("topk_ids", (T, top_k), torch.int64)
     g.scratch("topk_w", (T, top_k), dtype)
-    g.scratch("recv", (R, S, H), dtype, symmetric=True)            # on the expert's rank: [src, slot]
-    g.scratch("recv_expert", (R, S), torch.int64, symmetric=True)  # local expert of a slot, or -1
+    if one:                                                        # route places the slots itself
+        g.scratch("fill", (EL,), torch.int64, zeroed=True)         # slots placed per expert so far
+    else:
+        g.scratch("recv", (R, S, H), dtype, symmetric=True)            # on the expert's rank: [src, slot]
+        g.scratch("recv_expert", (R, S), torch.int64, symmetric=True)  # local expert of a slot, or -1
     g.scratch("counts", (EL,), torch.int64)                        # slots each local expert serves
     g.scratch("slots", (EL, R * T), torch.int64)                   # which (flattened [src, slot])
     g.scratch("tile_end", (EL,), torch.int64)                      # first row tile after expert e's
     ntiles = g.scratch("ntiles", (1,), torch.int64)
     g.scratch("act", (R * S, I), dtype)                            # SwiGLU activations
     g.scratch("expert_out", (R, S, H), dtype)
-    g.scratch("back", (R, S, H), dtype, symmetric=True)            # on the token's rank: [owner, slot]
+    if not one:
+        g.scratch("back", (R, S, H), dtype, symmetric=True)        # on the token's rank: [owner, slot]
     g.output("y", (T, H), dtype)
 
     # The router's logits accumulate in fp32 (bf16 products are exact in it; fp32 inputs take an
@@ -120,12 +126,14 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     BT = route_block
     scored = g.event("scored", (et.cdiv(T, BT),), count=slices)
     routed = g.event("routed", (1,), count=et.cdiv(T, BT))
-    dispatched = g.event("dispatched", (R,), count=R * slot_blocks * slabs, distributed=True)   # per source
-    planned = g.event("planned", (1,), count=EL)
+    if not one:
+        dispatched = g.event("dispatched", (R,), count=R * slot_blocks * slabs, distributed=True)   # per source
+        planned = g.event("planned", (1,), count=EL)
     tiled = g.event("tiled", (1,))
     act_ready = g.event("act_ready", (max_tiles,), count=et.cdiv(I, BN))
     done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BND) + 1)
-    returned = g.event("returned", (R,), count=R * slot_blocks * slabs, distributed=True)
+    if not one:
+        returned = g.event("returned", (R,), count=R * slot_blocks * slabs, distributed=True)
 
     # The router, dispatch and tile planning run at every routing: pinned (the static formula under
     # the dynamic schedule too), their chain of five steps costs no queue hop (~2 us each, traced)
@@ -136,39 +144,54 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         rows, cols = et.block(i, BT, t.T), et.block(k, RH, t.H)
         t.logits[k, rows, :t.E] = t.x[rows, cols].float() @ t.wg[cols].float()
 
+    # One rank: route places each slot in its expert's list itself (moe_route_place), no dispatch
+    # or plan follows (qwen3_30b_a3b at 4096 tokens, traced: dispatch's marking and the per-expert
+    # plans, each walking all 32768 slots, held the expert tiles back 75 us)
     @g.task(grid=(et.cdiv(T, BT),), wait=lambda i: scored[i], notify=lambda i: routed[0],
-            triton=moe_tiles.moe_route, constexprs=dict(TOP_K=top_k, BT=BT, BE=BE, RH=RH), pinned=pin)
+            triton=moe_tiles.moe_route_place if one else moe_tiles.moe_route,
+            constexprs=dict(TOP_K=top_k, BT=BT, BE=BE, RH=RH), pinned=pin)
     def route(t, i):
         rows = et.block(i, BT, t.T)
         probs = torch.softmax(t.logits[:, rows, :t.E].sum(0), dim=-1)
         w, ids = probs.topk(top_k, dim=-1)
         t.topk_ids[rows] = ids
         t.topk_w[rows] = (w / w.sum(-1, keepdim=True)).to(t.topk_w.dtype)
+        if one:                                          # slots[e, fill[e]++] = slot
+            slot = torch.arange(rows.start * top_k, rows.stop * top_k)
+            for e, mine in ((int(e), slot[ids.flatten() == e]) for e in ids.unique()):
+                at = int(t.fill[e])
+                t.slots[e, at:at + mine.numel()] = mine
+                t.fill[e] = at + mine.numel()
 
-    @g.task(grid=(R, slot_blocks, slabs), wait=lambda d, b, c: routed[0],
-            notify=lambda d, b, c: dispatched[(me + d) % R], triton=moe_tiles.moe_dispatch, constexprs=copy,
-            pinned=pin)
-    def dispatch(t, d, b, c):                            # my slots in block b whose expert lives on rank me + d
-        dst, n_local = (t.rank + d) % t.world, t.E_local
-        s, hs = et.block(b, BS, t.T * top_k), et.block(c, WH, t.H)
-        ids = t.topk_ids.reshape(-1)[s]
-        mine = ids // n_local == dst
-        peer = t.peer(dst)
-        rows = peer.recv[t.rank][s]                      # a view: the slab of columns written in place
-        rows[:, hs][mine] = t.x[torch.arange(s.start, s.stop) // top_k][:, hs][mine]
-        if c == 0:                                       # the slots' experts, once
-            peer.recv_expert[t.rank][s] = torch.where(mine, ids % n_local, -1)
+    if not one:
+        @g.task(grid=(R, slot_blocks, slabs), wait=lambda d, b, c: routed[0],
+                notify=lambda d, b, c: dispatched[(me + d) % R], triton=moe_tiles.moe_dispatch, constexprs=copy,
+                pinned=pin)
+        def dispatch(t, d, b, c):                        # my slots in block b whose expert lives on rank me + d
+            dst, n_local = (t.rank + d) % t.world, t.E_local
+            s, hs = et.block(b, BS, t.T * top_k), et.block(c, WH, t.H)
+            ids = t.topk_ids.reshape(-1)[s]
+            mine = ids // n_local == dst
+            peer = t.peer(dst)
+            rows = peer.recv[t.rank][s]                  # a view: the slab of columns written in place
+            rows[:, hs][mine] = t.x[torch.arange(s.start, s.stop) // top_k][:, hs][mine]
+            if c == 0:                                   # the slots' experts, once
+                peer.recv_expert[t.rank][s] = torch.where(mine, ids % n_local, -1)
 
-    @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: planned[0],
-            triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=plan_block), pinned=pin)
-    def plan(t, e):
-        found = (t.recv_expert.reshape(-1) == e).nonzero().flatten()
-        t.counts[e] = found.numel()
-        t.slots[e, :found.numel()] = found
+        @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: planned[0],
+                triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=plan_block), pinned=pin)
+        def plan(t, e):
+            found = (t.recv_expert.reshape(-1) == e).nonzero().flatten()
+            t.counts[e] = found.numel()
+            t.slots[e, :found.numel()] = found
 
-    @g.task(grid=(1,), wait=lambda _: planned[0], notify=lambda _: [tiled[0], done[0]],
-            triton=moe_tiles.moe_tile_table, constexprs=dict(BM=block_m, BE=BE), pinned=pin)
+    @g.task(grid=(1,), wait=lambda _: routed[0] if one else planned[0], notify=lambda _: [tiled[0], done[0]],
+            triton=moe_tiles.moe_tile_table_take if one else moe_tiles.moe_tile_table,
+            constexprs=dict(BM=block_m, BE=BE), pinned=pin)
     def tile_table(t, _):
+        if one:                                          # the counts route made; fill left zero
+            t.counts[:] = t.fill
+            t.fill.zero_()
         n = (t.counts + block_m - 1) // block_m
         t.tile_end[:] = n.cumsum(0)
         t.ntiles[0] = n.sum()
@@ -190,14 +213,14 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
 
     @g.task(grid=(max_tiles * gu_tiles,), wait=lambda q: tiled[0], notify=lambda q: act_ready[gu(q)[0]],
             triton=moe_tiles.moe_gate_up, constexprs=dict(expert_gemm, BN=BN, TOP_K=top_k, ONE_RANK=one),
-            bind=dict(j=lambda q: gu(q)[0], n=lambda q: gu(q)[1]))
+            bind=dict(j=lambda q: gu(q)[0], n=lambda q: gu(q)[1], **({"recv": "x"} if one else {})))
     def gate_up(t, q):
         j, n = t(gu(q)[0]), t(gu(q)[1])
         if j >= int(t.ntiles[0]):
             return                                       # no such tile at this routing: notify only
         e, rows = expert_rows(t, j)
         cols = et.block(n, BN, t.I)
-        x = t.recv.reshape(-1, t.H)[rows]
+        x = t.x[rows // top_k] if one else t.recv.reshape(-1, t.H)[rows]   # one rank: slot s is token s // k
         gate = x @ t.w_gate_up[e][:, cols]
         up = x @ t.w_gate_up[e][:, t.I + cols.start:t.I + cols.stop]
         t.act[rows, cols] = F.silu(gate) * up
@@ -215,26 +238,30 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         t.expert_out.reshape(-1, t.H)[rows, cols] = t.act[rows] @ t.w_down[e][:, cols]
 
     # tiled first: done's count reads ntiles, which tile_table writes
-    @g.task(grid=(R, slot_blocks, slabs), wait=lambda d, b, c: [tiled[0], done[0]],
-            notify=lambda d, b, c: returned[(me + d) % R], triton=moe_tiles.moe_send_back, constexprs=copy,
-            tail=tail)
-    def send_back(t, d, b, c):                           # rank me + d's slots in block b that I served
-        dst = (t.rank + d) % t.world
-        s, hs = et.block(b, BS, t.T * top_k), et.block(c, WH, t.H)
-        mine = t.recv_expert[dst][s] >= 0
-        back = t.peer(dst).back[t.rank][s]
-        back[:, hs][mine] = t.expert_out[dst][s][:, hs][mine]
+    if not one:
+        @g.task(grid=(R, slot_blocks, slabs), wait=lambda d, b, c: [tiled[0], done[0]],
+                notify=lambda d, b, c: returned[(me + d) % R], triton=moe_tiles.moe_send_back, constexprs=copy,
+                tail=tail)
+        def send_back(t, d, b, c):                       # rank me + d's slots in block b that I served
+            dst = (t.rank + d) % t.world
+            s, hs = et.block(b, BS, t.T * top_k), et.block(c, WH, t.H)
+            mine = t.recv_expert[dst][s] >= 0
+            back = t.peer(dst).back[t.rank][s]
+            back[:, hs][mine] = t.expert_out[dst][s][:, hs][mine]
 
     # block-wide column steps: 4 * block made the [BM, BH] accumulator and its top_k unrolled
-    # loads spill (1.8 KB per thread at top-8, 64 rows), and the whole megakernel shares one allocation
-    @g.task(grid=(et.cdiv(T, block_m), slabs), wait=lambda i, c: returned[me], triton=moe_tiles.moe_combine,
-            constexprs=dict(TOP_K=top_k, KP=1 << (top_k - 1).bit_length(), BM=block_m, BH=block, WH=WH, ONE_RANK=one),
-            tail=tail)
+    # loads spill (1.8 KB per thread at top-8, 64 rows), and the whole megakernel shares one allocation.
+    # One rank: the outputs are read where the down tiles left them (no send_back; expert_out has
+    # back's [owner = 0, slot] layout).
+    @g.task(grid=(et.cdiv(T, block_m), slabs), wait=lambda i, c: [tiled[0], done[0]] if one else returned[me],
+            triton=moe_tiles.moe_combine,
+            constexprs=dict(TOP_K=top_k, KP=1 << (top_k - 1).bit_length(), BM=block_m, BH=block, WH=WH),
+            bind={"back": "expert_out"} if one else {}, tail=tail)
     def combine(t, i, c):
         rows, hs = et.block(i, block_m, t.T), et.block(c, WH, t.H)
         owner = t.topk_ids[rows] // t.E_local                            # [rows, k]
         slot = torch.arange(rows.start * top_k, rows.stop * top_k).view(-1, top_k)
-        out = t.back[owner, slot][..., hs]                               # [rows, k, slab]
+        out = (t.expert_out if one else t.back)[owner, slot][..., hs]    # [rows, k, slab]
         t.y[rows, hs] = (t.topk_w[rows].unsqueeze(-1) * out).sum(1)
 
     if one:       # enough experts for top_k on the one rank (the ranks below provide them otherwise)
