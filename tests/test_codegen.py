@@ -321,7 +321,7 @@ def _op_kernels():
                                           ("moe large top-8", 8, 768, True, large_blocks),
                                           ("moe one rank top-8", 8, 768, False, dict(one_rank=True)),
                                           ("moe large one rank top-8", 8, 768, True, dict(large_blocks, one_rank=True))):
-        t = layer_tiles(I, large)
+        t = layer_tiles(I, 128 if top_k == 8 else 8, large)
         yield name, functools.partial(moe.moe_layer, top_k=top_k, block_m=t.block_m, dtype=bf, max_experts=128,
                                       block=t.block, block_n=t.block_n, down_block_n=t.down_n,
                                       half_tails=t.half_tails, align=16, **blocks), t.num_warps, t.num_stages
@@ -347,7 +347,7 @@ def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large, pin):
     session); else the bound of the ops' kernels, 64."""
     from etdist.nn.moe import LARGE_PLAN_BLOCK, LARGE_ROUTE_BLOCK, layer_tiles
     from etdist.workloads import moe
-    t = layer_tiles(I, large)
+    t = layer_tiles(I, 128 if top_k == 8 else 8, large)
     blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK) if large else {}
     ir = moe.moe_layer(top_k=top_k, block_m=t.block_m, dtype=torch.bfloat16, max_experts=128, block=t.block,
                        block_n=t.block_n, down_block_n=t.down_n, half_tails=t.half_tails, align=16, pin_router=pin,
@@ -367,7 +367,7 @@ def test_float32_moe_tiles_fit_in_shared_memory(large):
     246-328 KB of shared memory a program, and the launch would fail."""
     from etdist.nn.moe import layer_tiles
     from etdist.workloads import moe
-    t = layer_tiles(768, large, torch.float32)        # short experts: no 256-wide down tiles in float32
+    t = layer_tiles(768, 128, large, torch.float32)   # short experts: no 256-wide down tiles in float32
     ir = moe.moe_layer(top_k=2, block_m=t.block_m, dtype=torch.float32, max_experts=128, block=t.block,
                        block_n=t.block_n, down_block_n=t.down_n, half_tails=t.half_tails, align=16).to_ir()
     assert compile_for(ir, num_warps=t.num_warps, num_stages=t.num_stages).metadata.shared <= 232448

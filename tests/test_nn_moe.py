@@ -125,22 +125,27 @@ def test_gpu_tile_knob(monkeypatch):
 
 def test_layer_tiles_add_the_down_width_and_half_tails(monkeypatch):
     """A layer's tiles: 256-wide down tiles where its expert intermediate size (the down GEMM's
-    contraction) is at most 2048 in 2-byte dtypes, half-height last row tiles in 128-row classes;
-    ETDIST_MOE_DOWN_N / ETDIST_MOE_HALF_TAILS override. They are part of the compile key."""
+    contraction) is at most 2048 in 2-byte dtypes; half-height last row tiles in 128-row classes
+    with at least 32 experts per rank; ETDIST_MOE_DOWN_N / ETDIST_MOE_HALF_TAILS override. They are
+    part of the compile key."""
     from etdist.nn import moe as m
     monkeypatch.setattr(m, "DOWN_N", None)
     monkeypatch.setattr(m, "HALF_TAILS", True)
-    assert m.layer_tiles(768).down_n == 256 and m.layer_tiles(2048, large=True).down_n == 256
-    assert m.layer_tiles(2049).down_n is None and m.layer_tiles(14336, large=True).down_n is None
-    assert m.layer_tiles(768, dtype=torch.float32).down_n is None   # 64 KB a stage: no room
-    assert not m.layer_tiles(768).half_tails and m.layer_tiles(768, large=True).half_tails
-    assert m.layer_tiles(768, large=True)[:5] == m.gpu_tiles(large=True)[:5]
+    assert m.layer_tiles(768, 128).down_n == 256 and m.layer_tiles(2048, 8, large=True).down_n == 256
+    assert m.layer_tiles(2049, 128).down_n is None and m.layer_tiles(14336, 8, large=True).down_n is None
+    assert m.layer_tiles(768, 128, dtype=torch.float32).down_n is None   # 64 KB a stage: no room
+    assert m.layer_tiles(768, 32, large=True).half_tails and m.layer_tiles(768, 128, large=True).half_tails
+    assert not m.layer_tiles(768, 128).half_tails and not m.layer_tiles(768, 31, large=True).half_tails
+    assert m.layer_tiles(768, 128, large=True)[:5] == m.gpu_tiles(large=True)[:5]
     monkeypatch.setattr(m, "DOWN_N", 128)
     monkeypatch.setattr(m, "HALF_TAILS", False)
-    assert m.layer_tiles(768).down_n == 128 and not m.layer_tiles(768, large=True).half_tails
-    short, long = (et.nn.MoE(32, i, E, K, simulate_world=2) for i in (16, 4096))
+    assert m.layer_tiles(768, 128).down_n == 128 and not m.layer_tiles(768, 128, large=True).half_tails
     monkeypatch.setattr(m, "DOWN_N", None)
+    monkeypatch.setattr(m, "HALF_TAILS", True)
+    short, long = (et.nn.MoE(32, i, E, K, simulate_world=2) for i in (16, 4096))
     assert short._kernel("cuda") is not long._kernel("cuda")
+    many = et.nn.MoE(32, 16, 64, K, simulate_world=2)     # 32 experts a rank: half tails
+    assert many._plan("cuda", large=True)[0].half_tails and not short._plan("cuda", large=True)[0].half_tails
 
 
 def test_gpu_kernels_are_keyed_by_alignment():

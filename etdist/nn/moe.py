@@ -85,12 +85,16 @@ TAIL = knobs.read("ETDIST_MOE_TAIL", knobs.flag, True)
 DOWN_WIDE, SHORT_DOWN_K = 256, 2048
 DOWN_N = knobs.read("ETDIST_MOE_DOWN_N", knobs.tile_width, None)
 # An expert's last row tile, where it holds at most half of block_m rows, runs a half-height GEMM
-# body (moe_layer's half_tails), in the classes whose row tiles are HALF_TAILS_FROM rows or more:
-# a wgmma is 64 rows a warpgroup, so only a 128-row tile has a half that does less work. qwen3 at
-# 1024 / 4096 tokens, Zipf 1.5: 148 / 348 row tiles, 89 / 100 of them half-height; -8 / -5%,
-# mixtral -1 to -5% (on a 64-row class +4 to +7%: no less work, more code). Knob:
+# body (moe_layer's half_tails), in the classes whose row tiles are HALF_TAILS_FROM rows or more
+# (a wgmma is 64 rows a warpgroup, so only a 128-row tile has a half that does less work) and for
+# HALF_TAILS_MIN_EXPERTS or more experts per rank, where last tiles are a large share of the row
+# tiles. One H200, EP=1: qwen3_30b_a3b (128 experts) at 1024 / 4096 tokens, Zipf 1.5: 148 / 348
+# row tiles, 89 / 100 of them half-height, -8 / -5% (dynamic); mixtral_8x7b (8 experts: 8 last
+# tiles of 68 at 4096 tokens) -1 to -5% dynamic but +6 / +11% static at 1024 / 4096 (records
+# moe_static_ab; a second GEMM body in the kernel, cause not found); on a 64-row class +4 to +7%
+# (no less work, more code). 32 lies between the two models measured. Knob:
 # ETDIST_MOE_HALF_TAILS=0 (for A/B runs).
-HALF_TAILS_FROM = 128
+HALF_TAILS_FROM, HALF_TAILS_MIN_EXPERTS = 128, 32
 HALF_TAILS = knobs.read("ETDIST_MOE_HALF_TAILS", knobs.flag, True)
 
 
@@ -123,11 +127,13 @@ def gpu_tiles(large: bool = False, dtype: torch.dtype = torch.bfloat16) -> GpuTi
     return tiles._replace(num_stages=FLOAT32_STAGES) if dtype.itemsize > 2 else tiles
 
 
-def layer_tiles(intermediate: int, large: bool = False, dtype: torch.dtype = torch.bfloat16) -> GpuTiles:
-    """gpu_tiles with what a layer of that expert intermediate size adds (they ride with the tiles
-    into the compile key): its down width, and half tails in the classes of 128-row tiles."""
+def layer_tiles(intermediate: int, local_experts: int, large: bool = False,
+                dtype: torch.dtype = torch.bfloat16) -> GpuTiles:
+    """gpu_tiles with what a layer of that expert intermediate size and experts per rank adds (they
+    ride with the tiles into the compile key): its down width, and half tails (HALF_TAILS_*)."""
     t = gpu_tiles(large, dtype)
-    return t._replace(down_n=down_width(intermediate, dtype), half_tails=HALF_TAILS and t.block_m >= HALF_TAILS_FROM)
+    half = HALF_TAILS and t.block_m >= HALF_TAILS_FROM and local_experts >= HALF_TAILS_MIN_EXPERTS
+    return t._replace(down_n=down_width(intermediate, dtype), half_tails=half)
 
 
 class MoE(nn.Module):
@@ -207,7 +213,8 @@ class MoE(nn.Module):
         if target == "cuda":
             knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_MOE_LARGE_ROWS", "ETDIST_MOE_TAIL",
                         "ETDIST_MOE_DOWN_N", "ETDIST_MOE_HALF_TAILS", "ETDIST_TMA")
-        tiles = layer_tiles(self.intermediate, large, self.router.dtype) if target == "cuda" else None
+        tiles = (layer_tiles(self.intermediate, self.num_experts // self.world, large, self.router.dtype)
+                 if target == "cuda" else None)
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
         # the small class's down tiles are early-pushed behind the gate/up tiles (EARLY_PUSH_SMALL)
         early = early_push_level(EARLY_PUSH_LARGE if large else EARLY_PUSH_SMALL) if self.schedule == "dynamic" else None
