@@ -34,6 +34,12 @@
 #   moelarge nn.MoE (static) at 128/512/1024 tokens, uniform routing (EP=2): the large tile class
 #          from 512 rows per expert (ETDIST_MOE_LARGE_ROWS=512, as before) against from 64 (the
 #          default since the fourteenth session, measured on one GPU only), alternated twice (~4 min);
+#   moedown nn.MoE under the dynamic schedule at 16/1024/4096 tokens, Zipf 1.5 (EP=2): qwen3's down tiles
+#          128 wide (ETDIST_MOE_DOWN_N=128, as before) against 256 (the default for experts of at most
+#          2048 intermediate since the seventeenth session, measured on one GPU only), alternated twice,
+#          then static once (~5 min);
+#   moehalf the same for half-height last row tiles: off (ETDIST_MOE_HALF_TAILS=0, as before) against on
+#          (the large class's default with >= 32 experts a rank, one GPU only so far) (~5 min);
 #   rstail gemm_rs at M=1000/1024/8192 on the five shapes whose plan it changes, the tiles past the
 #          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1) against every tile in slices
 #          (the default), alternated twice (prefill: it rides along, ~4 min);
@@ -124,6 +130,12 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       echo "== nn.MoE static, the large tiles from 512 rows per expert (512) against from 64 (64), uniform routing"
       MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=static \
         ab moelarge ETDIST_MOE_LARGE_ROWS "512 64" 360 bench=gpu_moe 'bench.tokens=[128,512,1024]' ;;
+    moedown)
+      echo "== nn.MoE dynamic, down tiles 128 wide (as before) against 256 (the default for short experts), zipf 1.5"
+      moe_ab moedown ETDIST_MOE_DOWN_N "128 256" '[16,1024,4096]' ;;
+    moehalf)
+      echo "== nn.MoE dynamic, last row tiles full height (0, as before) against half height (1, the default), zipf 1.5"
+      moe_ab moehalf ETDIST_MOE_HALF_TAILS "0 1" '[1024,4096]' ;;
     rstail)
       echo "== gemm_rs above 128 rows: every tile in slices (tail 0, the default), then only the last wave's (tail 1)"
       MODELS_OVERRIDE=gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b WORKLOADS=gemm_rs \

@@ -77,11 +77,12 @@ TAIL = knobs.read("ETDIST_MOE_TAIL", knobs.flag, True)
 # Down tiles DOWN_WIDE columns wide where the experts' intermediate size (the down GEMM's
 # contraction) is at most SHORT_DOWN_K: such a tile is short, its fixed costs (the gathered rows,
 # the pipeline's fill, the store) weigh, and a wider one pays them once per 256 columns. One H200,
-# EP=1, dynamic, seventeenth session (scratch A/B in one process, records moe_tiles_ab):
-# qwen3_30b_a3b (I = 768) at 16 / 128 tokens -10 / -11%, with half tails at 1024 / 4096 -15 /
-# -12%, at 1 token +4% (67 -> 70 us: half as many down tasks). Long contractions keep block_n:
-# mixtral_8x7b's (14336) tiles are long already, and 256 wide its ~300 down tiles at 1024 tokens
-# fill three waves of 132 SMs where 128 wide they fill 4.5 (+4%). Knob: ETDIST_MOE_DOWN_N.
+# EP=1, dynamic, Zipf 1.5, alternated in one process (records moe_tiles_ab, ddefc13):
+# qwen3_30b_a3b (I = 768) at 16 / 1024 / 4096 tokens -13 / -9 / -7%, with half tails at 1024 /
+# 4096 -17 / -11%, at 1 token within 2% (a first, unrecorded run: +4%, half as many down tasks).
+# Long contractions keep block_n: mixtral_8x7b's (14336) tiles are long already; 256 wide they
+# were 1-2% faster (dynamic, within the noise) and are unmeasured under the static schedule,
+# where another tile layout (half tails, below) cost it 6-11%. Knob: ETDIST_MOE_DOWN_N.
 DOWN_WIDE, SHORT_DOWN_K = 256, 2048
 DOWN_N = knobs.read("ETDIST_MOE_DOWN_N", knobs.tile_width, None)
 # An expert's last row tile, where it holds at most half of block_m rows, runs a half-height GEMM
@@ -89,11 +90,11 @@ DOWN_N = knobs.read("ETDIST_MOE_DOWN_N", knobs.tile_width, None)
 # (a wgmma is 64 rows a warpgroup, so only a 128-row tile has a half that does less work) and for
 # HALF_TAILS_MIN_EXPERTS or more experts per rank, where last tiles are a large share of the row
 # tiles. One H200, EP=1: qwen3_30b_a3b (128 experts) at 1024 / 4096 tokens, Zipf 1.5: 148 / 348
-# row tiles, 89 / 100 of them half-height, -8 / -5% (dynamic); mixtral_8x7b (8 experts: 8 last
-# tiles of 68 at 4096 tokens) -1 to -5% dynamic but +6 / +11% static at 1024 / 4096 (records
-# moe_static_ab; a second GEMM body in the kernel, cause not found); on a 64-row class +4 to +7%
-# (no less work, more code). 32 lies between the two models measured. Knob:
-# ETDIST_MOE_HALF_TAILS=0 (for A/B runs).
+# row tiles, 89 / 100 of them half-height, -8 / -5% (dynamic, records moe_tiles_ab);
+# mixtral_8x7b (8 experts: 8 last tiles of 68 at 4096 tokens) +1% dynamic (moe_tiles_ab; a first,
+# unrecorded run: -1 to -5%) and +6 / +11% static at 1024 / 4096 tokens (moe_static_ab: a second
+# GEMM body in the kernel; the cause is not found); on a 64-row class +1 to +7% (no less work,
+# more code). 32 lies between the two models measured. Knob: ETDIST_MOE_HALF_TAILS=0 (A/B runs).
 HALF_TAILS_FROM, HALF_TAILS_MIN_EXPERTS = 128, 32
 HALF_TAILS = knobs.read("ETDIST_MOE_HALF_TAILS", knobs.flag, True)
 
