@@ -241,6 +241,36 @@ def test_outputs_start_poisoned():
     assert y[0] == 1 and torch.isnan(y[1:]).all()
 
 
+@pytest.mark.parametrize("rezero", [True, False])
+def test_zeroed_scratch_starts_zero_and_must_be_left_zero(rezero):
+    """A scratch declared zeroed (a counter one task takes and re-zeroes: the one-rank MoE's `fill`)
+    starts at zero, not poisoned; a launch whose tasks leave it non-zero raises, naming it."""
+    g = et.Graph("take_a_count")
+    n = g.size("n")
+    g.input("x", (n,))
+    g.scratch("count", (1,), torch.int64, zeroed=True)
+    g.output("y", (1,))
+    counted = g.event("counted", (1,), count=n)
+
+    @g.task(grid=(n,), notify=lambda i: counted[0])
+    def add(t, i):
+        t.count[0] += int(t.x[i] > 0)
+
+    @g.task(grid=(1,), wait=lambda _: counted[0])
+    def take(t, _):
+        t.y[0] = float(t.count[0])
+        if rezero:
+            t.count[0] = 0
+
+    kernel = et.compile(g)
+    x = torch.tensor([1.0, -1.0, 2.0, 3.0])
+    if rezero:
+        assert kernel.run([{"x": x}])[0]["y"].item() == 3
+    else:
+        with pytest.raises(et.GraphError, match="scratch 'count' is declared zeroed but is not zero after the launch"):
+            kernel.run([{"x": x}])
+
+
 def test_static_programs_run_the_formula():
     from etdist.fusion.schedule_static import StaticSchedule
     s = StaticSchedule(programs=3)

@@ -86,7 +86,7 @@ def moe_route(i, logits, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.
               RH: tl.constexpr):
     """Tokens [i*BT, (i+1)*BT): softmax(sum of the slices' logits) -> top-k experts and their
     weights, renormalised."""
-    _route(i, logits, topk_ids, topk_w, topk_ids, topk_ids, T, H, E, TOP_K, BT, BE, RH, False)
+    _route(i, logits, topk_ids, topk_w, topk_ids, topk_ids, T, H, E, TOP_K, BT, BE, RH, False)   # no fill, slots
 
 
 @triton.jit

@@ -52,7 +52,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     False queues them, for A/B runs. route_block: tokens per router task (the logits' and the
     routing's blocks; 16 is tl.dot's least, what decode wants); plan_block: received slots per
     step of an expert's plan (its stream compaction walks all of them in steps of this many).
-    one_rank: a graph for world size 1 only (refused on more), whose GPU bodies move no rows.
+    one_rank: a graph for world size 1 only (refused on more) that moves no rows and plans nothing
+    (route places the slots in the experts' lists).
     down_block_n: columns per down tile (default block_n). half_tails: an expert's last row tile,
     where it has at most block_m / 2 rows, runs a block_m / 2-row GEMM body (needs block_m >= 32)."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
