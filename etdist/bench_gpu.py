@@ -25,7 +25,7 @@ import etdist as et
 
 from .measure import baselines as B
 from .measure.timing import time_ranks
-from .report import HEADLINE
+from .report import best_baseline
 
 GPU_WORKLOADS = ("gemm_rs", "ag_gemm", "mlp", "moe")
 
@@ -348,7 +348,7 @@ def run_sweep(cfg, console, folder) -> list:
                                   extra=res.record_extra())
         for where in filter(None, (pathlib.Path(folder) / "results", cfg.bench.results_dir)):
             records.append(pathlib.Path(where) / f"{workload}.jsonl", rec)
-        best = min(res.baselines[k] for k in HEADLINE if k in res.baselines)
+        best = best_baseline(rec)
         console.print(f"[{n}/{len(cells)}] {workload:8} {schedule[:3]} {name:>13} M={M:<5} ours {res.ours_us:8.1f} us  "
                       f"best baseline {best:8.1f} us  speedup {best / res.ours_us:5.2f}x  "
                       f"ours/floor {res.ours_us / res.floor_us:5.2f}  rel err {res.rel_err:.1e}"

@@ -184,15 +184,12 @@ def _tile_rows(e, r0, n, slots, T, WORLD, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_tile(e, r0, m, n, x, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K: tl.constexpr, BM: tl.constexpr,
+def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K: tl.constexpr, BM: tl.constexpr,
                   BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, ONE_RANK: tl.constexpr):
     """act[rows, n*BN:(n+1)*BN] for the m rows of expert e's slots from r0 on, in a BM-row body
     (moe_gate_up; the rows are loaded here: a branch's values must keep one shape)."""
     rows, rok = _tile_rows(e, r0, m, slots, T, WORLD, BM)
-    if ONE_RANK:
-        src, arows = x, rows // TOP_K
-    else:
-        src, arows = recv, rows
+    arows = rows // TOP_K if ONE_RANK else rows          # one rank: `recv` is x, slot s is token s // TOP_K
     wgu = w_gate_up + e * H * 2 * I
     js = n * BN + tl.arange(0, BN)
     ks = tl.arange(0, BK)
@@ -203,13 +200,13 @@ def _gate_up_tile(e, r0, m, n, x, recv, w_gate_up, slots, act, T, H, I, WORLD, T
         u_d = tl.make_tensor_descriptor(wgu + I, shape=[H, I], strides=[2 * I, 1], block_shape=[BK, BN])
         for k0 in range(0, H, BK):
             kk = k0 + ks
-            a = tl.load(src + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
+            a = tl.load(recv + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
             g = _dot(a, g_d.load([k0, n * BN]), g)
             u = _dot(a, u_d.load([k0, n * BN]), u)
     else:
         for k0 in range(0, H, BK):
             kk = k0 + ks
-            a = tl.load(src + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
+            a = tl.load(recv + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
             bm = (kk[:, None] < H) & (js[None, :] < I)
             bg = tl.load(wgu + kk[:, None] * (2 * I) + js[None, :], mask=bm, other=0.0)
             bu = tl.load(wgu + kk[:, None] * (2 * I) + I + js[None, :], mask=bm, other=0.0)
@@ -220,13 +217,13 @@ def _gate_up_tile(e, r0, m, n, x, recv, w_gate_up, slots, act, T, H, I, WORLD, T
 
 
 @triton.jit
-def moe_gate_up(j, n, x, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, H, I, E_local, WORLD,
+def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, H, I, E_local, WORLD,
                 TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr,
                 TMA: tl.constexpr, ONE_RANK: tl.constexpr, HALF: tl.constexpr):
     """act[rows of tile j, n*BN:(n+1)*BN] = silu(x @ w_gate) * (x @ w_up); tiles past ntiles do
     nothing (they still notify, so the down tiles of every tile can wait on a fixed element).
     TMA: the expert's weights load through descriptors (the token rows are a gather: pointers).
-    ONE_RANK: the rows are read from x itself (slot s is token s // TOP_K): dispatch copies none.
+    ONE_RANK: `recv` is x itself (the graph binds it), slot s is token s // TOP_K: nothing is copied.
     A compile-time choice: selected at run time, the operand's address lost the alignment Triton
     vectorises and pipelines on (mixtral_8x7b at 4096 tokens, one H200: 5953 -> 8128 us).
     HALF: a tile with at most BM / 2 rows (an expert's last) runs a BM / 2-row body."""
@@ -234,13 +231,13 @@ def moe_gate_up(j, n, x, recv, w_gate_up, counts, slots, tile_end, ntiles, act, 
         e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
         if HALF:
             if m <= BM // 2:
-                _gate_up_tile(e, r0, m, n, x, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM // 2, BN, BK,
+                _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM // 2, BN, BK,
                               TMA, ONE_RANK)
             else:
-                _gate_up_tile(e, r0, m, n, x, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA,
+                _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA,
                               ONE_RANK)
         else:
-            _gate_up_tile(e, r0, m, n, x, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA, ONE_RANK)
+            _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA, ONE_RANK)
 
 
 @triton.jit

@@ -227,7 +227,7 @@ class MoE(nn.Module):
         if target == "cpu":
             return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=TAIL)
         blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK) if large else {}
-        # one GPU: no rows to move, the expert tiles read the tokens in place (moe_layer's one_rank)
+        # one GPU: nothing to move or plan, routing places the slots (moe_layer's one_rank)
         return moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts,
                                    block=tiles.block, block_n=tiles.block_n, down_block_n=tiles.down_n,
                                    half_tails=tiles.half_tails, align=align, group_m=GROUP_M,
