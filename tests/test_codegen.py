@@ -313,18 +313,18 @@ def _op_kernels():
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]
     # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the
     # megakernel has one register allocation, the expert GEMM loops spilled too.
-    # The tiles are a layer's (nn.moe.layer_tiles): qwen3's (I = 768: 256-wide down tiles) at top-8,
-    # mixtral's (I = 14336) at top-2.
-    from etdist.nn.moe import LARGE_PLAN_BLOCK, LARGE_ROUTE_BLOCK, layer_tiles
-    large_blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK)
-    for name, top_k, I, large, blocks in (("moe", 8, 768, False, {}), ("moe large", 2, 14336, True, large_blocks),
-                                          ("moe large top-8", 8, 768, True, large_blocks),
-                                          ("moe one rank top-8", 8, 768, False, dict(one_rank=True)),
-                                          ("moe large one rank top-8", 8, 768, True, dict(large_blocks, one_rank=True))):
+    # The tiles and blocks are a layer's (nn.moe.layer_tiles, graph_blocks): qwen3's (I = 768:
+    # 256-wide down tiles; top-8: small routing and combine blocks), mixtral's (I = 14336) at top-2.
+    from etdist.nn.moe import graph_blocks, layer_tiles
+    for name, top_k, I, large, one in (("moe", 8, 768, False, False), ("moe large", 2, 14336, True, False),
+                                       ("moe large top-8", 8, 768, True, False),
+                                       ("moe one rank top-8", 8, 768, False, True),
+                                       ("moe large one rank top-8", 8, 768, True, True)):
         t = layer_tiles(I, 128 if top_k == 8 else 8, large)
         yield name, functools.partial(moe.moe_layer, top_k=top_k, block_m=t.block_m, dtype=bf, max_experts=128,
                                       block=t.block, block_n=t.block_n, down_block_n=t.down_n,
-                                      half_tails=t.half_tails, align=16, **blocks), t.num_warps, t.num_stages
+                                      half_tails=t.half_tails, align=16, one_rank=one,
+                                      **graph_blocks(top_k, large)), t.num_warps, t.num_stages
 
 
 @pytest.mark.parametrize("name,build,warps,stages", list(_op_kernels()), ids=lambda v: v if isinstance(v, str) else "")
@@ -345,13 +345,12 @@ def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large, pin):
     and with the tail's second static walk, spills 20-44 bytes a thread; its 256-wide down tiles
     (I <= 2048) 88 at top-8: a bound of 96 there, as they won 12-15% spilled (seventeenth
     session); else the bound of the ops' kernels, 64."""
-    from etdist.nn.moe import LARGE_PLAN_BLOCK, LARGE_ROUTE_BLOCK, layer_tiles
+    from etdist.nn.moe import graph_blocks, layer_tiles
     from etdist.workloads import moe
     t = layer_tiles(I, 128 if top_k == 8 else 8, large)
-    blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK) if large else {}
     ir = moe.moe_layer(top_k=top_k, block_m=t.block_m, dtype=torch.bfloat16, max_experts=128, block=t.block,
                        block_n=t.block_n, down_block_n=t.down_n, half_tails=t.half_tails, align=16, pin_router=pin,
-                       **blocks).to_ir()
+                       **graph_blocks(top_k, large)).to_ir()
     # the early push nn.MoE compiles each class with (the small class's down tiles seeded: chains)
     from etdist.fusion.ir import early_at
     from etdist.nn.moe import EARLY_PUSH_LARGE, EARLY_PUSH_SMALL

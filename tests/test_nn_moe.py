@@ -123,6 +123,23 @@ def test_gpu_tile_knob(monkeypatch):
             gpu_tiles()
 
 
+def test_graph_blocks_are_small_where_top_k_is_large(monkeypatch):
+    """nn.MoE's router / combine blocks: the large class routes from 64-token logits blocks; at top-k
+    >= 4 the routing takes 16 tokens a task and the combine small blocks, capped in tasks; top-2
+    keeps the class's blocks, and ETDIST_MOE_FINE_BLOCKS=0 (read at import) turns them off."""
+    from etdist.nn import moe as m
+    monkeypatch.setattr(m, "FINE_BLOCKS", True)
+    assert m.graph_blocks(2) == {} and m.graph_blocks(2, large=True) == dict(route_block=64, plan_block=4096)
+    assert m.graph_blocks(8) == dict(combine_block=16, combine_width=128, combine_tasks=256)
+    assert m.graph_blocks(4, large=True) == dict(route_block=64, plan_block=4096, topk_block=16, combine_block=32,
+                                                 combine_width=512, combine_tasks=128)
+    for top_k in (2, 8):   # every set of blocks builds
+        for large in (False, True):
+            m.moe_graph.moe_layer(top_k, block_m=64, block=64, max_experts=128, **m.graph_blocks(top_k, large))
+    monkeypatch.setattr(m, "FINE_BLOCKS", False)
+    assert m.graph_blocks(8) == {} and m.graph_blocks(8, large=True) == dict(route_block=64, plan_block=4096)
+
+
 def test_layer_tiles_add_the_down_width_and_half_tails(monkeypatch):
     """A layer's tiles: 256-wide down tiles where its expert intermediate size (the down GEMM's
     contraction) is at most 2048 in 2-byte dtypes; half-height last row tiles in 128-row classes

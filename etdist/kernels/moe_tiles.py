@@ -48,17 +48,20 @@ def moe_logits(i, k, x, wg, logits, T, H, E, BT: tl.constexpr, BE: tl.constexpr,
 
 @triton.jit
 def _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr,
-           BE: tl.constexpr, RH: tl.constexpr, PLACE: tl.constexpr):
+           BE: tl.constexpr, RH: tl.constexpr, SU: tl.constexpr, PLACE: tl.constexpr):
     """Tokens [i*BT, (i+1)*BT): softmax(sum of the slices' logits) -> top-k experts and their
-    weights, renormalised. PLACE (one rank): each (token, k) slot also takes the next place in its
+    weights, renormalised. The slices are loaded SU at a time and summed in order (the same sum
+    as one at a time). PLACE (one rank): each (token, k) slot also takes the next place in its
     expert's list, slots[e, fill[e]++] (an atomic per slot: lists in no set order, rows whose
     results do not depend on their neighbours)."""
     cols = tl.arange(0, BE)
     rows = i * BT + tl.arange(0, BT)
     acc = tl.zeros((BT, BE), tl.float32)
-    for k in range(0, tl.cdiv(H, RH)):
-        acc += tl.load(logits + (_i64(k) * T + rows)[:, None] * BE + cols[None, :], mask=rows[:, None] < T,
-                       other=0.0)
+    n_slices = tl.cdiv(H, RH)
+    for k0 in range(0, n_slices, SU):
+        for u in tl.static_range(SU):
+            acc += tl.load(logits + (_i64(k0 + u) * T + rows)[:, None] * BE + cols[None, :],
+                           mask=(rows[:, None] < T) & (k0 + u < n_slices), other=0.0)
     acc = tl.where(cols[None, :] < E, acc, float("-inf"))
     p = tl.exp(acc - tl.max(acc, 1)[:, None])
     p = p / tl.sum(p, 1)[:, None]
@@ -83,19 +86,19 @@ def _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl.constexp
 
 @triton.jit
 def moe_route(i, logits, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr,
-              RH: tl.constexpr):
+              RH: tl.constexpr, SU: tl.constexpr):
     """Tokens [i*BT, (i+1)*BT): softmax(sum of the slices' logits) -> top-k experts and their
     weights, renormalised."""
-    _route(i, logits, topk_ids, topk_w, topk_ids, topk_ids, T, H, E, TOP_K, BT, BE, RH, False)   # no fill, slots
+    _route(i, logits, topk_ids, topk_w, topk_ids, topk_ids, T, H, E, TOP_K, BT, BE, RH, SU, False)   # no fill, slots
 
 
 @triton.jit
 def moe_route_place(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr,
-                    BE: tl.constexpr, RH: tl.constexpr):
+                    BE: tl.constexpr, RH: tl.constexpr, SU: tl.constexpr):
     """moe_route on one rank, where every expert is local: each slot also goes straight into its
     expert's list (slots[e, fill[e]++]), no dispatch or plan after it; moe_tile_table_take takes
     the counts and leaves fill zero for the next launch."""
-    _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K, BT, BE, RH, True)
+    _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K, BT, BE, RH, SU, True)
 
 
 @triton.jit
@@ -300,25 +303,31 @@ def moe_send_back(d, b, c, recv_expert, expert_out, back, back_peers, T, H, RANK
 
 @triton.jit
 def moe_combine(i, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.constexpr, KP: tl.constexpr,
-                BM: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr):
+                BM: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr, CT: tl.constexpr):
     """y[token, slab c] = sum over k of weight[token, k] * back[owner of its k-th expert, its slot]:
-    tokens [i*BM, (i+1)*BM), hidden columns [c*WH, (c+1)*WH) (one rank: `back` is expert_out, the
-    same [owner = 0, slot] layout)."""
+    token blocks i, i + G, ... of BM tokens (G: the grid's rows, min(blocks, cdiv(CT, slabs)); every
+    block when CT is 0), hidden columns [c*WH, (c+1)*WH) (one rank: `back` is expert_out, the same
+    [owner = 0, slot] layout)."""
     S = T * TOP_K
-    t = i * BM + tl.arange(0, BM)
-    ok = t < T
+    blocks = tl.cdiv(T, BM)
+    stride = blocks
+    if CT:
+        stride = tl.minimum(blocks, tl.cdiv(CT, tl.cdiv(H, WH)))
     ks = tl.arange(0, KP)
-    # the routing read once, so each column step waits on one load (the rows), not two
-    kmask = ok[:, None] & (ks[None, :] < TOP_K)
-    owners = tl.load(topk_ids + t[:, None] * TOP_K + ks[None, :], mask=kmask, other=0) // E_local
-    weights = tl.load(topk_w + t[:, None] * TOP_K + ks[None, :], mask=kmask, other=0.0).to(tl.float32)
-    for h0 in range(c * WH, tl.minimum(H, (c + 1) * WH), BH):
-        h = h0 + tl.arange(0, BH)
-        m = ok[:, None] & (h[None, :] < H)
-        acc = tl.zeros((BM, BH), tl.float32)
-        for kk in tl.static_range(TOP_K):
-            owner = tl.sum(tl.where(ks[None, :] == kk, owners, 0), 1)
-            w = tl.sum(tl.where(ks[None, :] == kk, weights, 0.0), 1)
-            v = tl.load(back + (owner * S + t * TOP_K + kk)[:, None] * H + h[None, :], mask=m, other=0.0)
-            acc += w[:, None] * v.to(tl.float32)
-        tl.store(y + _i64(t)[:, None] * H + h[None, :], acc.to(y.dtype.element_ty), mask=m)
+    for b in range(i, blocks, stride):
+        t = b * BM + tl.arange(0, BM)
+        ok = t < T
+        # the routing read once, so each column step waits on one load (the rows), not two
+        kmask = ok[:, None] & (ks[None, :] < TOP_K)
+        owners = tl.load(topk_ids + t[:, None] * TOP_K + ks[None, :], mask=kmask, other=0) // E_local
+        weights = tl.load(topk_w + t[:, None] * TOP_K + ks[None, :], mask=kmask, other=0.0).to(tl.float32)
+        for h0 in range(c * WH, tl.minimum(H, (c + 1) * WH), BH):
+            h = h0 + tl.arange(0, BH)
+            m = ok[:, None] & (h[None, :] < H)
+            acc = tl.zeros((BM, BH), tl.float32)
+            for kk in tl.static_range(TOP_K):
+                owner = tl.sum(tl.where(ks[None, :] == kk, owners, 0), 1)
+                w = tl.sum(tl.where(ks[None, :] == kk, weights, 0.0), 1)
+                v = tl.load(back + (owner * S + t * TOP_K + kk)[:, None] * H + h[None, :], mask=m, other=0.0)
+                acc += w[:, None] * v.to(tl.float32)
+            tl.store(y + _i64(t)[:, None] * H + h[None, :], acc.to(y.dtype.element_ty), mask=m)

@@ -63,6 +63,32 @@ LARGE_TILES = GpuTiles(128, 64, 128, 8, 4)
 # each expert's plan 61 us, walking 32768 slots 1024 at a time.
 LARGE_ROUTE_BLOCK, LARGE_PLAN_BLOCK = 64, 4096
 LARGE_ROWS_PER_EXPERT = knobs.read("ETDIST_MOE_LARGE_ROWS", knobs.positive_int, GpuTiles().block_m)
+# Where top_k >= FINE_FROM_TOP_K, the routing and the combine run in small blocks: both do top_k
+# steps per token (arg-max steps, expert rows summed), and in blocks of the size class the few
+# tasks there are ran long on few SMs. The small class sums 16 tokens x 128 columns a combine task,
+# at most 256 tasks; the large class routes 16 tokens a task (its logits keep 64) and sums 32 x
+# 512, at most 128 tasks. One H200, EP=1, dynamic, Zipf 1.5, alternated in one process (records
+# moe_route_ab): qwen3_30b_a3b (top-8) at 1 / 128 / 512 / 1024 / 2048 / 4096 tokens -6 / -6 / -1
+# / -6 / -2 / +1.5% (at 4096 the combine's 32-row steps hold fewer loads in flight than 128-row
+# ones: +1-2% in four runs); mixtral_8x7b (top-2), whose tasks are short already, lost 1-3% to
+# either (the routing blocks alone +2-3% at 512-4096 tokens), so it keeps its blocks.
+# Knob: ETDIST_MOE_FINE_BLOCKS=0 (A/B runs).
+FINE_FROM_TOP_K = 4
+FINE_BLOCKS = knobs.read("ETDIST_MOE_FINE_BLOCKS", knobs.flag, True)
+SMALL_FINE = dict(combine_block=16, combine_width=128, combine_tasks=256)
+LARGE_FINE = dict(topk_block=16, combine_block=32, combine_width=512, combine_tasks=128)
+
+
+def graph_blocks(top_k: int, large: bool = False) -> dict:
+    """moe_layer's router, plan and combine blocks for nn.MoE's size class (the defaults where
+    empty): the large class's router blocks, and small routing / combine blocks at top_k >=
+    FINE_FROM_TOP_K (FINE_BLOCKS)."""
+    blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK) if large else {}
+    if FINE_BLOCKS and top_k >= FINE_FROM_TOP_K:
+        blocks.update(LARGE_FINE if large else SMALL_FINE)
+    return blocks
+
+
 # Expert GEMM tiles walk groups of this many row tiles per weight block (moe_layer's group_m; 1: row
 # tile after row tile, as before the grouping, for A/B runs)
 GROUP_M = knobs.read("ETDIST_MOE_GROUP_M", knobs.positive_int, 8)
@@ -213,7 +239,7 @@ class MoE(nn.Module):
         tiles of the size class, the promised alignment of H and I, the early-push level)."""
         if target == "cuda":
             knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_MOE_LARGE_ROWS", "ETDIST_MOE_TAIL",
-                        "ETDIST_MOE_DOWN_N", "ETDIST_MOE_HALF_TAILS", "ETDIST_TMA")
+                        "ETDIST_MOE_DOWN_N", "ETDIST_MOE_HALF_TAILS", "ETDIST_MOE_FINE_BLOCKS", "ETDIST_TMA")
         tiles = (layer_tiles(self.intermediate, self.num_experts // self.world, large, self.router.dtype)
                  if target == "cuda" else None)
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
@@ -226,7 +252,7 @@ class MoE(nn.Module):
         dtype = self.router.dtype
         if target == "cpu":
             return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=TAIL)
-        blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK) if large else {}
+        blocks = graph_blocks(self.top_k, large)
         # one GPU: nothing to move or plan, routing places the slots (moe_layer's one_rank)
         return moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts,
                                    block=tiles.block, block_n=tiles.block_n, down_block_n=tiles.down_n,
@@ -241,7 +267,8 @@ class MoE(nn.Module):
             return kernel
         tiles, align, early = self._plan(target, large)
         key = (target, self.top_k, self.schedule, self.router.dtype, self.num_experts, tiles, align, GROUP_M,
-               PIN_ROUTER, TAIL, early, large and target == "cuda", self.world == 1 and target == "cuda")
+               PIN_ROUTER, TAIL, early, large and target == "cuda", self.world == 1 and target == "cuda",
+               FINE_BLOCKS)
         if key not in _KERNELS:
             _KERNELS[key] = fusion.compile(self._graph(target, tiles, align, large), schedule=self.schedule, target=target,
                                            early_push=early)

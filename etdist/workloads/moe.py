@@ -36,10 +36,18 @@ from etdist.kernels import moe_tiles
 from etdist.kernels.gemm_tiles import use_tma
 
 
+# The routing loads the router slices' logits this many fp32 values at a time at most (64 registers
+# a thread at 8 warps; 0: one slice at a time, as before, for A/B runs)
+ROUTE_SUM_ELEMENTS = 16384
+
+
 def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
               block: int = 16, block_n: int | None = None, align: int = 1, group_m: int = 8,
               pin_router: bool = True, tail: bool = True, route_block: int = 16, plan_block: int = 1024,
-              one_rank: bool = False, down_block_n: int | None = None, half_tails: bool = False) -> et.Graph:
+              one_rank: bool = False, down_block_n: int | None = None, half_tails: bool = False,
+              topk_block: int | None = None, combine_block: int | None = None,
+              combine_width: int | None = None, combine_tasks: int | None = None,
+              combine_step: int | None = None) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -55,14 +63,30 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     one_rank: a graph for world size 1 only (refused on more) that moves no rows and plans nothing
     (route places the slots in the experts' lists).
     down_block_n: columns per down tile (default block_n). half_tails: an expert's last row tile,
-    where it has at most block_m / 2 rows, runs a block_m / 2-row GEMM body (needs block_m >= 32)."""
+    where it has at most block_m / 2 rows, runs a block_m / 2-row GEMM body (needs block_m >= 32).
+    topk_block: tokens per routing (softmax top-k) task, at most route_block (default route_block).
+    combine_block, combine_width: tokens and hidden columns per combine task (default block_m and
+    8 * block): the combine is the launch's tail, so its tasks should cover the SMs.
+    combine_tasks: at most about this many combine tasks (None: one per block); past it each task
+    takes every G-th token block (G token-block strides fill it), so many tokens add no tasks.
+    combine_step: hidden columns per step of a combine task (default min(block, combine_width)):
+    each step loads its top_k rows of that many columns at once."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
-    widths = (("route_block", route_block), ("plan_block", plan_block)) + (
-        (("down_block_n", down_block_n),) if down_block_n is not None else ())
+    widths = (("route_block", route_block), ("plan_block", plan_block)) + tuple(
+        (name, v) for name, v in (("down_block_n", down_block_n), ("topk_block", topk_block),
+                                  ("combine_block", combine_block), ("combine_width", combine_width),
+                                  ("combine_step", combine_step))
+        if v is not None)
     for name, v in widths:
         if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1):
             raise et.GraphError(f"moe_layer: {name} must be a power of two >= 16 (a Triton block), got {v!r}")
+    if combine_tasks is not None and (isinstance(combine_tasks, bool) or not isinstance(combine_tasks, int)
+                                      or combine_tasks < 1):
+        raise et.GraphError(f"moe_layer: combine_tasks must be a positive int, got {combine_tasks!r}")
+    if topk_block is not None and topk_block > route_block:
+        raise et.GraphError(f"moe_layer: topk_block ({topk_block}) must not exceed route_block ({route_block}): "
+                            "a routing task waits on the one logits block that holds its tokens")
     if half_tails and block_m < 32:
         raise et.GraphError(f"moe_layer: half_tails needs block_m >= 32 (half a tile is a tl.dot of >= 16 rows), "
                             f"got block_m={block_m}")
@@ -125,8 +149,14 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # token. Thousands of tokens want larger blocks (qwen3_30b_a3b at 4096 tokens, traced: 2048
     # logits tasks of 16 tokens took the first 100 us of a 1358 us launch).
     BT = route_block
+    # Routing tasks take topk_block tokens each (default route_block): qwen3_30b_a3b at 1024 tokens,
+    # traced, its 16 routing tasks of 64 tokens took 19 us, a chain of slice loads and top-k steps
+    # on one SM each; blocks of 16 spread it over four times the SMs
+    BTK = topk_block or route_block
+    # slices summed SU at a time (independent loads in flight, not one load latency per slice)
+    SU = max(1, min(8, ROUTE_SUM_ELEMENTS // (BTK * BE)))
     scored = g.event("scored", (et.cdiv(T, BT),), count=slices)
-    routed = g.event("routed", (1,), count=et.cdiv(T, BT))
+    routed = g.event("routed", (1,), count=et.cdiv(T, BTK))
     if not one:
         dispatched = g.event("dispatched", (R,), count=R * slot_blocks * slabs, distributed=True)   # per source
         planned = g.event("planned", (1,), count=EL)
@@ -148,11 +178,11 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # One rank: route places each slot in its expert's list itself (moe_route_place), no dispatch
     # or plan follows (qwen3_30b_a3b at 4096 tokens, traced: dispatch's marking and the per-expert
     # plans, each walking all 32768 slots, held the expert tiles back 75 us)
-    @g.task(grid=(et.cdiv(T, BT),), wait=lambda i: scored[i], notify=lambda i: routed[0],
+    @g.task(grid=(et.cdiv(T, BTK),), wait=lambda i: scored[i // (BT // BTK)], notify=lambda i: routed[0],
             triton=moe_tiles.moe_route_place if one else moe_tiles.moe_route,
-            constexprs=dict(TOP_K=top_k, BT=BT, BE=BE, RH=RH), pinned=pin)
+            constexprs=dict(TOP_K=top_k, BT=BTK, BE=BE, RH=RH, SU=SU), pinned=pin)
     def route(t, i):
-        rows = et.block(i, BT, t.T)
+        rows = et.block(i, BTK, t.T)
         probs = torch.softmax(t.logits[:, rows, :t.E].sum(0), dim=-1)
         w, ids = probs.topk(top_k, dim=-1)
         t.topk_ids[rows] = ids
@@ -254,16 +284,26 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # loads spill (1.8 KB per thread at top-8, 64 rows), and the whole megakernel shares one allocation.
     # One rank: the outputs are read where the down tiles left them (no send_back; expert_out has
     # back's [owner = 0, slot] layout).
-    @g.task(grid=(et.cdiv(T, block_m), slabs), wait=lambda i, c: [tiled[0], done[0]] if one else returned[me],
+    # The combine is the tail (nothing overlaps it): its tasks should cover the SMs at every T.
+    # Task (i, c) sums token blocks i, i + G, ... (G = the grid's rows: one block each up to
+    # combine_tasks tasks, strides past it) over hidden slab c.
+    CB, CW, CT = combine_block or block_m, combine_width or WH, combine_tasks or 0
+    CS = min(combine_step or block, CW)
+    c_blocks, c_slabs = et.cdiv(T, CB), et.cdiv(H, CW)
+    c_rows = et.minimum(c_blocks, et.cdiv(CT, c_slabs)) if CT else c_blocks
+    @g.task(grid=(c_rows, c_slabs), wait=lambda i, c: [tiled[0], done[0]] if one else returned[me],
             triton=moe_tiles.moe_combine,
-            constexprs=dict(TOP_K=top_k, KP=1 << (top_k - 1).bit_length(), BM=block_m, BH=block, WH=WH),
+            constexprs=dict(TOP_K=top_k, KP=1 << (top_k - 1).bit_length(), BM=CB, BH=CS, WH=CW,
+                            CT=CT),
             bind={"back": "expert_out"} if one else {}, tail=tail)
     def combine(t, i, c):
-        rows, hs = et.block(i, block_m, t.T), et.block(c, WH, t.H)
-        owner = t.topk_ids[rows] // t.E_local                            # [rows, k]
-        slot = torch.arange(rows.start * top_k, rows.stop * top_k).view(-1, top_k)
-        out = (t.expert_out if one else t.back)[owner, slot][..., hs]    # [rows, k, slab]
-        t.y[rows, hs] = (t.topk_w[rows].unsqueeze(-1) * out).sum(1)
+        stride, hs = t(c_rows), et.block(c, CW, t.H)
+        for b in range(i, t(c_blocks), stride):
+            rows = et.block(b, CB, t.T)
+            owner = t.topk_ids[rows] // t.E_local                            # [rows, k]
+            slot = torch.arange(rows.start * top_k, rows.stop * top_k).view(-1, top_k)
+            out = (t.expert_out if one else t.back)[owner, slot][..., hs]    # [rows, k, slab]
+            t.y[rows, hs] = (t.topk_w[rows].unsqueeze(-1) * out).sum(1)
 
     if one:       # enough experts for top_k on the one rank (the ranks below provide them otherwise)
         g.sample(T=3, H=2 * align, I=2 * align, E=max(2, top_k), E_local=max(2, top_k), WORLD=1)

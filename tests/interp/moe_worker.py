@@ -42,12 +42,16 @@ def main(args):
                       schedule=schedule, target="cuda")
     mine, _, want = case(37, 40, 20, seed=5, skew=1.0)
     assert rel_err(wide(mesh, **mine)["y"], want) < 1e-4, ("block 32", schedule)
-    # the large class's router blocks (nn.MoE: 64 tokens per routing task, 4096 slots per plan
-    # step), smaller here: ragged token blocks, a plan over several steps
+    # the large class's router blocks (nn.MoE: 64 tokens per logits task, 16 per routing task,
+    # 4096 slots per plan step), smaller here: ragged token blocks, two routing tasks per logits
+    # block, a plan over several steps, two router slices (64 columns) summed in one unrolled step
+    # and the combine in its own blocks (16 tokens x 32 columns), ragged, its 3 x 3 blocks in 2 x 3
+    # tasks (combine_tasks 4: the first task row takes token blocks 0 and 2)
     big = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, route_block=32, plan_block=32, tail=tail,
-                                   one_rank=one),
+                                   one_rank=one, topk_block=16, combine_block=16, combine_width=32,
+                                   combine_tasks=4),
                      schedule=schedule, target="cuda")
-    mine, _, want = case(45, 24, 20, seed=7, skew=1.0)
+    mine, _, want = case(45, 72, 20, seed=7, skew=1.0)
     assert rel_err(big(mesh, **mine)["y"], want) < 1e-4, ("route/plan blocks", schedule)
     # an expert's last row tile in a half-height body where it has at most 16 of its 32 rows
     # (half_tails), down tiles wider than the gate/up ones: skewed, so experts end in tiles of 1-16
