@@ -40,6 +40,9 @@
 #          then static once (~5 min);
 #   moehalf the same for half-height last row tiles: off (ETDIST_MOE_HALF_TAILS=0, as before) against on
 #          (the large class's default with >= 32 experts a rank, one GPU only so far) (~5 min);
+#   moefine nn.MoE at 1/128/1024/4096 tokens, Zipf 1.5 (EP=2): top-k >= 4 routing and combine in the
+#          class's blocks (ETDIST_MOE_FINE_BLOCKS=0, as before) against small ones (the default since the
+#          eighteenth session, one GPU only so far), alternated twice, then static once (~6 min);
 #   rstail gemm_rs at M=1000/1024/8192 on the five shapes whose plan it changes, the tiles past the
 #          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1) against every tile in slices
 #          (the default), alternated twice (prefill: it rides along, ~4 min);
@@ -136,6 +139,9 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
     moehalf)
       echo "== nn.MoE dynamic, last row tiles full height (0, as before) against half height (1, the default), zipf 1.5"
       moe_ab moehalf ETDIST_MOE_HALF_TAILS "0 1" '[1024,4096]' ;;
+    moefine)
+      echo "== nn.MoE dynamic, routing / combine in the class's blocks (0, as before) against small ones (1, the default), zipf 1.5"
+      moe_ab moefine ETDIST_MOE_FINE_BLOCKS "0 1" '[1,128,1024,4096]' ;;
     rstail)
       echo "== gemm_rs above 128 rows: every tile in slices (tail 0, the default), then only the last wave's (tail 1)"
       MODELS_OVERRIDE=gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b WORKLOADS=gemm_rs \

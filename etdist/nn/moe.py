@@ -69,9 +69,10 @@ LARGE_ROWS_PER_EXPERT = knobs.read("ETDIST_MOE_LARGE_ROWS", knobs.positive_int, 
 # at most 256 tasks; the large class routes 16 tokens a task (its logits keep 64) and sums 32 x
 # 512, at most 128 tasks. One H200, EP=1, dynamic, Zipf 1.5, alternated in one process (records
 # moe_route_ab): qwen3_30b_a3b (top-8) at 1 / 128 / 512 / 1024 / 2048 / 4096 tokens -6 / -6 / -1
-# / -6 / -2 / +1.5% (at 4096 the combine's 32-row steps hold fewer loads in flight than 128-row
-# ones: +1-2% in four runs); mixtral_8x7b (top-2), whose tasks are short already, lost 1-3% to
-# either (the routing blocks alone +2-3% at 512-4096 tokens), so it keeps its blocks.
+# / -6 / -2 / +2% (at 4096 the combine's 32-row steps hold fewer loads in flight than 128-row
+# ones: +1-2% in four runs); mixtral_8x7b (top-2), whose tasks are short already, gained nothing
+# (the small combine +2-3% at 128 tokens, the 16-token routing +2-9% at 512-4096; cause not
+# found), so it keeps its blocks.
 # Knob: ETDIST_MOE_FINE_BLOCKS=0 (A/B runs).
 FINE_FROM_TOP_K = 4
 FINE_BLOCKS = knobs.read("ETDIST_MOE_FINE_BLOCKS", knobs.flag, True)
