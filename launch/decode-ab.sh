@@ -41,8 +41,9 @@
 #   moehalf the same for half-height last row tiles: off (ETDIST_MOE_HALF_TAILS=0, as before) against on
 #          (the large class's default with >= 32 experts a rank, one GPU only so far) (~5 min);
 #   moefine nn.MoE at 1/128/1024/4096 tokens, Zipf 1.5 (EP=2): top-k >= 4 routing and combine in the
-#          class's blocks (ETDIST_MOE_FINE_BLOCKS=0, as before) against small ones (the default since the
-#          eighteenth session, one GPU only so far), alternated twice, then static once (~6 min);
+#          class's blocks (ETDIST_MOE_FINE_BLOCKS=0, the blocks as before; the routing's slice sums stay
+#          unrolled) against small ones (the default since the eighteenth session, one GPU only so far),
+#          alternated twice, then static once (~6 min);
 #   rstail gemm_rs at M=1000/1024/8192 on the five shapes whose plan it changes, the tiles past the
 #          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1) against every tile in slices
 #          (the default), alternated twice (prefill: it rides along, ~4 min);

@@ -238,6 +238,8 @@ def test_early_push_by_tile_class(monkeypatch):
     assert moe._kernel("cuda", large=True).early == {"gate_up", "down"}
     long = et.nn.MoE(32, 4096, E, K, simulate_world=2, dtype=torch.bfloat16)
     assert long._kernel("cuda", large=True).early == {"gate_up"} and long._kernel("cuda").early == {"gate_up", "down"}
+    from etdist.nn.moe import early_push_for
+    assert early_push_for(True, 2048) == 2 and early_push_for(True, 2049) == 1 and early_push_for(False, 2049) == 2
     monkeypatch.setenv("ETDIST_EARLY_PUSH", "1")
     moe = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16)
     assert moe._kernel("cuda").early == {"gate_up"}

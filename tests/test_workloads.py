@@ -221,9 +221,13 @@ def test_moe_degenerate_sizes_are_refused_before_running(schedule):
     for name in ("topk_block", "combine_block", "combine_width"):
         with pytest.raises(et.GraphError, match=f"{name} must be a power of two >= 16 .*got 48"):
             moe.moe_layer(**{name: 48})
-    for bad in (0, 2.0, True):
-        with pytest.raises(et.GraphError, match=f"combine_tasks must be a positive int, got {bad!r}"):
+    for bad in (0, 2.0, True, 2 ** 31):
+        with pytest.raises(et.GraphError, match=rf"combine_tasks must be a positive int \(below 2\*\*31\), got {bad!r}"):
             moe.moe_layer(combine_tasks=bad)
+    with pytest.raises(et.GraphError, match="combine_step must be a power of two >= 16 .*got 48"):
+        moe.moe_layer(combine_step=48)
+    with pytest.raises(et.GraphError, match=r"combine_step \(64\) must not exceed combine_width \(32\)"):
+        moe.moe_layer(combine_width=32, combine_step=64)
     with pytest.raises(et.GraphError, match=r"topk_block \(64\) must not exceed route_block \(32\)"):
         moe.moe_layer(route_block=32, topk_block=64)
 
@@ -233,9 +237,9 @@ def test_moe_routing_and_combine_have_their_own_blocks(schedule):
     combine's own rows and columns per task (nn.MoE's combine covers the SMs): their grids, the
     count `routed` expects; T and H ragged against every block."""
     from etdist.fusion.expr import evaluate
-    for tasks, rows in ((None, 3), (4, 2), (1, 1)):   # combine_tasks: 4 -> 2 task rows (cdiv(4, 3 slabs))
+    for tasks, rows, width in ((None, 3, 16), (4, 2, 16), (1, 1, 32)):   # tasks 4 -> 2 rows (cdiv(4, 3 slabs))
         graph = moe.moe_layer(top_k=2, block_m=4, block=16, route_block=32, topk_block=16, combine_block=16,
-                              combine_width=16, combine_tasks=tasks)
+                              combine_width=width, combine_tasks=tasks, combine_step=16)
         kernel = et.compile(graph, schedule=schedule, programs=3)
         for T, H in ((45, 40), (7, 72)):
             inputs, (wg, w1, w2) = moe.make_inputs(2, T, H, 20, E=4, seed=T, skew=1.0)
@@ -245,8 +249,11 @@ def test_moe_routing_and_combine_have_their_own_blocks(schedule):
         sizes = dict(T=45, H=40)
         assert [evaluate(n, sizes) for n in grids["route"]] == [3]          # 45 tokens in blocks of 16
         assert [evaluate(n, sizes) for n in grids["logits"]] == [2, 1]      # blocks of 32, slices of 64
-        # 3 blocks of 16 tokens x 3 slabs of 16 columns; capped, a task row takes every rows-th block
-        assert [evaluate(n, sizes) for n in grids["combine"]] == [rows, 3], tasks
+        # 3 blocks of 16 tokens x 3 slabs of 16 columns (2 of 32); capped, a task row takes every
+        # rows-th block
+        assert [evaluate(n, sizes) for n in grids["combine"]] == [rows, -(-40 // width)], tasks
+        routed = next(e for e in graph.to_ir().events if e.name == "routed")
+        assert evaluate(routed.count, sizes) == 3                            # one notify per routing task
 
 
 def test_moe_down_tiles_have_their_own_width(schedule):

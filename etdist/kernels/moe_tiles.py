@@ -302,32 +302,39 @@ def moe_send_back(d, b, c, recv_expert, expert_out, back, back_peers, T, H, RANK
 
 
 @triton.jit
+def _combine_rows(b, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.constexpr, KP: tl.constexpr,
+                  BM: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr):
+    """Token block b (BM tokens), hidden slab c (WH columns, in steps of BH)."""
+    S = T * TOP_K
+    t = b * BM + tl.arange(0, BM)
+    ok = t < T
+    ks = tl.arange(0, KP)
+    # the routing read once, so each column step waits on one load (the rows), not two
+    kmask = ok[:, None] & (ks[None, :] < TOP_K)
+    owners = tl.load(topk_ids + t[:, None] * TOP_K + ks[None, :], mask=kmask, other=0) // E_local
+    weights = tl.load(topk_w + t[:, None] * TOP_K + ks[None, :], mask=kmask, other=0.0).to(tl.float32)
+    for h0 in range(c * WH, tl.minimum(H, (c + 1) * WH), BH):
+        h = h0 + tl.arange(0, BH)
+        m = ok[:, None] & (h[None, :] < H)
+        acc = tl.zeros((BM, BH), tl.float32)
+        for kk in tl.static_range(TOP_K):
+            owner = tl.sum(tl.where(ks[None, :] == kk, owners, 0), 1)
+            w = tl.sum(tl.where(ks[None, :] == kk, weights, 0.0), 1)
+            v = tl.load(back + (owner * S + t * TOP_K + kk)[:, None] * H + h[None, :], mask=m, other=0.0)
+            acc += w[:, None] * v.to(tl.float32)
+        tl.store(y + _i64(t)[:, None] * H + h[None, :], acc.to(y.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def moe_combine(i, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.constexpr, KP: tl.constexpr,
                 BM: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr, CT: tl.constexpr):
     """y[token, slab c] = sum over k of weight[token, k] * back[owner of its k-th expert, its slot]:
-    token blocks i, i + G, ... of BM tokens (G: the grid's rows, min(blocks, cdiv(CT, slabs)); every
-    block when CT is 0), hidden columns [c*WH, (c+1)*WH) (one rank: `back` is expert_out, the same
+    token blocks i, i + G, ... of BM tokens (G: the grid's rows, min(blocks, cdiv(CT, slabs)); block
+    i alone when CT is 0), hidden columns [c*WH, (c+1)*WH) (one rank: `back` is expert_out, the same
     [owner = 0, slot] layout)."""
-    S = T * TOP_K
-    blocks = tl.cdiv(T, BM)
-    stride = blocks
     if CT:
-        stride = tl.minimum(blocks, tl.cdiv(CT, tl.cdiv(H, WH)))
-    ks = tl.arange(0, KP)
-    for b in range(i, blocks, stride):
-        t = b * BM + tl.arange(0, BM)
-        ok = t < T
-        # the routing read once, so each column step waits on one load (the rows), not two
-        kmask = ok[:, None] & (ks[None, :] < TOP_K)
-        owners = tl.load(topk_ids + t[:, None] * TOP_K + ks[None, :], mask=kmask, other=0) // E_local
-        weights = tl.load(topk_w + t[:, None] * TOP_K + ks[None, :], mask=kmask, other=0.0).to(tl.float32)
-        for h0 in range(c * WH, tl.minimum(H, (c + 1) * WH), BH):
-            h = h0 + tl.arange(0, BH)
-            m = ok[:, None] & (h[None, :] < H)
-            acc = tl.zeros((BM, BH), tl.float32)
-            for kk in tl.static_range(TOP_K):
-                owner = tl.sum(tl.where(ks[None, :] == kk, owners, 0), 1)
-                w = tl.sum(tl.where(ks[None, :] == kk, weights, 0.0), 1)
-                v = tl.load(back + (owner * S + t * TOP_K + kk)[:, None] * H + h[None, :], mask=m, other=0.0)
-                acc += w[:, None] * v.to(tl.float32)
-            tl.store(y + _i64(t)[:, None] * H + h[None, :], acc.to(y.dtype.element_ty), mask=m)
+        blocks = tl.cdiv(T, BM)
+        for b in range(i, blocks, tl.minimum(blocks, tl.cdiv(CT, tl.cdiv(H, WH)))):
+            _combine_rows(b, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K, KP, BM, BH, WH)
+    else:
+        _combine_rows(i, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K, KP, BM, BH, WH)

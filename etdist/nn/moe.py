@@ -72,8 +72,8 @@ LARGE_ROWS_PER_EXPERT = knobs.read("ETDIST_MOE_LARGE_ROWS", knobs.positive_int, 
 # / -6 / -2 / +2% (at 4096 the combine's 32-row steps hold fewer loads in flight than 128-row
 # ones: +1-2% in four runs); mixtral_8x7b (top-2), whose tasks are short already, gained nothing
 # (the small combine +2-3% at 128 tokens, the 16-token routing +2-9% at 512-4096; cause not
-# found), so it keeps its blocks.
-# Knob: ETDIST_MOE_FINE_BLOCKS=0 (A/B runs).
+# found), so it keeps its blocks (its routing's slice sums are unrolled as everyone's: measured in
+# its grid only). Knob: ETDIST_MOE_FINE_BLOCKS=0 (A/B runs: the blocks only).
 FINE_FROM_TOP_K = 4
 FINE_BLOCKS = knobs.read("ETDIST_MOE_FINE_BLOCKS", knobs.flag, True)
 SMALL_FINE = dict(combine_block=16, combine_width=128, combine_tasks=256)

@@ -3,14 +3,15 @@
 Every rank holds T tokens x [T, H], the router wg [H, E] and its E_local = E / R experts (SwiGLU:
 w_gate_up [E_local, H, 2I], w_down [E_local, I, H]). Per rank, every task one block of work:
 
-    route      tokens block i: softmax(x @ wg) -> top-k experts and renormalised weights
+    logits     tokens block i x hidden slice k: x @ wg, summed over the slices by route
+    route      tokens block i (topk_block): softmax(logits) -> top-k experts and renormalised weights
     dispatch   slot block b of my (token, k) slots -> the rank owning each slot's expert (peer stores)
     plan       per local expert e: which received slots it serves -> counts[e], slots[e]
     tile_table row tiles of BM slots, expert after expert: tile_end[e], ntiles   (the routing decides)
     gate_up    row tile j x column block n of I: act = silu(x @ w_gate) * (x @ w_up)
     down       row tile j x column block h of H: expert_out = act @ w_down      (only j < ntiles)
     send_back  slot block b of rank me + d's slots that my experts served -> back to it
-    combine    tokens block i: y[t] = sum_k weight[t, k] * out[t, k]
+    combine    tokens blocks i, i + G, ... x hidden slab c: y[t] = sum_k weight[t, k] * out[t, k]
 
 Built for one rank (one_rank=True) nothing moves and nothing is planned: route places each slot in
 its expert's list itself (slots[e, fill[e]++], an atomic per slot on GPUs; tile_table takes the
@@ -67,10 +68,11 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     topk_block: tokens per routing (softmax top-k) task, at most route_block (default route_block).
     combine_block, combine_width: tokens and hidden columns per combine task (default block_m and
     8 * block): the combine is the launch's tail, so its tasks should cover the SMs.
-    combine_tasks: at most about this many combine tasks (None: one per block); past it each task
-    takes every G-th token block (G token-block strides fill it), so many tokens add no tasks.
-    combine_step: hidden columns per step of a combine task (default min(block, combine_width)):
-    each step loads its top_k rows of that many columns at once."""
+    combine_tasks: the combine grid has min(token blocks, cdiv(combine_tasks, slabs)) rows (None:
+    one per token block), a task taking every rows-th token block: about combine_tasks tasks, never
+    fewer than the slabs, however many tokens.
+    combine_step: hidden columns per step of a combine task, at most combine_width (default
+    min(block, combine_width)): each step loads its top_k rows of that many columns at once."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
     widths = (("route_block", route_block), ("plan_block", plan_block)) + tuple(
@@ -82,8 +84,11 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1):
             raise et.GraphError(f"moe_layer: {name} must be a power of two >= 16 (a Triton block), got {v!r}")
     if combine_tasks is not None and (isinstance(combine_tasks, bool) or not isinstance(combine_tasks, int)
-                                      or combine_tasks < 1):
-        raise et.GraphError(f"moe_layer: combine_tasks must be a positive int, got {combine_tasks!r}")
+                                      or not 1 <= combine_tasks < 2 ** 31):
+        raise et.GraphError(f"moe_layer: combine_tasks must be a positive int (below 2**31), got {combine_tasks!r}")
+    if combine_step is not None and combine_step > (combine_width or 8 * block):
+        raise et.GraphError(f"moe_layer: combine_step ({combine_step}) must not exceed combine_width "
+                            f"({combine_width or 8 * block}): a step is a part of a task's slab")
     if topk_block is not None and topk_block > route_block:
         raise et.GraphError(f"moe_layer: topk_block ({topk_block}) must not exceed route_block ({route_block}): "
                             "a routing task waits on the one logits block that holds its tokens")
@@ -153,7 +158,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # traced, its 16 routing tasks of 64 tokens took 19 us, a chain of slice loads and top-k steps
     # on one SM each; blocks of 16 spread it over four times the SMs
     BTK = topk_block or route_block
-    # slices summed SU at a time (independent loads in flight, not one load latency per slice)
+    # slices summed SU at a time (independent loads in flight, not one load latency per slice); the
+    # register budget assumes nn.MoE's 8 warps (at 4 a thread holds twice as many values)
     SU = max(1, min(8, ROUTE_SUM_ELEMENTS // (BTK * BE)))
     scored = g.event("scored", (et.cdiv(T, BT),), count=slices)
     routed = g.event("routed", (1,), count=et.cdiv(T, BTK))
