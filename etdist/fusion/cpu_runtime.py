@@ -251,6 +251,7 @@ class CpuKernel:
         # the dynamic schedule's early-pushed task functions (ir.early_pushed)
         self.early = early_at(self.ir, early_push) if schedule == "dynamic" else frozenset()
         self._counters: dict = {}
+        self._zeroed = [s.name for s in self.ir.tensors if s.zeroed]   # checked zero after each launch
         self.last_stats: Optional[LaunchStats] = None
         self.trace_default = False   # compile(..., trace=True) sets it
 
@@ -282,10 +283,10 @@ class CpuKernel:
         except Exception:
             launch.discard()  # the next launch starts from the counters as they were before this one
             raise
-        for s in self.ir.tensors:   # a zeroed scratch's promise: its tasks left it zero
-            bad = [r for r in range(launch.world) if s.zeroed and tensors[r][s.name].any()]
+        for name in self._zeroed:   # a zeroed scratch's promise: its tasks left it zero
+            bad = [r for r in range(launch.world) if tensors[r][name].any()]
             if bad:
-                raise GraphError(f"graph {self.ir.name!r}: scratch {s.name!r} is declared zeroed but is not zero "
+                raise GraphError(f"graph {self.ir.name!r}: scratch {name!r} is declared zeroed but is not zero "
                                  f"after the launch on rank {bad[0]}: a task must leave it zero")
         launch.stats.wall_s = time.perf_counter() - t0
         self.last_stats = launch.stats

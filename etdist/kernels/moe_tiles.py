@@ -326,15 +326,14 @@ def _combine_rows(b, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.cons
 
 
 @triton.jit
-def moe_combine(i, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.constexpr, KP: tl.constexpr,
-                BM: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr, CT: tl.constexpr):
+def moe_combine(i, c, G, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.constexpr, KP: tl.constexpr,
+                BM: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr, STRIDED: tl.constexpr):
     """y[token, slab c] = sum over k of weight[token, k] * back[owner of its k-th expert, its slot]:
-    token blocks i, i + G, ... of BM tokens (G: the grid's rows, min(blocks, cdiv(CT, slabs)); block
-    i alone when CT is 0), hidden columns [c*WH, (c+1)*WH) (one rank: `back` is expert_out, the same
-    [owner = 0, slot] layout)."""
-    if CT:
-        blocks = tl.cdiv(T, BM)
-        for b in range(i, blocks, tl.minimum(blocks, tl.cdiv(CT, tl.cdiv(H, WH)))):
+    token block i of BM tokens (STRIDED: blocks i, i + G, ..., G the grid's rows, which the graph
+    binds), hidden columns [c*WH, (c+1)*WH) (one rank: `back` is expert_out, the same [owner = 0,
+    slot] layout)."""
+    if STRIDED:
+        for b in range(i, tl.cdiv(T, BM), G):
             _combine_rows(b, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K, KP, BM, BH, WH)
     else:
         _combine_rows(i, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K, KP, BM, BH, WH)

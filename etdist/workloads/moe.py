@@ -195,7 +195,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         t.topk_w[rows] = (w / w.sum(-1, keepdim=True)).to(t.topk_w.dtype)
         if one:                                          # slots[e, fill[e]++] = slot
             slot = torch.arange(rows.start * top_k, rows.stop * top_k)
-            for e, mine in ((int(e), slot[ids.flatten() == e]) for e in ids.unique()):
+            for e in ids.unique().tolist():
+                mine = slot[ids.flatten() == e]
                 at = int(t.fill[e])
                 t.slots[e, at:at + mine.numel()] = mine
                 t.fill[e] = at + mine.numel()
@@ -300,8 +301,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     @g.task(grid=(c_rows, c_slabs), wait=lambda i, c: [tiled[0], done[0]] if one else returned[me],
             triton=moe_tiles.moe_combine,
             constexprs=dict(TOP_K=top_k, KP=1 << (top_k - 1).bit_length(), BM=CB, BH=CS, WH=CW,
-                            CT=CT),
-            bind={"back": "expert_out"} if one else {}, tail=tail)
+                            STRIDED=bool(CT)),
+            bind=dict(G=c_rows, **({"back": "expert_out"} if one else {})), tail=tail)
     def combine(t, i, c):
         stride, hs = t(c_rows), et.block(c, CW, t.H)
         for b in range(i, t(c_blocks), stride):
