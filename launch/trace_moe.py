@@ -42,7 +42,10 @@ for sched in ("static", "dynamic"):
     for _ in range(3):
         kernel(mesh, **args)
     rows = kernel.trace(mesh)
+    binary = mesh.cache[kernel._key].compiled    # the traced kernel's registers, spills, shared memory
     if mesh.rank == 0:
+        print(f"   traced binary: {binary.n_regs} registers, {binary.n_spills} bytes spilled, "
+              f"{binary.metadata.shared} B shared", flush=True)
         tr.write_chrome(rows, f"{out}/moe_{sched}_{T}.json", track="SM")
         print(f"== {sched} T={T} tiles {tuple(tiles)}: untraced layer {plain:.0f} us", flush=True)
         print(tr.summary(rows, 0), flush=True)

@@ -47,13 +47,17 @@ def moe_logits(i, k, x, wg, logits, T, H, E, BT: tl.constexpr, BE: tl.constexpr,
 
 
 @triton.jit
-def _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr,
-           BE: tl.constexpr, RH: tl.constexpr, SU: tl.constexpr, PLACE: tl.constexpr):
+def _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl.constexpr, KP: tl.constexpr,
+           BT: tl.constexpr, BE: tl.constexpr, RH: tl.constexpr, SU: tl.constexpr, PLACE: tl.constexpr):
     """Tokens [i*BT, (i+1)*BT): softmax(sum of the slices' logits) -> top-k experts and their
     weights, renormalised. The slices are loaded SU at a time and summed in order (the same sum
     as one at a time). PLACE (one rank): each (token, k) slot also takes the next place in its
     expert's list, slots[e, fill[e]++] (an atomic per slot: lists in no set order, rows whose
-    results do not depend on their neighbours)."""
+    results do not depend on their neighbours).
+    The k picks are kept in registers ([BT, KP], KP = TOP_K rounded up to a power of two) and
+    stored once: a pick is one reduction (value and index together), the weights are renormalised
+    before their one store, and all slots take their places in one vector atomic (a chain of
+    TOP_K atomics, each waiting for the one before, was most of a routing task at one token)."""
     cols = tl.arange(0, BE)
     rows = i * BT + tl.arange(0, BT)
     acc = tl.zeros((BT, BE), tl.float32)
@@ -66,39 +70,38 @@ def _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl.constexp
     p = tl.exp(acc - tl.max(acc, 1)[:, None])
     p = p / tl.sum(p, 1)[:, None]
     p = tl.where(cols[None, :] < E, p, -1.0)
-    total = tl.zeros((BT,), tl.float32)
-    for kk in tl.static_range(TOP_K):         # top-k by repeated arg-max
-        val = tl.max(p, 1)
-        best = tl.argmax(p, 1)
-        tl.store(topk_ids + rows * TOP_K + kk, best.to(tl.int64), mask=rows < T)
-        tl.store(topk_w + rows * TOP_K + kk, val.to(topk_w.dtype.element_ty), mask=rows < T)
-        if PLACE:
-            e = best.to(tl.int64)
-            at = tl.atomic_add(fill + e, 1, mask=rows < T, sem="relaxed")
-            tl.store(slots + e * T + at, _i64(rows) * TOP_K + kk, mask=rows < T)
-        total += val
+    ks = tl.arange(0, KP)
+    ids = tl.zeros((BT, KP), tl.int64)
+    ws = tl.zeros((BT, KP), tl.float32)
+    for kk in tl.static_range(TOP_K):         # top-k by repeated arg-max (the lowest index of ties)
+        val, best = tl.max(p, 1, return_indices=True)
+        ids = tl.where(ks[None, :] == kk, best.to(tl.int64)[:, None], ids)
+        ws = tl.where(ks[None, :] == kk, val[:, None], ws)
         p = tl.where(cols[None, :] == best[:, None], -1.0, p)
-    tl.debug_barrier()                         # the weights are read back by other threads
-    for kk in tl.static_range(TOP_K):
-        w = tl.load(topk_w + rows * TOP_K + kk, mask=rows < T, other=0.0).to(tl.float32)
-        tl.store(topk_w + rows * TOP_K + kk, (w / total).to(topk_w.dtype.element_ty), mask=rows < T)
+    ok = (rows[:, None] < T) & (ks[None, :] < TOP_K)
+    at_k = rows[:, None] * TOP_K + ks[None, :]
+    tl.store(topk_ids + at_k, ids, mask=ok)
+    tl.store(topk_w + at_k, (ws / tl.sum(ws, 1)[:, None]).to(topk_w.dtype.element_ty), mask=ok)
+    if PLACE:
+        at = tl.atomic_add(fill + ids, 1, mask=ok, sem="relaxed")
+        tl.store(slots + ids * T + at, _i64(at_k), mask=ok)
 
 
 @triton.jit
-def moe_route(i, logits, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr,
-              RH: tl.constexpr, SU: tl.constexpr):
+def moe_route(i, logits, topk_ids, topk_w, T, H, E, TOP_K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
+              BE: tl.constexpr, RH: tl.constexpr, SU: tl.constexpr):
     """Tokens [i*BT, (i+1)*BT): softmax(sum of the slices' logits) -> top-k experts and their
     weights, renormalised."""
-    _route(i, logits, topk_ids, topk_w, topk_ids, topk_ids, T, H, E, TOP_K, BT, BE, RH, SU, False)   # no fill, slots
+    _route(i, logits, topk_ids, topk_w, topk_ids, topk_ids, T, H, E, TOP_K, KP, BT, BE, RH, SU, False)   # no fill, slots
 
 
 @triton.jit
-def moe_route_place(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl.constexpr, BT: tl.constexpr,
-                    BE: tl.constexpr, RH: tl.constexpr, SU: tl.constexpr):
+def moe_route_place(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl.constexpr, KP: tl.constexpr,
+                    BT: tl.constexpr, BE: tl.constexpr, RH: tl.constexpr, SU: tl.constexpr):
     """moe_route on one rank, where every expert is local: each slot also goes straight into its
     expert's list (slots[e, fill[e]++]), no dispatch or plan after it; moe_tile_table_take takes
     the counts and leaves fill zero for the next launch."""
-    _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K, BT, BE, RH, SU, True)
+    _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K, KP, BT, BE, RH, SU, True)
 
 
 @triton.jit

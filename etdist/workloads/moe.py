@@ -112,6 +112,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     BE = max(16, 1 << (max_experts - 1).bit_length())
     g.check(E <= BE, f"the GPU router holds at most {BE} experts (moe_layer(max_experts=...))")
     BS = block                                         # slots per dispatch / send_back block
+    KP = 1 << (top_k - 1).bit_length()                 # top_k as a Triton block (a power of two)
     # Copies and sums walk hidden columns in short steps (one load latency each: at one token a
     # single task over all of H was a chain of 16-32 of them, 20-130 us), so every task takes
     # only a slab of WH columns and the slabs run side by side; likewise the router's logits are
@@ -186,7 +187,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # plans, each walking all 32768 slots, held the expert tiles back 75 us)
     @g.task(grid=(et.cdiv(T, BTK),), wait=lambda i: scored[i // (BT // BTK)], notify=lambda i: routed[0],
             triton=moe_tiles.moe_route_place if one else moe_tiles.moe_route,
-            constexprs=dict(TOP_K=top_k, BT=BTK, BE=BE, RH=RH, SU=SU), pinned=pin)
+            constexprs=dict(TOP_K=top_k, KP=KP, BT=BTK, BE=BE, RH=RH, SU=SU), pinned=pin)
     def route(t, i):
         rows = et.block(i, BTK, t.T)
         probs = torch.softmax(t.logits[:, rows, :t.E].sum(0), dim=-1)
@@ -300,7 +301,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     c_rows = et.minimum(c_blocks, et.cdiv(CT, c_slabs)) if CT else c_blocks
     @g.task(grid=(c_rows, c_slabs), wait=lambda i, c: [tiled[0], done[0]] if one else returned[me],
             triton=moe_tiles.moe_combine,
-            constexprs=dict(TOP_K=top_k, KP=1 << (top_k - 1).bit_length(), BM=CB, BH=CS, WH=CW,
+            constexprs=dict(TOP_K=top_k, KP=KP, BM=CB, BH=CS, WH=CW,
                             STRIDED=bool(CT)),
             bind=dict(G=c_rows, **({"back": "expert_out"} if one else {})), tail=tail)
     def combine(t, i, c):

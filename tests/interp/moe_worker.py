@@ -24,10 +24,10 @@ def main(args):
     mesh = et.init_mesh(backend="cpu")
     R, r = mesh.world_size, mesh.rank
 
-    def case(T, H, I, seed, skew=0.0):
+    def case(T, H, I, seed, skew=0.0, top_k=2):
         """This rank's inputs, the full weights and this rank's rows of the float64 reference."""
         ranks, weights = moe.make_inputs(R, T, H=H, I=I, E=4 * R, seed=seed, skew=skew)
-        return ranks[r], weights, moe.reference([i["x"] for i in ranks], *weights, top_k=2)[r]
+        return ranks[r], weights, moe.reference([i["x"] for i in ranks], *weights, top_k=top_k)[r]
 
     one = R == 1   # one rank: the graph nn.MoE builds there, whose bodies move no rows (one_rank)
     kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, tail=tail, one_rank=one), schedule=schedule,
@@ -70,6 +70,11 @@ def main(args):
                          schedule=schedule, target="cuda")
     mine, _, want = case(7, 32, 16, seed=4, skew=2.0)
     assert rel_err(aligned(mesh, **mine)["y"], want) < 1e-4, ("aligned", schedule)
+    # top-3: the routing keeps its picks in a block of 4 (a padded lane that must store nothing)
+    three = et.compile(moe.moe_layer(top_k=3, block_m=16, max_experts=16, tail=tail, one_rank=one),
+                       schedule=schedule, target="cuda")
+    mine, _, want = case(13, 24, 20, seed=11, skew=1.0, top_k=3)
+    assert rel_err(three(mesh, **mine)["y"], want) < 1e-4, ("top-3", schedule)
     if one:
         # `fill` (route's per-expert places) is zeroed by the runtime when its memory is (re)laid
         # out, and left zero by each launch: garbage there before a new shape must not matter
