@@ -201,7 +201,7 @@ def test_dynamic_schedule_pops_a_ready_queue_and_releases_consumers():
     assert chained.count("_et_release(") == 0 and chained.count("_et_notify(") == 1
     src = generate(ir, dynamic=True)
     assert src == generate(ir, dynamic=True, early=frozenset())
-    assert "while _et_more != 0:" in src and "_et_next(rq, rq_q, _et_limit" in src
+    assert "while _et_more != 0:" in src and "_et_take(rq, _et_claimed, rq_q, _et_limit" in src
     assert "for _et_gid in range(" not in src                        # no static formula
     assert src.count("_et_release(") == 1 and "_et_notify(" not in src
     assert "ev_epoch * (WORLD)" in src                                # arrived's count, for the release
@@ -214,6 +214,24 @@ def test_dynamic_schedule_pops_a_ready_queue_and_releases_consumers():
     assert "atom.global.sys.acq_rel.add.u32" in ptx                           # notify that sees completion
     assert "atom.global.sys.release.exch.b64" in ptx                          # a slot published (push)
     assert "ld.global.sys.acquire.b64" in ptx                                 # a claimed slot polled
+
+
+def test_dynamic_tasks_claim_their_next_index_between_body_and_notifies(monkeypatch):
+    """ETDIST_CLAIM_AHEAD (default 1): each queued task claims the next index after its body, before
+    its notifies (one claim per task either way: tasks that do not run claim after the dispatch);
+    0: no claim inside the tasks."""
+    ir = gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
+    src = generate(ir, dynamic=True)
+    loop = src[src.index("while _et_more != 0:"):]
+    body = loop.index("_et_body_matmul(")
+    assert body < loop.index("_et_claimed = _et_claim(rq)") < loop.index("_et_release(") < loop.index("_et_body_reduce(")
+    assert loop.count("_et_claimed = _et_claim(rq)") == len(ir.tasks) + 1   # and one after the dispatch
+    monkeypatch.setenv("ETDIST_CLAIM_AHEAD", "0")
+    off = generate(ir, dynamic=True)
+    assert off.count("_et_claimed = _et_claim(rq)") == 2                  # before the loop, after the dispatch
+    monkeypatch.setenv("ETDIST_CLAIM_AHEAD", "2")
+    with pytest.raises(et.KnobError, match="ETDIST_CLAIM_AHEAD"):
+        generate(ir, dynamic=True)
 
 
 def test_dynamic_on_gpus_refuses_counts_that_depend_on_rank():

@@ -65,11 +65,13 @@ def test_ranks_that_disagree_on_early_push_or_the_tail_refuse_before_launching()
 
 def test_ready_queue_stamps_wrap_and_seeded_claims():
     """Queue indices past 2**31 and 2**32 (a long-lived mesh): claims still find their entries. A
-    launch's seeded tasks come first, read from the table, then its pushes, in a later epoch."""
+    launch's seeded tasks come first, read from the table (or, consecutive ids, from their first:
+    the table then is not read), then its pushes, in a later epoch."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     p = subprocess.run([sys.executable, str(INTERP / "ready_queue_worker.py")], capture_output=True, text=True,
                        timeout=300, env=env)
-    assert p.returncode == 0 and p.stdout.count("OK ready queue") == 2 and p.stdout.count("OK seeded") == 2, \
+    assert p.returncode == 0 and p.stdout.count("OK ready queue") == 2 and p.stdout.count("OK seeded") == 4 \
+        and p.stdout.count("from a base") == 2, \
         (p.stdout + p.stderr)[-3000:]
 
 

@@ -112,7 +112,7 @@ def test_moe_router_chain_is_pinned_and_walked_before_the_queue(tail, chains):
     last = src.index("for _et_gid in range(_et_end6 + _et_pid, _et_end8, NUM_PROGRAMS):") if tail else \
         src.index("_et_last = _et_finish(")
     assert walk < pop < last and "_et_push" not in src   # the seeded tasks are read, not pushed
-    assert "_et_next(rq, rq_q, _et_limit, rq_init, rq_ninit, rq_total, ev_epoch," in src
+    assert "_et_take(rq, _et_claimed, rq_q, _et_limit, rq_init, rq_ninit, rq_seed_base, rq_total," in src
     pinned, queued, after = src[walk:pop], src[pop:last], src[last:]
     sections = {"logits": pinned, "route": pinned, "dispatch": pinned, "plan": pinned, "tile_table": pinned,
                 "gate_up": queued, "down": queued, "send_back": after if tail else queued,

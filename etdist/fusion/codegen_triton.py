@@ -26,6 +26,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Optional
 
+from .. import knobs
 from .errors import GraphError
 from .expr import Expr, as_expr, var
 from .ir import GraphIR, TaskSpec, early_pushed, pinned_prefix, tail_start
@@ -92,7 +93,7 @@ OWN_PARAMS = ["arena", "arena_peers", "max_spins", "error_host"]
 MODULE_NAMES = {"epoch", "ev_epoch", "NUM_PROGRAMS", "USE_ASM", "tl", "triton", "megakernel"}
 # the dynamic schedule's ready queue (etdist.kernels.ready_queue): buffer, peers, then offsets
 QUEUE_PARAMS = ["rq", "rq_peers", "rq_q", "rq_pending", "rq_rowptr", "rq_cols", "rq_init",
-                "rq_ninit", "rq_total"]
+                "rq_ninit", "rq_seed_base", "rq_total"]
 
 
 def kernel_params(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> list[str]:
@@ -135,6 +136,14 @@ def _linear(dims: list[str], coord: list[str]) -> str:
     return text
 
 
+def claim_ahead() -> bool:
+    """ETDIST_CLAIM_AHEAD (read when a kernel is generated; default 1): a program of the dynamic
+    schedule claims its next queue index after its task's body, before the notifies, whose
+    release fence then waits for the claim and the body's stores together; 0: after the task,
+    the claim and the read of its entry back to back (A/B runs)."""
+    return knobs.now("ETDIST_CLAIM_AHEAD", knobs.flag, True)
+
+
 def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Optional[frozenset] = None) -> str:
     """Source text of a module defining `megakernel` for this graph. trace=True adds a `trace_buf`
     argument (int64, TRACE_WORDS per task, indexed by the task's global id) and the timer reads that
@@ -143,7 +152,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     tasks from the rank's queue, then walk the tail by the static formula (TaskSpec.tail); notifies
     that complete an element some released task waits on push its consumers (ready_queue.py).
     early: the task functions queued at launch instead (default: ir.early_pushed, as
-    ETDIST_EARLY_PUSH=1; the kernel's host tables must agree)."""
+    ETDIST_EARLY_PUSH=1; the kernel's host tables must agree). The next queue index is claimed
+    ahead (claim_ahead)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
     taken = sorted({*OWN_PARAMS, "trace_buf", *QUEUE_PARAMS, *MODULE_NAMES} & {*(t.name for t in ir.tensors), *ir.sizes})
     if taken:
@@ -176,8 +186,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     if trace:
         out("from etdist.kernels.sync import trace_clock as _et_clock")
     if dynamic:
-        out("from etdist.kernels.ready_queue import next_task as _et_next, notify_release as _et_release, "
-            "rewind_head as _et_rewind")
+        out("from etdist.kernels.ready_queue import claim as _et_claim, take as _et_take, "
+            "notify_release as _et_release, rewind_head as _et_rewind")
     out("")
     for t in ir.tasks:
         out(f"# _et_body_{t.name} is bound to {t.triton_body.__module__}.{t.triton_body.__name__}")
@@ -226,17 +236,24 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
             # then pop until every queued task ran
             out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
             if pinned < tail:
+                ahead = claim_ahead()
+                out("_et_claimed = _et_claim(rq)")   # this program's next queue index (-1: none claimed yet)
                 out("_et_more = 1")
                 out("while _et_more != 0:")
                 with out.indent():
-                    out(f"_et_gid = _et_next(rq, rq_q, _et_limit, rq_init, rq_ninit, rq_total, ev_epoch, max_spins, "
-                        f"arena, arena_peers, RANK, WORLD, {event_code(len(ir.events), 1)}, epoch)")
+                    out(f"_et_gid = _et_take(rq, _et_claimed, rq_q, _et_limit, rq_init, rq_ninit, rq_seed_base, "
+                        f"rq_total, ev_epoch, max_spins, arena, arena_peers, RANK, WORLD, "
+                        f"{event_code(len(ir.events), 1)}, epoch)")
+                    out("_et_claimed = _et_claimed * 0 - 1")
                     out("if _et_gid < 0:")
                     with out.indent():
                         out("_et_more = 0")
                     out("else:")
                     with out.indent():
-                        _emit_dispatch(out, ir, tx, trace, released, range(pinned, tail))
+                        _emit_dispatch(out, ir, tx, trace, released, range(pinned, tail), ahead)
+                        out("if _et_claimed < 0:")   # not claimed ahead (or the task did not run)
+                        with out.indent():
+                            out("_et_claimed = _et_claim(rq)")
             if tail < n:   # the tail: every queued index is claimed, by a program that will run its task
                 out(f"for _et_gid in range({ends[tail - 1] + ' + ' if tail else ''}_et_pid, {ends[n - 1]}, NUM_PROGRAMS):")
                 with out.indent():
@@ -285,20 +302,23 @@ def _target(e, count: str) -> str:
     return count if e.count.is_data_dependent else f"ev_epoch * ({count})"
 
 
-def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, released: frozenset, functions: range) -> None:
+def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, released: frozenset, functions: range,
+                   claim: bool = False) -> None:
     """The branch on the global task id `_et_gid`: one arm per device function in `functions` (the
-    ids reaching it lie in their range)."""
+    ids reaching it lie in their range). claim: each task claims the next queue index ahead."""
     for k in functions:
         kw = "if" if k == functions[0] else "elif" if k < functions[-1] else "else"
         out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
         with out.indent():
-            _emit_task(out, ir, k, ir.tasks[k], tx, trace, released)
+            _emit_task(out, ir, k, ir.tasks[k], tx, trace, released, claim)
 
 
 def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = False,
-               released: frozenset = frozenset()) -> None:
+               released: frozenset = frozenset(), claim: bool = False) -> None:
     """One task's waits, body and notifies. released: the events whose completing notify walks
-    their consumers into the ready queue (dynamic schedule); the rest are plain notifies."""
+    their consumers into the ready queue (dynamic schedule); the rest are plain notifies. claim:
+    the next queue index is claimed between the body and the notifies (into `_et_claimed`; it holds
+    no task back from other programs while this one waits: notifies never wait)."""
     if trace:
         out("_et_t0, _et_sm = _et_clock(_et_gid)")
     out(f"_et_t = _et_gid - _et_end{k - 1}" if k else "_et_t = _et_gid")
@@ -328,6 +348,8 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
     out(f"if {cond}:")
     with out.indent():
         out(f"_et_body_{t.name}({', '.join(_bind_body_args(ir, t, tx))})")
+        if claim:
+            out("_et_claimed = _et_claim(rq)")
         for acc in t.notifies:
             i, e = events[acc.event]
             dims = [f"_et_ev_{e.name}_d{d}" for d in range(len(e.shape))]

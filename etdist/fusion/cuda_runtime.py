@@ -492,7 +492,9 @@ class CudaKernel:
             st.rq = mesh.empty((n,), torch.int64)
             st.rq_peers = mesh.peer_ptrs(st.rq)
         st.rq[:n].copy_(host)
-        fixed.update(lay, rq=st.rq, rq_peers=st.rq_peers, rq_ninit=len(seeded), rq_total=queued)
+        # seeded ids that run consecutively are computed from the first, not read after each claim
+        base = seeded[0] if seeded and seeded == list(range(seeded[0], seeded[0] + len(seeded))) else -1
+        fixed.update(lay, rq=st.rq, rq_peers=st.rq_peers, rq_ninit=len(seeded), rq_seed_base=base, rq_total=queued)
 
     def _error_host(self, st: _MeshState) -> torch.Tensor:
         """Where the kernel leaves its error word: the pinned word on GPUs; under the interpreter

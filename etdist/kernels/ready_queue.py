@@ -9,7 +9,7 @@ A launch's queue starts with its seeded tasks: those that wait on nothing, then 
 ones (ir.early_pushed: they wait only on pinned tasks' events, or with its chains also on seeded
 tasks ahead of them, and spin when popped). Their ids sit
 in a table the host writes once per shape, and a claim of one of the launch's first NINIT indices
-reads it directly (next_task): seeding costs no atomics and keeps id order (pushed one by one at
+reads it directly (take; or computes it, where the seeded ids are consecutive): seeding costs no atomics and keeps id order (pushed one by one at
 the start, each program paid a chain of sys-scope atomics before its first task).
 
 A finished task that brings an event element to its count walks that element's consumers
@@ -65,25 +65,35 @@ def push_block(q, tasks, QSIZE, ready):
 
 
 @triton.jit
-def next_task(q, QSIZE, limit, INIT, NINIT, TOTAL, ev_epoch, max_spins, ctrl_ptr, ctrl_table, rank, world,
-              event, epoch):
-    """Claim the next queue index and the task at it: the task id, or -1 when every queued task of
-    the launch is claimed (or the watchdog fired: recorded, as in sync.wait).
-    A launch's first NINIT indices are its seeded tasks, read straight from the table at INIT (the
-    same every launch): no program pushes them, and the first claims cost no wait for a slot.
+def claim(q):
+    """Claim the next queue index (one fetch-and-add: a compare-and-swap loop made 132 programs
+    retry against each other, traced: 4.6 us median, 26 us p90 between tasks). The dynamic loop
+    claims its next index after a task's body, before its notifies (whose release fence then waits
+    for the claim and the body's stores together), and reads the task at it with `take`."""
+    return tl.atomic_add(q, 1, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def take(q, claimed, QSIZE, limit, INIT, NINIT, SEED_BASE, TOTAL, ev_epoch, max_spins, ctrl_ptr, ctrl_table, rank,
+         world, event, epoch):
+    """The task at queue index `claimed`: its id, or -1 when every queued task of the launch is
+    claimed (or the watchdog fired: recorded, as in sync.wait).
+    A launch's first NINIT indices are its seeded tasks, the same every launch: SEED_BASE + k where
+    they are consecutive ids from SEED_BASE (the host checks; no load after the claim), else read
+    from the table at INIT. No program pushes them, and the first claims cost no wait for a slot.
     Past them, index i is the launch's push number i - ev_epoch * NINIT (pushes count only their
     own), and the program waits for that slot's stamp.
-    One fetch-and-add per claim: a compare-and-swap loop made 132 programs retry against each
-    other (traced: 4.6 us median, 26 us p90 between tasks under the dynamic schedule). A program
-    stops at its first index >= limit, so the head ends past the launch's last task;
+    A program stops at its first index >= limit, so the head ends past the launch's last task;
     `rewind_head` puts it back when every program of the launch is done."""
-    claimed = tl.atomic_add(q, 1, sem="relaxed", scope="gpu")
     got = tl.where(claimed < limit, claimed, claimed * 0 - 1)
     task = (got * 0 - 1).to(tl.int32)
     if got >= 0:
         k = got - (limit - TOTAL)                     # the index within this launch
         if k < NINIT:
-            task = tl.load(q + INIT + k).to(tl.int32)
+            if SEED_BASE >= 0:
+                task = (SEED_BASE + k).to(tl.int32)
+            else:
+                task = tl.load(q + INIT + k).to(tl.int32)
         else:
             pushed = got - (got * 0 + ev_epoch) * NINIT   # in int64: epochs x seeded tasks pass 2**31
             slot = q + 2 + pushed % QSIZE
@@ -103,6 +113,15 @@ def next_task(q, QSIZE, limit, INIT, NINIT, TOTAL, ev_epoch, max_spins, ctrl_ptr
                              (pushed + 1).to(tl.int32), -1, epoch)
     tl.debug_barrier()
     return task
+
+
+@triton.jit
+def next_task(q, QSIZE, limit, INIT, NINIT, TOTAL, ev_epoch, max_spins, ctrl_ptr, ctrl_table, rank, world, event,
+              epoch):
+    """`claim`, then `take` at once (seeded tasks read from the table): for kernels that have
+    nothing to do between the two (tests, launch/sync_latency.py)."""
+    return take(q, claim(q), QSIZE, limit, INIT, NINIT, -1, TOTAL, ev_epoch, max_spins, ctrl_ptr, ctrl_table, rank,
+                world, event, epoch)
 
 
 @triton.jit
