@@ -183,7 +183,7 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     layers = []
     for a, b in zip(wgu, wd):                                  # two weight copies, rotated
         layer = et.nn.MoE(H, I, E, k, mesh=mesh, schedule=schedule, dtype=bf16)
-        layer.router.data, layer.w_gate_up[0].data, layer.w_down[0].data = router, a, b
+        layer.router.data, layer.w_gate_up[0].data, layer.w_down[0].data = router, layer.pack_gate_up(a), b
         layers.append(layer)
     y = layers[0](x)
     want = torch_moe(x.float(), router.float(), wgu[0].float(), wd[0].float(), k, experts="loop")

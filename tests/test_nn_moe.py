@@ -248,3 +248,34 @@ def test_early_push_by_tile_class(monkeypatch):
     assert moe._kernel("cuda", large=True).early == frozenset()
     static = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16, schedule="static")
     assert static._kernel("cuda").early == frozenset()
+
+
+def test_gate_up_blocks_interleave_where_the_intermediate_size_allows():
+    """bf16 with I a multiple of 128: w_gate_up holds gate and up in interleaved blocks of 128
+    columns (one GPU dot over both), and the layer still computes the torch layer; pack_gate_up
+    converts [gate | up] to it. I = 200 or float32: the plain layout."""
+    h, i = 16, 256
+    g = torch.Generator().manual_seed(5)
+    gate, up = torch.randn(E, h, i, generator=g) / h ** 0.5, torch.randn(E, h, i, generator=g) / h ** 0.5
+    down, router = torch.randn(E, i, h, generator=g) / i ** 0.5, torch.randn(h, E, generator=g)
+    moe = et.nn.MoE(h, i, E, K, simulate_world=2, dtype=torch.bfloat16).load_experts(gate, up, down, router)
+    assert moe.gate_up_block == 128
+    stored = moe.w_gate_up[1]                                  # rank 1's experts 4..7
+    torch.testing.assert_close(stored[..., 128:256], up[4:, :, :128].to(torch.bfloat16))
+    torch.testing.assert_close(stored[..., 256:384], gate[4:, :, 128:].to(torch.bfloat16))
+    torch.testing.assert_close(moe.pack_gate_up(torch.cat([gate, up], -1)[4:].to(torch.bfloat16)), stored)
+    x = torch.randn(13, h, generator=g)
+    want = torch_moe(x.to(torch.bfloat16), *(w.to(torch.bfloat16) for w in (gate, up, down, router)))
+    got = moe(x.to(torch.bfloat16)).double()
+    assert ((got - want).abs().max() / want.abs().max()).item() < 2e-2
+    assert et.nn.MoE(h, 200, E, K, simulate_world=2, dtype=torch.bfloat16).gate_up_block is None
+    assert et.nn.MoE(h, i, E, K, simulate_world=2, dtype=torch.float32).gate_up_block is None
+
+
+def test_gpu_tiles_that_split_an_interleaved_block_are_refused(monkeypatch):
+    """ETDIST_MOE_TILES with gate/up tiles wider than the interleaved blocks: refused by name."""
+    moe = et.nn.MoE(16, 256, E, K, simulate_world=2, dtype=torch.bfloat16)
+    monkeypatch.setenv("ETDIST_MOE_TILES", "64,64,256,8,3")
+    tiles, align, _ = moe._plan("cuda")
+    with pytest.raises(et.InputError, match="do not divide the blocks of 128"):
+        moe._graph("cuda", tiles, align)

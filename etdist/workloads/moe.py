@@ -48,7 +48,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
               one_rank: bool = False, down_block_n: int | None = None, half_tails: bool = False,
               topk_block: int | None = None, combine_block: int | None = None,
               combine_width: int | None = None, combine_tasks: int | None = None,
-              combine_step: int | None = None) -> et.Graph:
+              combine_step: int | None = None, gate_up_interleave: int | None = None) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -72,7 +72,11 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     one per token block), a task taking every rows-th token block: about combine_tasks tasks, never
     fewer than the slabs, however many tokens.
     combine_step: hidden columns per step of a combine task, at most combine_width (default
-    min(block, combine_width)): each step loads its top_k rows of that many columns at once."""
+    min(block, combine_width)): each step loads its top_k rows of that many columns at once.
+    gate_up_interleave: w_gate_up's layout. None: [gate | up] along its last dimension; N: their
+    column blocks of N interleaved, [gate 0:N | up 0:N | gate N:2N | up N:2N | ...]
+    (interleave_gate_up; I must be a multiple of N, and N of block_n). Where N = block_n, a GPU
+    gate/up tile reads both halves in one box and runs one dot twice as wide."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
     widths = (("route_block", route_block), ("plan_block", plan_block)) + tuple(
@@ -92,6 +96,11 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     if topk_block is not None and topk_block > route_block:
         raise et.GraphError(f"moe_layer: topk_block ({topk_block}) must not exceed route_block ({route_block}): "
                             "a routing task waits on the one logits block that holds its tokens")
+    ILV = gate_up_interleave or 0
+    if gate_up_interleave is not None:
+        if isinstance(ILV, bool) or not isinstance(ILV, int) or ILV < 1 or ILV % (block_n or block):
+            raise et.GraphError(f"moe_layer: gate_up_interleave must be a positive multiple of block_n "
+                                f"({block_n or block}: a gate/up tile's columns lie in one block), got {ILV!r}")
     if half_tails and block_m < 32:
         raise et.GraphError(f"moe_layer: half_tails needs block_m >= 32 (half a tile is a tl.dot of >= 16 rows), "
                             f"got block_m={block_m}")
@@ -111,6 +120,9 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
             "intermediate size, w_down [E_local, I, H]) must be >= 1")
     BE = max(16, 1 << (max_experts - 1).bit_length())
     g.check(E <= BE, f"the GPU router holds at most {BE} experts (moe_layer(max_experts=...))")
+    if ILV:
+        g.check(et.eq(I % ILV, 0), f"w_gate_up's interleaved blocks ({ILV} columns, moe_layer(gate_up_interleave=)) "
+                "need I, the expert intermediate size, to be a multiple of them")
     BS = block                                         # slots per dispatch / send_back block
     KP = 1 << (top_k - 1).bit_length()                 # top_k as a Triton block (a power of two)
     # Copies and sums walk hidden columns in short steps (one load latency each: at one token a
@@ -251,7 +263,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     dn = lambda q: et.grouped(q, max_tiles, h_tiles, group_m)    # noqa: E731  (row tile j, column block h)
 
     @g.task(grid=(max_tiles * gu_tiles,), wait=lambda q: tiled[0], notify=lambda q: act_ready[gu(q)[0]],
-            triton=moe_tiles.moe_gate_up, constexprs=dict(expert_gemm, BN=BN, TOP_K=top_k, ONE_RANK=one),
+            triton=moe_tiles.moe_gate_up, constexprs=dict(expert_gemm, BN=BN, TOP_K=top_k, ONE_RANK=one, ILV=ILV),
             bind=dict(j=lambda q: gu(q)[0], n=lambda q: gu(q)[1], **({"recv": "x"} if one else {})))
     def gate_up(t, q):
         j, n = t(gu(q)[0]), t(gu(q)[1])
@@ -260,8 +272,9 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         e, rows = expert_rows(t, j)
         cols = et.block(n, BN, t.I)
         x = t.x[rows // top_k] if one else t.recv.reshape(-1, t.H)[rows]   # one rank: slot s is token s // k
-        gate = x @ t.w_gate_up[e][:, cols]
-        up = x @ t.w_gate_up[e][:, t.I + cols.start:t.I + cols.stop]
+        (g0, u0), width = gate_up_columns(cols.start, t.I, ILV), cols.stop - cols.start
+        gate = x @ t.w_gate_up[e][:, g0:g0 + width]
+        up = x @ t.w_gate_up[e][:, u0:u0 + width]
         t.act[rows, cols] = F.silu(gate) * up
 
     # act_ready[j] comes after tiled (gate_up waits on it): waiting on both would only walk the
@@ -313,11 +326,33 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
             out = (t.expert_out if one else t.back)[owner, slot][..., hs]    # [rows, k, slab]
             t.y[rows, hs] = (t.topk_w[rows].unsqueeze(-1) * out).sum(1)
 
+    I_sample = 2 * math.lcm(align, ILV or 1)       # whole interleaved blocks
     if one:       # enough experts for top_k on the one rank (the ranks below provide them otherwise)
-        g.sample(T=3, H=2 * align, I=2 * align, E=max(2, top_k), E_local=max(2, top_k), WORLD=1)
+        g.sample(T=3, H=2 * align, I=I_sample, E=max(2, top_k), E_local=max(2, top_k), WORLD=1)
     for world in () if one else (1, 2, 4):
-        g.sample(T=3, H=2 * align, I=2 * align, E=2 * world, E_local=2, WORLD=world)
+        g.sample(T=3, H=2 * align, I=I_sample, E=2 * world, E_local=2, WORLD=world)
     return g
+
+
+def gate_up_columns(c: int, I: int, interleave: int = 0) -> tuple[int, int]:
+    """Where gate column c and up column c lie in w_gate_up: [gate | up] (interleave 0), or their
+    blocks of `interleave` columns interleaved (c's block holds the columns up to its end)."""
+    if not interleave:
+        return c, I + c
+    g = c // interleave * 2 * interleave + c % interleave
+    return g, g + interleave
+
+
+def interleave_gate_up(w_gate_up: torch.Tensor, block: int) -> torch.Tensor:
+    """[..., H, 2I] as [gate | up] -> their column blocks of `block` interleaved (moe_layer's
+    gate_up_interleave); I must be a multiple of block."""
+    *lead, H, two_i = w_gate_up.shape
+    I = two_i // 2
+    if two_i % 2 or I % block:
+        raise ValueError(f"interleave_gate_up: the last dimension ({two_i}) must be 2 I with I a multiple of {block}")
+    gate, up = w_gate_up[..., :I], w_gate_up[..., I:]
+    blocks = (*lead, H, I // block, block)
+    return torch.stack([gate.reshape(blocks), up.reshape(blocks)], dim=-2).reshape(*lead, H, two_i).contiguous()
 
 
 def reference(xs, wg, w_gate_up, w_down, top_k: int) -> list[torch.Tensor]:

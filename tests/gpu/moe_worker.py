@@ -59,16 +59,18 @@ def main():
         print(f"OK moe-graph {schedule} rank {r}", flush=True)
 
     # bf16, both tile classes (float32 above only takes the small one): 300 tokens a rank give the
-    # average expert 75 rows, past nn.moe.LARGE_ROWS_PER_EXPERT
+    # average expert 75 rows, past nn.moe.LARGE_ROWS_PER_EXPERT; an intermediate size of two blocks
+    # of 128, which w_gate_up interleaves (one dot over gate and up)
     rounded = lambda t: t.bfloat16().double()   # noqa: E731  (the reference routes what the kernel sees)
+    Ib = 2 * I
     for schedule in ("static", "dynamic"):
         for T, skew in ((16, 0.0), (300, 2.0)):
-            ranks, (wg, w1, w2) = moe_graph.make_inputs(R, T, H, I, E, seed=T + 1, skew=skew)
+            ranks, (wg, w1, w2) = moe_graph.make_inputs(R, T, H, Ib, E, seed=T + 1, skew=skew)
             want = moe_graph.reference([rounded(i["x"]) for i in ranks], rounded(wg), rounded(w1), rounded(w2),
                                        top_k=K)[r]
-            layer = et.nn.MoE(H, I, E, K, mesh=mesh, schedule=schedule, dtype=torch.bfloat16)
-            layer.load_experts(w1[..., :I], w1[..., I:], w2, wg)
-            assert layer.large_tiles(T) == (T == 300)
+            layer = et.nn.MoE(H, Ib, E, K, mesh=mesh, schedule=schedule, dtype=torch.bfloat16)
+            layer.load_experts(w1[..., :Ib], w1[..., Ib:], w2, wg)
+            assert layer.large_tiles(T) == (T == 300) and layer.gate_up_block == 128
             err = rel_err(layer(ranks[r]["x"].to(dev, torch.bfloat16)), want)
             assert err < 3e-2, ("bf16", schedule, T, err)
         print(f"OK moe-bf16 {schedule} (both tile classes) rank {r}", flush=True)
