@@ -26,8 +26,8 @@
 #          the static schedule once beside them (~5 min);
 #   chain  nn.MoE under the dynamic schedule at 1/16/128/1024 tokens, Zipf 1.5 routing (EP=2): the down
 #          tiles released by act_ready's walk (ETDIST_EARLY_PUSH=1) against seeded behind the gate/up
-#          tiles (2: the small class's default since the fifteenth session, measured on one GPU
-#          only; the large class keeps 1), alternated twice, then static once (~5 min);
+#          tiles (2: the small class's default since the fifteenth session, every class's since
+#          the nineteenth, measured on one GPU only), alternated twice, then static once (~5 min);
 #   moetail nn.MoE under the dynamic schedule at 1/128/1024 tokens, zipf-skewed routing (EP=2): the
 #          return and combine queued (ETDIST_MOE_TAIL=0, as before) against walked as the tail (the
 #          default since the fourteenth session, measured on one GPU only), alternated twice (~4 min);

@@ -369,11 +369,10 @@ def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large, pin):
     ir = moe.moe_layer(top_k=top_k, block_m=t.block_m, dtype=torch.bfloat16, max_experts=128, block=t.block,
                        block_n=t.block_n, down_block_n=t.down_n, half_tails=t.half_tails, align=16, pin_router=pin,
                        **graph_blocks(top_k, large)).to_ir()
-    # the early push nn.MoE compiles each class with (down tiles seeded behind gate/up: chains, but
-    # for the large class's long experts)
+    # the early push nn.MoE compiles each class with (down tiles seeded behind gate/up: chains)
     from etdist.fusion.ir import early_at
-    from etdist.nn.moe import early_push_for
-    early = early_at(ir, early_push_for(large, I))
+    from etdist.nn.moe import EARLY_PUSH
+    early = early_at(ir, EARLY_PUSH)
     kernel = compile_for(ir, num_warps=t.num_warps, num_stages=t.num_stages, dynamic=True, early=early)
     bound = 96 if large and t.down_n == 256 else 64
     assert kernel.metadata.shared <= 232448 and _spill_bytes(kernel.asm["ptx"]) <= bound

@@ -227,19 +227,16 @@ def test_float64_is_for_simulated_ranks_only():
     assert got.dtype == torch.float64 and ((got - want).abs().max() / want.abs().max()).item() < 1e-5   # logits in fp32
 
 
-def test_early_push_by_tile_class(monkeypatch):
-    """Under the dynamic schedule the small class seeds its down tiles behind the gate/up tiles
-    (early push's chains), and so does the large class with short experts (I <= 2048: few gate/up
-    tiles per row tile); with long experts it releases them by act_ready's walk (as measured on one
-    H200); ETDIST_EARLY_PUSH overrides all, and the static schedule has no queue."""
+def test_early_push_in_every_tile_class(monkeypatch):
+    """Under the dynamic schedule both classes seed their down tiles behind the gate/up tiles
+    (early push's chains), short experts and long ones (as measured on one H200);
+    ETDIST_EARLY_PUSH overrides it, and the static schedule has no queue."""
     monkeypatch.delenv("ETDIST_EARLY_PUSH", raising=False)
     moe = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16)
     assert moe._kernel("cuda").early == {"gate_up", "down"} and moe._kernel("cpu").early == {"gate_up", "down"}
     assert moe._kernel("cuda", large=True).early == {"gate_up", "down"}
     long = et.nn.MoE(32, 4096, E, K, simulate_world=2, dtype=torch.bfloat16)
-    assert long._kernel("cuda", large=True).early == {"gate_up"} and long._kernel("cuda").early == {"gate_up", "down"}
-    from etdist.nn.moe import early_push_for
-    assert early_push_for(True, 2048) == 2 and early_push_for(True, 2049) == 1 and early_push_for(False, 2049) == 2
+    assert long._kernel("cuda", large=True).early == {"gate_up", "down"} == long._kernel("cuda").early
     monkeypatch.setenv("ETDIST_EARLY_PUSH", "1")
     moe = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16)
     assert moe._kernel("cuda").early == {"gate_up"}

@@ -136,25 +136,15 @@ HALF_TAILS = knobs.read("ETDIST_MOE_HALF_TAILS", knobs.flag, True)
 GATE_UP_BLOCK = 128
 
 
-# Early push under the dynamic schedule (et.compile's early_push; ETDIST_EARLY_PUSH overrides both).
-# The small class seeds its down tiles behind the gate/up tiles (2: no act_ready walk, no queue hop
-# before a down tile), the large class releases them (1). One H200, EP=1, zipf 1.5, alternated twice
-# (fifteenth session, records moe_chain_ab): small class, qwen3_30b_a3b at 1 / 16 / 128 tokens
-# -8 / -9 / -4% (1 token: 1.03x static's time, from 1.11x), mixtral_8x7b +2-4% at 1 and 16, tied
-# at 128; large class, mixtral at 1024 tokens +5-6% (its expert tiles ran slower, traced), qwen3 tied.
-# Eighteenth session (the same A/B, records moe_chain_ab): the large class with short experts (I <=
-# SHORT_DOWN_K: a down tile waits on cdiv(I, 128) gate/up tiles, qwen3_30b_a3b's 6, mixtral_8x7b's
-# 112) seeds them too: qwen3 at 1024 / 4096 tokens -2 / -2% (417.2 / 967.2 -> 407.8 / 951.1 us),
-# mixtral at 1024 +8% with them (1732 -> 1877 us), so long experts keep 1.
-EARLY_PUSH_SMALL, EARLY_PUSH_LARGE, EARLY_PUSH_LARGE_SHORT = 2, 1, 2
-
-
-def early_push_for(large: bool, intermediate: int) -> int:
-    """nn.MoE's early-push level for its size class and expert intermediate size (the default that
-    ETDIST_EARLY_PUSH overrides)."""
-    if not large:
-        return EARLY_PUSH_SMALL
-    return EARLY_PUSH_LARGE_SHORT if intermediate <= SHORT_DOWN_K else EARLY_PUSH_LARGE
+# Early push under the dynamic schedule (et.compile's early_push; ETDIST_EARLY_PUSH overrides it):
+# 2, down tiles seeded behind the gate/up tiles (no act_ready walk, no queue hop before a down
+# tile). One H200, EP=1, zipf 1.5, alternated (records moe_chain_ab): fifteenth session, qwen3_30b_a3b
+# at 1 / 16 / 128 tokens -8 / -9 / -4%; eighteenth, qwen3 at 1024 / 4096 -2 / -2%. Mixtral_8x7b's
+# large class (long experts: a down tile waits on 112 gate/up tiles) had lost 5-8% at 1024 tokens
+# with it (its tiles ran slower, traced) and was released (1) until the nineteenth session; with
+# seeded claims computed from the first id, claimed ahead, and one dot per gate/up tile, it gains:
+# 1024 tokens Zipf 1.5 / uniform -0.3 / -2%, 4096 -3% (four calls each, 5d5ebf9).
+EARLY_PUSH = 2
 
 
 def down_width(intermediate: int, dtype: torch.dtype = torch.bfloat16) -> Optional[int]:
@@ -273,8 +263,8 @@ class MoE(nn.Module):
         tiles = (layer_tiles(self.intermediate, self.num_experts // self.world, large, self.router.dtype)
                  if target == "cuda" else None)
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
-        # down tiles early-pushed behind the gate/up tiles, or released by act_ready's walk (early_push_for)
-        early = early_push_level(early_push_for(large, self.intermediate)) if self.schedule == "dynamic" else None
+        # down tiles early-pushed behind the gate/up tiles (EARLY_PUSH)
+        early = early_push_level(EARLY_PUSH) if self.schedule == "dynamic" else None
         return tiles, align, early
 
     def _graph(self, target: str, tiles: Optional[GpuTiles], align: int, large: bool = False):
