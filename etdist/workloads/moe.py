@@ -48,7 +48,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
               one_rank: bool = False, down_block_n: int | None = None, half_tails: bool = False,
               topk_block: int | None = None, combine_block: int | None = None,
               combine_width: int | None = None, combine_tasks: int | None = None,
-              combine_step: int | None = None, gate_up_interleave: int | None = None) -> et.Graph:
+              combine_step: int | None = None, gate_up_interleave: int | None = None,
+              router_slice: int | None = None) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -73,6 +74,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     fewer than the slabs, however many tokens.
     combine_step: hidden columns per step of a combine task, at most combine_width (default
     min(block, combine_width)): each step loads its top_k rows of that many columns at once.
+    router_slice: hidden columns per logits task (default 4 * block; a multiple of block): the
+    router's logits are summed over cdiv(H, router_slice) slices.
     gate_up_interleave: w_gate_up's layout. None: [gate | up] along its last dimension; N: their
     column blocks of N interleaved, [gate 0:N | up 0:N | gate N:2N | up N:2N | ...]
     (interleave_gate_up; I must be a multiple of N, and N of block_n). Where N = block_n, a GPU
@@ -96,6 +99,10 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     if topk_block is not None and topk_block > route_block:
         raise et.GraphError(f"moe_layer: topk_block ({topk_block}) must not exceed route_block ({route_block}): "
                             "a routing task waits on the one logits block that holds its tokens")
+    if router_slice is not None and (isinstance(router_slice, bool) or not isinstance(router_slice, int)
+                                     or router_slice < block or router_slice % block):
+        raise et.GraphError(f"moe_layer: router_slice must be a positive multiple of block ({block}: the logits "
+                            f"tasks' contraction steps), got {router_slice!r}")
     ILV = gate_up_interleave or 0
     if gate_up_interleave is not None:
         if isinstance(ILV, bool) or not isinstance(ILV, int) or ILV < 1 or ILV % (block_n or block):
@@ -129,7 +136,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # single task over all of H was a chain of 16-32 of them, 20-130 us), so every task takes
     # only a slab of WH columns and the slabs run side by side; likewise the router's logits are
     # split over RH-column slices of the hidden size (512 KB of Qwen3's router on one SM, 85 us).
-    WH, RH = 8 * block, 4 * block
+    WH, RH = 8 * block, router_slice or 4 * block
     slabs, slices = et.cdiv(H, WH), et.cdiv(H, RH)
     one = bool(one_rank)
     copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH)
