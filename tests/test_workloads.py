@@ -230,6 +230,22 @@ def test_moe_degenerate_sizes_are_refused_before_running(schedule):
         moe.moe_layer(combine_width=32, combine_step=64)
     with pytest.raises(et.GraphError, match=r"topk_block \(64\) must not exceed route_block \(32\)"):
         moe.moe_layer(route_block=32, topk_block=64)
+    for bad in (8, 24, True):
+        with pytest.raises(et.GraphError, match=rf"router_slice must be a positive multiple of block \(16.*got {bad!r}"):
+            moe.moe_layer(router_slice=bad)
+
+
+def test_moe_router_slices_have_their_own_width(schedule):
+    """router_slice: hidden columns per logits task (a multiple of block, not a power of two; H
+    ragged against it): the logits grid and the routing's sum over the slices."""
+    from etdist.fusion.expr import evaluate
+    graph = moe.moe_layer(top_k=2, block_m=4, block=16, router_slice=48)
+    kernel = et.compile(graph, schedule=schedule, programs=3)
+    inputs, (wg, w1, w2) = moe.make_inputs(2, 9, 100, 20, E=4, seed=2, skew=1.0)
+    want = moe.reference([i["x"] for i in inputs], wg, w1, w2, top_k=2)
+    assert all(rel_err(g["y"], w) < TOL for g, w in zip(kernel.run(inputs), want))
+    logits = next(t for t in graph.to_ir().tasks if t.name == "logits")
+    assert [evaluate(n, dict(T=9, H=100)) for n in logits.grid] == [1, 3]        # slices of 48: 48, 48, 4
 
 
 def test_moe_routing_and_combine_have_their_own_blocks(schedule):
