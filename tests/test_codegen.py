@@ -217,18 +217,24 @@ def test_dynamic_schedule_pops_a_ready_queue_and_releases_consumers():
 
 
 def test_dynamic_tasks_claim_their_next_index_between_body_and_notifies(monkeypatch):
-    """ETDIST_CLAIM_AHEAD (default 1): each queued task claims the next index after its body, before
-    its notifies (one claim per task either way: tasks that do not run claim after the dispatch);
-    0: no claim inside the tasks."""
+    """ETDIST_CLAIM_AHEAD (default 1): a queued task whose notifies are all plain claims the next
+    index after its body, before them; one whose notify may walk consumers into the queue claims
+    after it (the claimed task would wait behind the walk). One claim per task either way: tasks
+    that did not claim (or run) claim after the dispatch. 0: no claim inside the tasks."""
+    from etdist.fusion.ir import early_pushed
     ir = gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
-    src = generate(ir, dynamic=True)
-    loop = src[src.index("while _et_more != 0:"):]
-    body = loop.index("_et_body_matmul(")
-    assert body < loop.index("_et_claimed = _et_claim(rq)") < loop.index("_et_release(") < loop.index("_et_body_reduce(")
-    assert loop.count("_et_claimed = _et_claim(rq)") == len(ir.tasks) + 1   # and one after the dispatch
+    claim = "_et_claimed = _et_claim(rq)"
+    loop = generate(ir, dynamic=True).split("while _et_more != 0:")[1]       # matmul releases reduce tiles
+    matmul, reduce = loop.split("_et_body_reduce(")
+    assert "_et_release(" in matmul and claim not in matmul.split("_et_body_matmul(")[1]
+    assert reduce.count(claim) == 2                                          # in reduce, and after the dispatch
+    chained = generate(ir, dynamic=True, early=early_pushed(ir, chains=True)).split("while _et_more != 0:")[1]
+    body = chained.index("_et_body_matmul(")                                 # reduce tiles seeded: plain notifies
+    assert body < chained.index(claim) < chained.index("_et_notify(") < chained.index("_et_body_reduce(")
+    assert chained.count(claim) == len(ir.tasks) + 1
     monkeypatch.setenv("ETDIST_CLAIM_AHEAD", "0")
-    off = generate(ir, dynamic=True)
-    assert off.count("_et_claimed = _et_claim(rq)") == 2                  # before the loop, after the dispatch
+    off = generate(ir, dynamic=True, early=early_pushed(ir, chains=True))
+    assert off.count(claim) == 2                                             # before the loop, after the dispatch
     monkeypatch.setenv("ETDIST_CLAIM_AHEAD", "2")
     with pytest.raises(et.KnobError, match="ETDIST_CLAIM_AHEAD"):
         generate(ir, dynamic=True)
@@ -332,8 +338,9 @@ def _op_kernels():
     # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the
     # megakernel has one register allocation, the expert GEMM loops spilled too.
     # The tiles and blocks are a layer's (nn.moe.layer_tiles, graph_blocks): qwen3's (I = 768:
-    # 256-wide down tiles; top-8: small routing and combine blocks), mixtral's (I = 14336) at top-2.
-    from etdist.nn.moe import graph_blocks, layer_tiles
+    # 256-wide down tiles; top-8: small routing and combine blocks), mixtral's (I = 14336) at top-2;
+    # w_gate_up interleaved as nn.MoE stores it (one 256-wide gate/up dot)
+    from etdist.nn.moe import GATE_UP_BLOCK, graph_blocks, layer_tiles
     for name, top_k, I, large, one in (("moe", 8, 768, False, False), ("moe large", 2, 14336, True, False),
                                        ("moe large top-8", 8, 768, True, False),
                                        ("moe one rank top-8", 8, 768, False, True),
@@ -342,7 +349,8 @@ def _op_kernels():
         yield name, functools.partial(moe.moe_layer, top_k=top_k, block_m=t.block_m, dtype=bf, max_experts=128,
                                       block=t.block, block_n=t.block_n, down_block_n=t.down_n,
                                       half_tails=t.half_tails, align=16, one_rank=one,
-                                      **graph_blocks(top_k, large)), t.num_warps, t.num_stages
+                                      gate_up_interleave=GATE_UP_BLOCK, **graph_blocks(top_k, large)), \
+            t.num_warps, t.num_stages
 
 
 @pytest.mark.parametrize("name,build,warps,stages", list(_op_kernels()), ids=lambda v: v if isinstance(v, str) else "")
@@ -363,12 +371,12 @@ def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large, pin):
     and with the tail's second static walk, spills 20-44 bytes a thread; its 256-wide down tiles
     (I <= 2048) 88 at top-8: a bound of 96 there, as they won 12-15% spilled (seventeenth
     session); else the bound of the ops' kernels, 64."""
-    from etdist.nn.moe import graph_blocks, layer_tiles
+    from etdist.nn.moe import GATE_UP_BLOCK, graph_blocks, layer_tiles
     from etdist.workloads import moe
     t = layer_tiles(I, 128 if top_k == 8 else 8, large)
     ir = moe.moe_layer(top_k=top_k, block_m=t.block_m, dtype=torch.bfloat16, max_experts=128, block=t.block,
                        block_n=t.block_n, down_block_n=t.down_n, half_tails=t.half_tails, align=16, pin_router=pin,
-                       **graph_blocks(top_k, large)).to_ir()
+                       gate_up_interleave=GATE_UP_BLOCK, **graph_blocks(top_k, large)).to_ir()
     # the early push nn.MoE compiles each class with (down tiles seeded behind gate/up: chains)
     from etdist.fusion.ir import early_at
     from etdist.nn.moe import EARLY_PUSH

@@ -50,7 +50,7 @@ def test_moe_kernel_with_in_kernel_routing(world, schedule, early, tail):
     """The EP MoE graph's GPU bodies: routing (softmax top-k) in the kernel decides which expert
     tiles exist; dispatch and combine by peer stores (one rank: no rows move, gate/up reads x and
     the combine expert_out); uniform and skewed routing. Dynamic: the
-    gate/up and down tiles seeded at launch (early 2, nn.MoE's small class), the gate/up tiles
+    gate/up and down tiles seeded at launch (early 2, nn.MoE's), the gate/up tiles
     alone (early 1, et.compile's default: act_ready releases the down tiles) or neither (early 0:
     the tile table releases gate/up);
     the return and combine walked as the tail (tail 1, the default) or queued (tail 0)."""

@@ -276,3 +276,20 @@ def test_gpu_tiles_that_split_an_interleaved_block_are_refused(monkeypatch):
     tiles, align, _ = moe._plan("cuda")
     with pytest.raises(et.InputError, match="do not divide the blocks of 128"):
         moe._graph("cuda", tiles, align)
+
+
+def test_the_gate_up_layout_travels_with_the_state_dict():
+    """The layout is saved beside the weights: a state_dict loads into a layer of the same layout
+    and is refused by one of the other (it would be misread); unpack_gate_up undoes pack_gate_up."""
+    h, i = 16, 256
+    packed = et.nn.MoE(h, i, E, K, simulate_world=2, dtype=torch.bfloat16)
+    again = et.nn.MoE(h, i, E, K, simulate_world=2, dtype=torch.bfloat16)
+    again.load_state_dict(packed.state_dict())
+    assert torch.equal(again.w_gate_up[0], packed.w_gate_up[0]) and int(again.gate_up_layout) == 128
+    plain = et.nn.MoE(h, i, E, K, simulate_world=2, dtype=torch.float16)
+    plain.gate_up_block, plain.gate_up_layout = None, torch.tensor(0)   # as a layer of the plain layout
+    with pytest.raises(et.InputError, match=r"saved w_gate_up holds gate and up as interleaved blocks of 128 "
+                                            r"columns, this layer as \[gate \| up\]"):
+        plain.load_state_dict(packed.state_dict())
+    w = torch.randn(2, h, 2 * i)
+    assert torch.equal(packed.unpack_gate_up(packed.pack_gate_up(w)), w)

@@ -233,6 +233,19 @@ def test_moe_degenerate_sizes_are_refused_before_running(schedule):
     for bad in (8, 24, True):
         with pytest.raises(et.GraphError, match=rf"router_slice must be a positive multiple of block \(16.*got {bad!r}"):
             moe.moe_layer(router_slice=bad)
+    for bad in (0, 24, True):
+        with pytest.raises(et.GraphError, match=rf"gate_up_interleave must be a positive multiple of block_n \(16.*got {bad!r}"):
+            moe.moe_layer(gate_up_interleave=bad)
+    kernel = et.compile(moe.moe_layer(top_k=2, block_m=4, gate_up_interleave=32), schedule=schedule)
+    inputs, _ = moe.make_inputs(2, 5, 24, 48, E=4, seed=1)                 # I = 48: not whole blocks of 32
+    with pytest.raises(et.InputError, match="interleaved blocks .32 columns.* need I, the expert intermediate size, to be a multiple"):
+        kernel.run(inputs)
+    w = torch.randn(3, 8, 96)
+    assert torch.equal(moe.deinterleave_gate_up(moe.interleave_gate_up(w, 16), 16), w)
+    assert torch.equal(moe.interleave_gate_up(w, 48), w)                    # one block each: the same layout
+    for f in (moe.interleave_gate_up, moe.deinterleave_gate_up):
+        with pytest.raises(ValueError, match="last dimension .96"):
+            f(w, 32)
 
 
 def test_moe_router_slices_have_their_own_width(schedule):

@@ -462,7 +462,7 @@ class CudaKernel:
             cols.extend((waits[g] << 32) | g for g in by_word.get(w, ()))
             rowptr[w + 1] = len(cols)
         T = len(waits)
-        if T >= 2 ** 31:   # queue entries and slots carry a task id in 31 bits (next_task's int32)
+        if T >= 2 ** 31:   # queue entries and slots carry a task id in 31 bits (take's int32)
             raise GraphError(f"graph {self.ir.name!r}: {T} tasks at these sizes; the dynamic schedule takes < 2**31")
         queued = b.tail - b.pinned   # pinned and tail tasks run by the static formula, never queued
         seeded = sorted(initial) + plan.early   # claimed in this order, before anything pushed

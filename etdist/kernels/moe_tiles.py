@@ -79,12 +79,12 @@ def _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl.constexp
         ws = tl.where(ks[None, :] == kk, val[:, None], ws)
         p = tl.where(cols[None, :] == best[:, None], -1.0, p)
     ok = (rows[:, None] < T) & (ks[None, :] < TOP_K)
-    at_k = rows[:, None] * TOP_K + ks[None, :]
+    at_k = _i64(rows)[:, None] * TOP_K + ks[None, :]        # T x top_k may pass 2**31
     tl.store(topk_ids + at_k, ids, mask=ok)
     tl.store(topk_w + at_k, (ws / tl.sum(ws, 1)[:, None]).to(topk_w.dtype.element_ty), mask=ok)
     if PLACE:
         at = tl.atomic_add(fill + ids, 1, mask=ok, sem="relaxed")
-        tl.store(slots + ids * T + at, _i64(at_k), mask=ok)
+        tl.store(slots + ids * T + at, at_k, mask=ok)
 
 
 @triton.jit

@@ -23,6 +23,7 @@ from torch import nn
 
 from .. import fusion
 from .. import knobs
+from ..fusion.codegen_triton import claim_ahead
 from ..fusion.compile import early_push_level
 from ..fusion.errors import InputError
 from ..ops.gemm_rs import refusal_reaches_peers
@@ -130,8 +131,8 @@ HALF_TAILS = knobs.read("ETDIST_MOE_HALF_TAILS", knobs.flag, True)
 
 # w_gate_up holds gate and up in interleaved column blocks of GATE_UP_BLOCK (moe_layer's
 # gate_up_interleave), where the intermediate size is a multiple of it and the dtype 2 bytes: a GPU
-# gate/up tile (block_n = GATE_UP_BLOCK) then reads both halves in one box and runs one dot 256 wide,
-# not two 128 wide. Standalone on one H200 (scratch gu_micro, 128 x 256 x 64 tiles, 8 warps, 4
+# gate/up tile (block_n = GATE_UP_BLOCK, weights through TMA: H and I multiples of 16) then reads
+# both halves in one box and runs one dot 256 wide, not two 128 wide. Standalone on one H200 (scratch gu_micro, 128 x 256 x 64 tiles, 8 warps, 4
 # stages): 5-13% faster (qwen3_30b_a3b's and mixtral_8x7b's shapes, rows gathered as here).
 GATE_UP_BLOCK = 128
 
@@ -176,6 +177,16 @@ def layer_tiles(intermediate: int, local_experts: int, large: bool = False,
     return t._replace(down_n=down_width(intermediate, dtype), half_tails=half)
 
 
+def _check_gate_up_layout(module, state_dict, prefix, *_) -> None:
+    """load_state_dict's pre-hook: the saved w_gate_up's layout must be this layer's."""
+    saved, mine = state_dict.get(prefix + "gate_up_layout"), int(module.gate_up_layout)
+    if saved is not None and int(saved) != mine:
+        what = lambda b: f"interleaved blocks of {b} columns" if b else "[gate | up]"   # noqa: E731
+        raise InputError(f"MoE.load_state_dict: the saved w_gate_up holds gate and up as {what(int(saved))}, this "
+                         f"layer as {what(mine)}; load dense weights with load_experts (or convert with "
+                         "pack_gate_up / unpack_gate_up)")
+
+
 class MoE(nn.Module):
     def __init__(self, hidden: int, expert_intermediate: int, num_experts: int, top_k: int, mesh=None,
                  schedule: str = "dynamic", dtype: torch.dtype = torch.bfloat16,
@@ -210,6 +221,10 @@ class MoE(nn.Module):
         # [E_local, H, 2I]: gate and up, in column blocks of gate_up_block interleaved (pack_gate_up)
         self.gate_up_block = GATE_UP_BLOCK if I % GATE_UP_BLOCK == 0 and dtype.itemsize <= 2 else None
         self.w_gate_up = nn.ParameterList([param(el, H, 2 * I, scale=H ** -0.5) for _ in range(shards)])
+        # the layout travels with the weights: a state_dict of another one is refused, not misread
+        # (one saved before the layout was recorded lacks the key: a strict load names it)
+        self.register_buffer("gate_up_layout", torch.tensor(self.gate_up_block or 0, device=device))
+        self.register_load_state_dict_pre_hook(_check_gate_up_layout)
         self.w_down = nn.ParameterList([param(el, I, H, scale=I ** -0.5) for _ in range(shards)])
 
     def load_experts(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, router: torch.Tensor) -> "MoE":
@@ -240,6 +255,10 @@ class MoE(nn.Module):
         """[..., H, 2I] as [gate | up] -> the layout this layer's w_gate_up holds (gate and up in
         interleaved column blocks of gate_up_block; the same tensor where that is None)."""
         return w_gate_up if self.gate_up_block is None else moe_graph.interleave_gate_up(w_gate_up, self.gate_up_block)
+
+    def unpack_gate_up(self, w_gate_up: torch.Tensor) -> torch.Tensor:
+        """pack_gate_up's inverse: this layer's w_gate_up layout -> [gate | up]."""
+        return w_gate_up if self.gate_up_block is None else moe_graph.deinterleave_gate_up(w_gate_up, self.gate_up_block)
 
     def extra_repr(self) -> str:
         where = f"simulated ranks={self.world}" if self.simulated else f"rank {self.mesh.rank} of {self.world}"
@@ -274,8 +293,9 @@ class MoE(nn.Module):
             return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=TAIL,
                                        gate_up_interleave=self.gate_up_block)
         if self.gate_up_block and self.gate_up_block % tiles.block_n:
-            raise InputError(f"MoE: gate/up tiles {tiles.block_n} columns wide (ETDIST_MOE_TILES) do not divide "
-                             f"the blocks of {self.gate_up_block} this layer's w_gate_up interleaves")
+            raise InputError(f"MoE: gate/up tiles {tiles.block_n} columns wide (ETDIST_MOE_TILES"
+                             f"{'_LARGE' if large else ''}) do not divide the blocks of {self.gate_up_block} this "
+                             "layer's w_gate_up interleaves")
         blocks = graph_blocks(self.top_k, large)
         # one GPU: nothing to move or plan, routing places the slots (moe_layer's one_rank)
         return moe_graph.moe_layer(self.top_k, block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts,
@@ -293,7 +313,7 @@ class MoE(nn.Module):
         tiles, align, early = self._plan(target, large)
         key = (target, self.top_k, self.schedule, self.router.dtype, self.num_experts, tiles, align, GROUP_M,
                PIN_ROUTER, TAIL, early, large and target == "cuda", self.world == 1 and target == "cuda",
-               FINE_BLOCKS, self.gate_up_block)
+               FINE_BLOCKS, self.gate_up_block, claim_ahead())
         if key not in _KERNELS:
             _KERNELS[key] = fusion.compile(self._graph(target, tiles, align, large), schedule=self.schedule, target=target,
                                            early_push=early)

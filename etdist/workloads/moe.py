@@ -79,8 +79,9 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     class lost 1-11% on one H200, records moe_router_slice_ab: the default stays.)
     gate_up_interleave: w_gate_up's layout. None: [gate | up] along its last dimension; N: their
     column blocks of N interleaved, [gate 0:N | up 0:N | gate N:2N | up N:2N | ...]
-    (interleave_gate_up; I must be a multiple of N, and N of block_n). Where N = block_n, a GPU
-    gate/up tile reads both halves in one box and runs one dot twice as wide."""
+    (interleave_gate_up; I must be a multiple of N, and N of block_n). Where N = block_n and the
+    weights load through TMA (align 16), a GPU gate/up tile reads both halves in one box and runs
+    one dot twice as wide."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
     widths = (("route_block", route_block), ("plan_block", plan_block)) + tuple(
@@ -361,6 +362,15 @@ def interleave_gate_up(w_gate_up: torch.Tensor, block: int) -> torch.Tensor:
     gate, up = w_gate_up[..., :I], w_gate_up[..., I:]
     blocks = (*lead, H, I // block, block)
     return torch.stack([gate.reshape(blocks), up.reshape(blocks)], dim=-2).reshape(*lead, H, two_i).contiguous()
+
+
+def deinterleave_gate_up(w_gate_up: torch.Tensor, block: int) -> torch.Tensor:
+    """interleave_gate_up's inverse: interleaved blocks of `block` columns -> [gate | up]."""
+    *lead, H, two_i = w_gate_up.shape
+    if two_i % (2 * block):
+        raise ValueError(f"deinterleave_gate_up: the last dimension ({two_i}) must be whole pairs of {block}-column blocks")
+    pairs = w_gate_up.reshape(*lead, H, two_i // (2 * block), 2, block)
+    return torch.cat([pairs[..., 0, :].reshape(*lead, H, -1), pairs[..., 1, :].reshape(*lead, H, -1)], dim=-1)
 
 
 def reference(xs, wg, w_gate_up, w_down, top_k: int) -> list[torch.Tensor]:

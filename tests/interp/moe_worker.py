@@ -71,13 +71,19 @@ def main(args):
     mine, _, want = case(7, 32, 16, seed=4, skew=2.0)
     assert rel_err(aligned(mesh, **mine)["y"], want) < 1e-4, ("aligned", schedule)
     # w_gate_up in interleaved blocks of 16 columns (nn.MoE's layout where I allows): with TMA one
-    # dot over gate and up (blocks as wide as the tiles), without, two from blocks of 32
-    for ilv, bn, align in ((16, 16, 16), (32, 16, 1)):
+    # dot over gate and up (blocks as wide as the tiles); two, from blocks of 32, with TMA and without
+    for ilv, bn, align in ((16, 16, 16), (32, 16, 16), (32, 16, 1)):
         mixed = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block_n=bn, align=align, tail=tail,
                                          one_rank=one, gate_up_interleave=ilv), schedule=schedule, target="cuda")
         mine, _, want = case(15, 32, 64, seed=12, skew=1.0)
         mine = dict(mine, w_gate_up=moe.interleave_gate_up(mine["w_gate_up"], ilv))
         assert rel_err(mixed(mesh, **mine)["y"], want) < 1e-4, ("interleaved gate/up", ilv, schedule)
+    # [gate | up] through one descriptor, I ragged against the tiles: the last gate block's box runs
+    # into up's columns, which no store keeps
+    ragged = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block_n=32, align=16, tail=tail,
+                                      one_rank=one), schedule=schedule, target="cuda")
+    mine, _, want = case(9, 32, 48, seed=13, skew=1.0)
+    assert rel_err(ragged(mesh, **mine)["y"], want) < 1e-4, ("ragged I, one descriptor", schedule)
     # top-3: the routing keeps its picks in a block of 4 (a padded lane that must store nothing)
     three = et.compile(moe.moe_layer(top_k=3, block_m=16, max_experts=16, tail=tail, one_rank=one),
                        schedule=schedule, target="cuda")
