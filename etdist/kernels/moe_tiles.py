@@ -190,6 +190,12 @@ def _tile_rows(e, r0, n, slots, T, WORLD, ROWS: tl.constexpr):
 
 
 @triton.jit
+def _token_rows(recv, arows, rok, kk, H):
+    """The tile's gathered token rows, contraction columns kk (a gather: pointer loads)."""
+    return tl.load(recv + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
+
+
+@triton.jit
 def _gate_up_cols(n, I, BN: tl.constexpr, ILV: tl.constexpr):
     """The first weight columns of gate and up block n (BN wide): [gate | up] (ILV = 0), or gate and
     up blocks of ILV columns interleaved (ILV a multiple of BN: block n lies within one of them)."""
@@ -218,9 +224,7 @@ def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_
         w_d = tl.make_tensor_descriptor(wgu, shape=[H, 2 * I], strides=[2 * I, 1], block_shape=[BK, 2 * BN])
         acc = tl.zeros((BM, 2 * BN), tl.float32)
         for k0 in range(0, H, BK):
-            kk = k0 + ks
-            a = tl.load(recv + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H), other=0.0)
-            acc = _dot(a, w_d.load([k0, gc]), acc)
+            acc = _dot(_token_rows(recv, arows, rok, k0 + ks, H), w_d.load([k0, gc]), acc)
         g, u = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN)), (0, 2, 1)))
     else:
         g = tl.zeros((BM, BN), tl.float32)
@@ -228,17 +232,14 @@ def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_
         if TMA:   # one descriptor over both: columns of a ragged last gate block read up's, stored nowhere
             w_d = tl.make_tensor_descriptor(wgu, shape=[H, 2 * I], strides=[2 * I, 1], block_shape=[BK, BN])
             for k0 in range(0, H, BK):
-                kk = k0 + ks
-                a = tl.load(recv + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H),
-                            other=0.0)
+                a = _token_rows(recv, arows, rok, k0 + ks, H)
                 g = _dot(a, w_d.load([k0, gc]), g)
                 u = _dot(a, w_d.load([k0, uc]), u)
         else:
             jb = tl.arange(0, BN)
             for k0 in range(0, H, BK):
                 kk = k0 + ks
-                a = tl.load(recv + arows[:, None] * H + kk[None, :], mask=rok[:, None] & (kk[None, :] < H),
-                            other=0.0)
+                a = _token_rows(recv, arows, rok, kk, H)
                 bm = (kk[:, None] < H) & (js[None, :] < I)
                 bg = tl.load(wgu + kk[:, None] * (2 * I) + gc + jb[None, :], mask=bm, other=0.0)
                 bu = tl.load(wgu + kk[:, None] * (2 * I) + uc + jb[None, :], mask=bm, other=0.0)

@@ -9,8 +9,9 @@ A launch's queue starts with its seeded tasks: those that wait on nothing, then 
 ones (ir.early_pushed: they wait only on pinned tasks' events, or with its chains also on seeded
 tasks ahead of them, and spin when popped). Their ids sit
 in a table the host writes once per shape, and a claim of one of the launch's first NINIT indices
-reads it directly (take; or computes it, where the seeded ids are consecutive): seeding costs no atomics and keeps id order (pushed one by one at
-the start, each program paid a chain of sys-scope atomics before its first task).
+reads it directly (take; or computes it, where the seeded ids are consecutive): seeding costs no
+atomics and keeps id order (pushed one by one at the start, each program paid a chain of
+sys-scope atomics before its first task).
 
 A finished task that brings an event element to its count walks that element's consumers
 (rowptr/cols: the inverse map, built on the host per shape; each entry waits << 32 | task, its

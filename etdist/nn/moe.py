@@ -132,8 +132,9 @@ HALF_TAILS = knobs.read("ETDIST_MOE_HALF_TAILS", knobs.flag, True)
 # w_gate_up holds gate and up in interleaved column blocks of GATE_UP_BLOCK (moe_layer's
 # gate_up_interleave), where the intermediate size is a multiple of it and the dtype 2 bytes: a GPU
 # gate/up tile (block_n = GATE_UP_BLOCK, weights through TMA: H and I multiples of 16) then reads
-# both halves in one box and runs one dot 256 wide, not two 128 wide. Standalone on one H200 (scratch gu_micro, 128 x 256 x 64 tiles, 8 warps, 4
-# stages): 5-13% faster (qwen3_30b_a3b's and mixtral_8x7b's shapes, rows gathered as here).
+# both halves in one box and runs one dot 256 wide, not two 128 wide. Standalone on one H200
+# (scratch gu_micro, 128 x 256 x 64 tiles, 8 warps, 4 stages): 5-13% faster (qwen3_30b_a3b's and
+# mixtral_8x7b's shapes, rows gathered as here).
 GATE_UP_BLOCK = 128
 
 

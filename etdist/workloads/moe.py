@@ -368,7 +368,8 @@ def deinterleave_gate_up(w_gate_up: torch.Tensor, block: int) -> torch.Tensor:
     """interleave_gate_up's inverse: interleaved blocks of `block` columns -> [gate | up]."""
     *lead, H, two_i = w_gate_up.shape
     if two_i % (2 * block):
-        raise ValueError(f"deinterleave_gate_up: the last dimension ({two_i}) must be whole pairs of {block}-column blocks")
+        raise ValueError(f"deinterleave_gate_up: the last dimension ({two_i}) must be whole pairs of "
+                         f"{block}-column blocks")
     pairs = w_gate_up.reshape(*lead, H, two_i // (2 * block), 2, block)
     return torch.cat([pairs[..., 0, :].reshape(*lead, H, -1), pairs[..., 1, :].reshape(*lead, H, -1)], dim=-1)
 
