@@ -302,8 +302,12 @@ def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, topk_w, y32, T, H, I
     if FOLD:
         # the slot's row is token rows // TOP_K's k-th; topk_w [T, TOP_K] flattened is indexed by slot
         w = tl.load(topk_w + rows, mask=rok, other=0.0).to(tl.float32)
-        tl.atomic_add(y32 + (rows // TOP_K)[:, None] * H + hs[None, :], out * w[:, None], mask=ok, sem="relaxed",
-                      scope="gpu")
+        ptrs = y32 + (rows // TOP_K)[:, None] * H + hs[None, :]
+        if FOLD == 2:
+            tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p red.relaxed.gpu.global.add.f32 [$1], $2; mov.u32 $0, 0; }",
+                                      "=r,l,f,r", [ptrs.to(tl.int64, bitcast=True), out * w[:, None], ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.atomic_add(ptrs, out * w[:, None], mask=ok, sem="relaxed", scope="gpu")
     else:
         tl.store(expert_out + rows[:, None] * H + hs[None, :], out.to(expert_out.dtype.element_ty), mask=ok)
 
@@ -338,12 +342,12 @@ def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_
 @triton.jit
 def moe_down_fold(j, h, act, w_down, counts, slots, tile_end, topk_w, y32, T, H, I, E_local, WORLD,
                   TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr,
-                  TMA: tl.constexpr, HALF: tl.constexpr):
+                  TMA: tl.constexpr, HALF: tl.constexpr, FOLD: tl.constexpr):
     """One rank, the combine folded in: y32[token, h*BN:(h+1)*BN] += weight x (act[row] @ w_down[e])
     for each row (slot) of tile j, an fp32 atomic add a value (order not fixed: the sums may differ
     in the last bit between runs)."""
     _down(j, h, act, w_down, counts, slots, tile_end, y32, topk_w, y32, T, H, I, E_local, WORLD, TOP_K,
-          BM, BN, BK, BE, TMA, HALF, True)
+          BM, BN, BK, BE, TMA, HALF, FOLD)
 
 
 @triton.jit
@@ -413,4 +417,7 @@ def moe_fold_out(i, c, G, y32, y, T, H, BM: tl.constexpr, BH: tl.constexpr, WH: 
             m = (t[:, None] < T) & (h[None, :] < H)
             at = t[:, None] * H + h[None, :]
             tl.store(y + at, tl.load(y32 + at, mask=m).to(y.dtype.element_ty), mask=m)
+            # every thread's load before any thread's zeros: the two may lay the block out over the
+            # threads differently (without it, one H100: whole 64-column steps of rows read zeros)
+            tl.debug_barrier()
             tl.store(y32 + at, tl.zeros((BM, BH), tl.float32), mask=m)

@@ -302,7 +302,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     @g.task(grid=(max_tiles * h_tiles,), wait=lambda q: act_ready[dn(q)[0]],
             when=lambda q: dn(q)[0] < ntiles[0], notify=lambda q: done[0],
             triton=moe_tiles.moe_down_fold if fold else moe_tiles.moe_down,
-            constexprs=dict(expert_gemm, BN=BND, **({"TOP_K": top_k} if fold else {})),
+            constexprs=dict(expert_gemm, BN=BND, **({"TOP_K": top_k, "FOLD": int(fold_combine)} if fold else {})),
             bind=dict(j=lambda q: dn(q)[0], h=lambda q: dn(q)[1]))
     def down(t, q):
         j, h = t(dn(q)[0]), t(dn(q)[1])
