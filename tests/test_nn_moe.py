@@ -1,5 +1,6 @@
 """et.nn.MoE on the CPU runtime (simulated expert-parallel ranks) against a plain torch top-k MoE."""
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import torch
 from torch.nn import functional as F
 
 import etdist as et
+from etdist.fusion.expr import evaluate
 from etdist.nn import moe as nn_moe
 
 H, I, E, K = 24, 20, 8, 2
@@ -293,3 +295,23 @@ def test_the_gate_up_layout_travels_with_the_state_dict():
         plain.load_state_dict(packed.state_dict())
     w = torch.randn(2, h, 2 * i)
     assert torch.equal(packed.unpack_gate_up(packed.pack_gate_up(w)), w)
+
+
+def test_graph_options_replace_the_layers_own_for_ab_runs():
+    """MoE._graph(**options) (launch/moe_ab.py's variants): moe_layer arguments replace the
+    layer's own; the launcher's variant text parses into them."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("moe_ab", pathlib.Path(__file__).parents[1] / "launch" / "moe_ab.py")
+    moe_ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(moe_ab)
+    assert moe_ab.variant("base") == {}
+    assert moe_ab.variant("half_tails=false+router_slice=512") == {"half_tails": False, "router_slice": 512}
+    layer = et.nn.MoE(2048, 768, 128, 8, simulate_world=1)
+    tiles, align, _ = layer._plan("cuda", True)
+    grids = {}
+    for options in ({}, moe_ab.variant("router_slice=512")):
+        ir = layer._graph("cuda", tiles, align, True, **options).to_ir()
+        grids[bool(options)] = next(t.grid for t in ir.tasks if t.name == "logits")
+    sizes = dict(T=4096, H=2048)
+    assert [evaluate(n, sizes) for n in grids[False]] == [64, 8]      # 64-token blocks, 256-column slices
+    assert [evaluate(n, sizes) for n in grids[True]] == [64, 4]

@@ -310,24 +310,6 @@ def test_moe_graph_built_for_one_rank_is_refused_on_two(schedule):
         et.compile(moe.moe_layer(top_k=top_k, block_m=4, one_rank=True), schedule=schedule)
 
 
-def test_moe_folded_combine(schedule):
-    """fold_combine (one rank): the down tiles add their weighted rows into y32 and the combine only
-    converts it: the reference's result over several launches (y32 left zero after each, which the
-    CPU runtime checks), T, H and I ragged against the blocks, a strided combine; refused on a graph
-    for more ranks."""
-    kernel = et.compile(moe.moe_layer(top_k=3, block_m=4, block=16, one_rank=True, fold_combine=True,
-                                      combine_block=16, combine_width=16, combine_tasks=2), schedule=schedule,
-                        programs=3)
-    for T, H, I in ((37, 40, 20), (5, 72, 12), (37, 40, 20)):
-        one, (wg, w1, w2) = moe.make_inputs(1, T, H, I, E=6, seed=T + H, skew=1.0)
-        got = kernel.run(one, interleave="random", seed=T)[0]["y"]
-        assert rel_err(got, moe.reference([one[0]["x"]], wg, w1, w2, top_k=3)[0]) < TOL, (T, H, I)
-    names = {t.name for t in kernel.ir.tensors}
-    assert "y32" in names and "expert_out" not in names            # the expert outputs are never stored
-    with pytest.raises(et.GraphError, match="fold_combine needs one_rank=True"):
-        moe.moe_layer(top_k=2, block_m=4, fold_combine=True)
-
-
 def test_one_compile_serves_every_size():
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8))
     for M in (1, 2, 9, 64, 65):

@@ -277,10 +277,9 @@ def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, 
 
 
 @triton.jit
-def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, topk_w, y32, T, H, I, WORLD, TOP_K: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, FOLD: tl.constexpr):
-    """expert_out[rows, h*BN:(h+1)*BN] for the m rows of expert e's slots from r0 on (moe_down);
-    FOLD (one rank): y32[token of each row, those columns] += its routing weight x the row instead."""
+def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, TMA: tl.constexpr):
+    """expert_out[rows, h*BN:(h+1)*BN] for the m rows of expert e's slots from r0 on (moe_down)."""
     rows, rok = _tile_rows(e, r0, m, slots, T, WORLD, BM)
     wd = w_down + e * I * H
     hs = h * BN + tl.arange(0, BN)
@@ -298,35 +297,8 @@ def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, topk_w, y32, T, H, I
             a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
             dn = tl.load(wd + js[:, None] * H + hs[None, :], mask=(js[:, None] < I) & (hs[None, :] < H), other=0.0)
             out = _dot(a, dn, out)
-    ok = rok[:, None] & (hs[None, :] < H)
-    if FOLD:
-        # the slot's row is token rows // TOP_K's k-th; topk_w [T, TOP_K] flattened is indexed by slot
-        w = tl.load(topk_w + rows, mask=rok, other=0.0).to(tl.float32)
-        ptrs = y32 + (rows // TOP_K)[:, None] * H + hs[None, :]
-        if FOLD == 2:
-            tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p red.relaxed.gpu.global.add.f32 [$1], $2; mov.u32 $0, 0; }",
-                                      "=r,l,f,r", [ptrs.to(tl.int64, bitcast=True), out * w[:, None], ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            tl.atomic_add(ptrs, out * w[:, None], mask=ok, sem="relaxed", scope="gpu")
-    else:
-        tl.store(expert_out + rows[:, None] * H + hs[None, :], out.to(expert_out.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _down(j, h, act, w_down, counts, slots, tile_end, expert_out, topk_w, y32, T, H, I, E_local, WORLD,
-          TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr,
-          TMA: tl.constexpr, HALF: tl.constexpr, FOLD: tl.constexpr):
-    e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
-    if HALF:
-        if m <= BM // 2:
-            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, topk_w, y32, T, H, I, WORLD, TOP_K, BM // 2, BN,
-                       BK, TMA, FOLD)
-        else:
-            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, topk_w, y32, T, H, I, WORLD, TOP_K, BM, BN, BK,
-                       TMA, FOLD)
-    else:
-        _down_tile(e, r0, m, h, act, w_down, slots, expert_out, topk_w, y32, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA,
-                   FOLD)
+    tl.store(expert_out + rows[:, None] * H + hs[None, :], out.to(expert_out.dtype.element_ty),
+             mask=rok[:, None] & (hs[None, :] < H))
 
 
 @triton.jit
@@ -335,19 +307,14 @@ def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_
              HALF: tl.constexpr):
     """expert_out[rows of tile j, h*BN:(h+1)*BN] = act[rows] @ w_down[e][:, those columns]
     (HALF: as moe_gate_up's)."""
-    _down(j, h, act, w_down, counts, slots, tile_end, expert_out, expert_out, expert_out, T, H, I, E_local, WORLD, 1,
-          BM, BN, BK, BE, TMA, HALF, False)
-
-
-@triton.jit
-def moe_down_fold(j, h, act, w_down, counts, slots, tile_end, topk_w, y32, T, H, I, E_local, WORLD,
-                  TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr,
-                  TMA: tl.constexpr, HALF: tl.constexpr, FOLD: tl.constexpr):
-    """One rank, the combine folded in: y32[token, h*BN:(h+1)*BN] += weight x (act[row] @ w_down[e])
-    for each row (slot) of tile j, an fp32 atomic add a value (order not fixed: the sums may differ
-    in the last bit between runs)."""
-    _down(j, h, act, w_down, counts, slots, tile_end, y32, topk_w, y32, T, H, I, E_local, WORLD, TOP_K,
-          BM, BN, BK, BE, TMA, HALF, FOLD)
+    e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
+    if HALF:
+        if m <= BM // 2:
+            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM // 2, BN, BK, TMA)
+        else:
+            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA)
+    else:
+        _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA)
 
 
 @triton.jit
@@ -403,21 +370,3 @@ def moe_combine(i, c, G, topk_ids, topk_w, back, y, T, H, E_local, TOP_K: tl.con
             _combine_rows(b, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K, KP, BM, BH, WH)
     else:
         _combine_rows(i, c, topk_ids, topk_w, back, y, T, H, E_local, TOP_K, KP, BM, BH, WH)
-
-
-@triton.jit
-def moe_fold_out(i, c, G, y32, y, T, H, BM: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr,
-                 STRIDED: tl.constexpr):
-    """The folded combine's end: y = y32 in y's dtype, and y32 zeroed for the next launch; token
-    blocks as moe_combine's (i, or i, i + G, ... where STRIDED), hidden columns [c*WH, (c+1)*WH)."""
-    for b in range(i, tl.cdiv(T, BM) if STRIDED else i + 1, G if STRIDED else 1):
-        t = _i64(b * BM + tl.arange(0, BM))
-        for h0 in range(c * WH, tl.minimum(H, (c + 1) * WH), BH):
-            h = h0 + tl.arange(0, BH)
-            m = (t[:, None] < T) & (h[None, :] < H)
-            at = t[:, None] * H + h[None, :]
-            tl.store(y + at, tl.load(y32 + at, mask=m).to(y.dtype.element_ty), mask=m)
-            # every thread's load before any thread's zeros: the two may lay the block out over the
-            # threads differently (without it, one H100: whole 64-column steps of rows read zeros)
-            tl.debug_barrier()
-            tl.store(y32 + at, tl.zeros((BM, BH), tl.float32), mask=m)

@@ -129,13 +129,6 @@ HALF_TAILS_FROM, HALF_TAILS_MIN_EXPERTS = 128, 32
 HALF_TAILS = knobs.read("ETDIST_MOE_HALF_TAILS", knobs.flag, True)
 
 
-# On one GPU the combine is folded into the down tiles (moe_layer's fold_combine: fp32 atomic adds
-# of the weighted rows into a copy of y, which the combine only converts): the expert outputs are
-# never stored, and the launch's tail reads T x H fp32 values, not T x top_k x H. Knob:
-# ETDIST_MOE_FOLD=0 (A/B runs). Measured: see FOLD's record below once taken.
-FOLD = knobs.read("ETDIST_MOE_FOLD", knobs.flag, False)
-
-
 # w_gate_up holds gate and up in interleaved column blocks of GATE_UP_BLOCK (moe_layer's
 # gate_up_interleave), where the intermediate size is a multiple of it and the dtype 2 bytes: a GPU
 # gate/up tile (block_n = GATE_UP_BLOCK, weights through TMA: H and I multiples of 16) then reads
@@ -286,8 +279,7 @@ class MoE(nn.Module):
         tiles of the size class, the promised alignment of H and I, the early-push level)."""
         if target == "cuda":
             knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_MOE_LARGE_ROWS", "ETDIST_MOE_TAIL",
-                        "ETDIST_MOE_DOWN_N", "ETDIST_MOE_HALF_TAILS", "ETDIST_MOE_FINE_BLOCKS", "ETDIST_MOE_FOLD",
-                        "ETDIST_TMA")
+                        "ETDIST_MOE_DOWN_N", "ETDIST_MOE_HALF_TAILS", "ETDIST_MOE_FINE_BLOCKS", "ETDIST_TMA")
         tiles = (layer_tiles(self.intermediate, self.num_experts // self.world, large, self.router.dtype)
                  if target == "cuda" else None)
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
@@ -306,12 +298,10 @@ class MoE(nn.Module):
             raise InputError(f"MoE: gate/up tiles {tiles.block_n} columns wide (ETDIST_MOE_TILES"
                              f"{'_LARGE' if large else ''}) do not divide the blocks of {self.gate_up_block} this "
                              "layer's w_gate_up interleaves")
-        one = self.world == 1
-        # one GPU: nothing to move or plan, routing places the slots (moe_layer's one_rank), and
-        # the down tiles sum the combine (FOLD)
+        # one GPU: nothing to move or plan, routing places the slots (moe_layer's one_rank)
         args = dict(block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts, block=tiles.block,
                     block_n=tiles.block_n, down_block_n=tiles.down_n, half_tails=tiles.half_tails, align=align,
-                    group_m=GROUP_M, pin_router=PIN_ROUTER, tail=TAIL, one_rank=one, fold_combine=one and FOLD,
+                    group_m=GROUP_M, pin_router=PIN_ROUTER, tail=TAIL, one_rank=self.world == 1,
                     gate_up_interleave=self.gate_up_block, **graph_blocks(self.top_k, large))
         return moe_graph.moe_layer(self.top_k, **{**args, **options})
 
@@ -324,7 +314,7 @@ class MoE(nn.Module):
         tiles, align, early = self._plan(target, large)
         key = (target, self.top_k, self.schedule, self.router.dtype, self.num_experts, tiles, align, GROUP_M,
                PIN_ROUTER, TAIL, early, large and target == "cuda", self.world == 1 and target == "cuda",
-               FINE_BLOCKS, self.gate_up_block, claim_ahead(), FOLD)
+               FINE_BLOCKS, self.gate_up_block, claim_ahead())
         if key not in _KERNELS:
             _KERNELS[key] = fusion.compile(self._graph(target, tiles, align, large), schedule=self.schedule, target=target,
                                            early_push=early)

@@ -49,7 +49,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
               topk_block: int | None = None, combine_block: int | None = None,
               combine_width: int | None = None, combine_tasks: int | None = None,
               combine_step: int | None = None, gate_up_interleave: int | None = None,
-              router_slice: int | None = None, fold_combine: bool = False) -> et.Graph:
+              router_slice: int | None = None) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -81,11 +81,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     column blocks of N interleaved, [gate 0:N | up 0:N | gate N:2N | up N:2N | ...]
     (interleave_gate_up; I must be a multiple of N, and N of block_n). Where N = block_n and the
     weights load through TMA (align 16), a GPU gate/up tile reads both halves in one box and runs
-    one dot twice as wide.
-    fold_combine (one_rank only): the down tiles add their weighted rows into an fp32 copy of y
-    themselves (atomic adds, in no fixed order: y may differ in its last bit between runs) and the
-    combine only converts it to y's dtype (and zeroes it for the next launch): the expert outputs
-    are never stored, and the launch's tail reads T x H fp32 values instead of T x top_k x H."""
+    one dot twice as wide."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
     widths = (("route_block", route_block), ("plan_block", plan_block)) + tuple(
@@ -114,9 +110,6 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         if isinstance(ILV, bool) or not isinstance(ILV, int) or ILV < 1 or ILV % (block_n or block):
             raise et.GraphError(f"moe_layer: gate_up_interleave must be a positive multiple of block_n "
                                 f"({block_n or block}: a gate/up tile's columns lie in one block), got {ILV!r}")
-    if fold_combine and not one_rank:
-        raise et.GraphError("moe_layer: fold_combine needs one_rank=True (the expert outputs of other ranks' "
-                            "tokens travel back to them before the combine)")
     if half_tails and block_m < 32:
         raise et.GraphError(f"moe_layer: half_tails needs block_m >= 32 (half a tile is a tl.dot of >= 16 rows), "
                             f"got block_m={block_m}")
@@ -172,11 +165,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     g.scratch("tile_end", (EL,), torch.int64)                      # first row tile after expert e's
     ntiles = g.scratch("ntiles", (1,), torch.int64)
     g.scratch("act", (R * S, I), dtype)                            # SwiGLU activations
-    fold = bool(fold_combine)
-    if fold:
-        g.scratch("y32", (T, H), torch.float32, zeroed=True)      # the combine's sums (the down tiles add)
-    else:
-        g.scratch("expert_out", (R, S, H), dtype)
+    g.scratch("expert_out", (R, S, H), dtype)
     if not one:
         g.scratch("back", (R, S, H), dtype, symmetric=True)        # on the token's rank: [owner, slot]
     g.output("y", (T, H), dtype)
@@ -301,19 +290,13 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # dynamic queue's consumers of `tiled` once more per down tile
     @g.task(grid=(max_tiles * h_tiles,), wait=lambda q: act_ready[dn(q)[0]],
             when=lambda q: dn(q)[0] < ntiles[0], notify=lambda q: done[0],
-            triton=moe_tiles.moe_down_fold if fold else moe_tiles.moe_down,
-            constexprs=dict(expert_gemm, BN=BND, **({"TOP_K": top_k, "FOLD": int(fold_combine)} if fold else {})),
+            triton=moe_tiles.moe_down, constexprs=dict(expert_gemm, BN=BND),
             bind=dict(j=lambda q: dn(q)[0], h=lambda q: dn(q)[1]))
     def down(t, q):
         j, h = t(dn(q)[0]), t(dn(q)[1])
         e, rows = expert_rows(t, j)
         cols = et.block(h, BND, t.H)
-        out = t.act[rows] @ t.w_down[e][:, cols]
-        if fold:                                         # y32[token of the slot] += its weight x its row
-            w = t.topk_w.reshape(-1)[rows].float()
-            t.y32[:, cols].index_add_(0, rows // top_k, w[:, None] * out.float())
-        else:
-            t.expert_out.reshape(-1, t.H)[rows, cols] = out
+        t.expert_out.reshape(-1, t.H)[rows, cols] = t.act[rows] @ t.w_down[e][:, cols]
 
     # tiled first: done's count reads ntiles, which tile_table writes
     if not one:
@@ -338,27 +321,19 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     CS = min(combine_step or block, CW)
     c_blocks, c_slabs = et.cdiv(T, CB), et.cdiv(H, CW)
     c_rows = et.minimum(c_blocks, et.cdiv(CT, c_slabs)) if CT else c_blocks
-    if fold:
-        @g.task(grid=(c_rows, c_slabs), wait=lambda i, c: [tiled[0], done[0]], triton=moe_tiles.moe_fold_out,
-                constexprs=dict(BM=CB, BH=CS, WH=CW, STRIDED=bool(CT)), bind=dict(G=c_rows), tail=tail)
-        def combine(t, i, c):                            # y = the down tiles' sums; y32 zeroed again
-            stride, hs = t(c_rows), et.block(c, CW, t.H)
-            for b in range(i, t(c_blocks), stride):
-                rows = et.block(b, CB, t.T)
-                t.y[rows, hs] = t.y32[rows, hs].to(t.y.dtype)
-                t.y32[rows, hs] = 0
-    else:
-        @g.task(grid=(c_rows, c_slabs), wait=lambda i, c: [tiled[0], done[0]] if one else returned[me],
-                triton=moe_tiles.moe_combine, constexprs=dict(TOP_K=top_k, KP=KP, BM=CB, BH=CS, WH=CW, STRIDED=bool(CT)),
-                bind=dict(G=c_rows, **({"back": "expert_out"} if one else {})), tail=tail)
-        def combine(t, i, c):
-            stride, hs = t(c_rows), et.block(c, CW, t.H)
-            for b in range(i, t(c_blocks), stride):
-                rows = et.block(b, CB, t.T)
-                owner = t.topk_ids[rows] // t.E_local                            # [rows, k]
-                slot = torch.arange(rows.start * top_k, rows.stop * top_k).view(-1, top_k)
-                out = (t.expert_out if one else t.back)[owner, slot][..., hs]    # [rows, k, slab]
-                t.y[rows, hs] = (t.topk_w[rows].unsqueeze(-1) * out).sum(1)
+    @g.task(grid=(c_rows, c_slabs), wait=lambda i, c: [tiled[0], done[0]] if one else returned[me],
+            triton=moe_tiles.moe_combine,
+            constexprs=dict(TOP_K=top_k, KP=KP, BM=CB, BH=CS, WH=CW,
+                            STRIDED=bool(CT)),
+            bind=dict(G=c_rows, **({"back": "expert_out"} if one else {})), tail=tail)
+    def combine(t, i, c):
+        stride, hs = t(c_rows), et.block(c, CW, t.H)
+        for b in range(i, t(c_blocks), stride):
+            rows = et.block(b, CB, t.T)
+            owner = t.topk_ids[rows] // t.E_local                            # [rows, k]
+            slot = torch.arange(rows.start * top_k, rows.stop * top_k).view(-1, top_k)
+            out = (t.expert_out if one else t.back)[owner, slot][..., hs]    # [rows, k, slab]
+            t.y[rows, hs] = (t.topk_w[rows].unsqueeze(-1) * out).sum(1)
 
     I_sample = 2 * math.lcm(align, ILV or 1)       # whole interleaved blocks
     if one:       # enough experts for top_k on the one rank (the ranks below provide them otherwise)
