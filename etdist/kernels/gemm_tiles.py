@@ -216,71 +216,37 @@ def gemm_rs_skinny_reduce(j, partial, y, M, N, RANK, WORLD, SPLITS: tl.constexpr
 
 
 @triton.jit
-def gate_up_cols(n, I, BN: tl.constexpr, ILV: tl.constexpr):
-    """The first weight columns of gate and up block n (BN wide) in w_gate_up [H, 2I]: [gate | up]
-    (ILV = 0), or gate and up blocks of ILV columns interleaved (ILV a multiple of BN: block n
-    lies within one of them; etdist.workloads.gate_up)."""
-    if ILV == 0:
-        return n * BN, I + n * BN
-    else:
-        c = (n * BN) // ILV * (2 * ILV) + (n * BN) % ILV
-        return c, c + ILV
-
-
-@triton.jit
 def swiglu_rows(a, rows, w_gate_up, h, H, I, i, j,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False, ILV: tl.constexpr = 0):
-    """h[tile i of `rows` rows; cols tile j] = silu(a @ w_gate) * (a @ w_up) (a, h offset to row 0),
-    w_gate_up [H, 2I] in the layout ILV names (gate_up_cols): two accumulators, one pass; where
-    gate and up blocks are BLOCK_N wide and interleaved (ILV = BLOCK_N) and load through TMA, one
-    box of both and one dot twice as wide (standalone on one H100, 128 x 2*128 x 64 tiles at M = 8192
-    on the MLP shapes: 1-11% faster than two dots)."""
+                TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False):
+    """h[tile i of `rows` rows; cols tile j] = silu(a @ w_gate) * (a @ w_up), with
+    w_gate_up = [w_gate | w_up] ([H, 2I]); a, h offset to row 0: two accumulators, one pass."""
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     row_ok = offs_m[:, None] < rows
     col_ok = offs_n[None, :] < I
-    gc, uc = gate_up_cols(j, I, BLOCK_N, ILV)
-    if TMA:
+    a_ptrs = a + offs_m[:, None] * H + offs_k[None, :]
+    g_ptrs = w_gate_up + offs_k[:, None] * (2 * I) + offs_n[None, :]
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if TMA:   # gate and up as two [H, I] views with row stride 2I
         async_proxy_fence(USE_ASM)   # `a` holds rows gathered in this launch
         a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(rows, 1), H], strides=[H, 1],
                                         block_shape=[BLOCK_M, BLOCK_K])
-        k_steps = tl.where(rows > 0, tl.cdiv(H, BLOCK_K), 0)
-        if ILV == BLOCK_N:
-            w_d = tl.make_tensor_descriptor(w_gate_up, shape=[H, 2 * I], strides=[2 * I, 1],
-                                            block_shape=[BLOCK_K, 2 * BLOCK_N])
-            acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
-            for k in range(0, k_steps):
-                acc = tl.dot(a_d.load([i * BLOCK_M, k * BLOCK_K]), w_d.load([k * BLOCK_K, gc]), acc)
-            acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
-        else:
-            if ILV == 0:   # gate and up as two [H, I] views with row stride 2I
-                g_d = tl.make_tensor_descriptor(w_gate_up, shape=[H, I], strides=[2 * I, 1],
-                                                block_shape=[BLOCK_K, BLOCK_N])
-                u_d = tl.make_tensor_descriptor(w_gate_up + I, shape=[H, I], strides=[2 * I, 1],
-                                                block_shape=[BLOCK_K, BLOCK_N])
-                uc = uc - I
-            else:          # blocks wider than the tile: one descriptor over both
-                g_d = tl.make_tensor_descriptor(w_gate_up, shape=[H, 2 * I], strides=[2 * I, 1],
-                                                block_shape=[BLOCK_K, BLOCK_N])
-                u_d = g_d
-            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k in range(0, k_steps):
-                a_t = a_d.load([i * BLOCK_M, k * BLOCK_K])
-                acc_g = tl.dot(a_t, g_d.load([k * BLOCK_K, gc]), acc_g)
-                acc_u = tl.dot(a_t, u_d.load([k * BLOCK_K, uc]), acc_u)
+        g_d = tl.make_tensor_descriptor(w_gate_up, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
+        u_d = tl.make_tensor_descriptor(w_gate_up + I, shape=[H, I], strides=[2 * I, 1],
+                                        block_shape=[BLOCK_K, BLOCK_N])
+        for k in range(0, tl.where(rows > 0, tl.cdiv(H, BLOCK_K), 0)):
+            a_t = a_d.load([i * BLOCK_M, k * BLOCK_K])
+            acc_g = tl.dot(a_t, g_d.load([k * BLOCK_K, j * BLOCK_N]), acc_g)
+            acc_u = tl.dot(a_t, u_d.load([k * BLOCK_K, j * BLOCK_N]), acc_u)
     else:
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        a_ptrs = a + offs_m[:, None] * H + offs_k[None, :]
-        g_ptrs = w_gate_up + offs_k[:, None] * (2 * I) + gc + tl.arange(0, BLOCK_N)[None, :]
         for k in range(0, tl.cdiv(H, BLOCK_K)):
             k_ok = offs_k < H - k * BLOCK_K
             a_t = tl.load(a_ptrs, mask=row_ok & k_ok[None, :], other=0.0)
             g_t = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok, other=0.0)
-            u_t = tl.load(g_ptrs + (uc - gc), mask=k_ok[:, None] & col_ok, other=0.0)
+            u_t = tl.load(g_ptrs + I, mask=k_ok[:, None] & col_ok, other=0.0)
             acc_g = tl.dot(a_t, g_t, acc_g)
             acc_u = tl.dot(a_t, u_t, acc_u)
             a_ptrs += BLOCK_K
@@ -292,19 +258,19 @@ def swiglu_rows(a, rows, w_gate_up, h, H, I, i, j,
 @triton.jit
 def swiglu_tile(s, i, j, ag_out, w_gate_up, h, M, H, I, RANK, WORLD,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                TMA: tl.constexpr, USE_ASM: tl.constexpr, ILV: tl.constexpr):
+                TMA: tl.constexpr, USE_ASM: tl.constexpr):
     """SwiGLU tile (i, j) of the rows that source rank s sent (gathered at s * C)."""
     C = (M + WORLD - 1) // WORLD
     swiglu_rows(ag_out + s * C * H, owned_rows(M, WORLD, s), w_gate_up, h + s * C * I, H, I, i, j,
-                BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, ILV)
+                BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
 
 
 @triton.jit
 def swiglu_all_rows(i, j, ag_out, w_gate_up, h, M, H, I,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    TMA: tl.constexpr, USE_ASM: tl.constexpr, ILV: tl.constexpr):
+                    TMA: tl.constexpr, USE_ASM: tl.constexpr):
     """SwiGLU tile (i, j) over all M gathered rows (the chunks lie back to back: rows 0..M)."""
-    swiglu_rows(ag_out, M, w_gate_up, h, H, I, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, ILV)
+    swiglu_rows(ag_out, M, w_gate_up, h, H, I, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
 
 
 @triton.jit

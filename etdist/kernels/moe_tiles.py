@@ -10,7 +10,7 @@ on tensor cores in the input dtype, IEEE fp32 for fp32 inputs.
 import triton
 import triton.language as tl
 
-from .gemm_tiles import aligned_peer, gate_up_cols
+from .gemm_tiles import aligned_peer
 
 
 @triton.jit
@@ -196,6 +196,17 @@ def _token_rows(recv, arows, rok, kk, H):
 
 
 @triton.jit
+def _gate_up_cols(n, I, BN: tl.constexpr, ILV: tl.constexpr):
+    """The first weight columns of gate and up block n (BN wide): [gate | up] (ILV = 0), or gate and
+    up blocks of ILV columns interleaved (ILV a multiple of BN: block n lies within one of them)."""
+    if ILV == 0:
+        return n * BN, I + n * BN
+    else:
+        c = (n * BN) // ILV * (2 * ILV) + (n * BN) % ILV
+        return c, c + ILV
+
+
+@triton.jit
 def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K: tl.constexpr, BM: tl.constexpr,
                   BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, ONE_RANK: tl.constexpr,
                   ILV: tl.constexpr):
@@ -206,7 +217,7 @@ def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_
     wgu = w_gate_up + e * H * 2 * I
     js = n * BN + tl.arange(0, BN)
     ks = tl.arange(0, BK)
-    gc, uc = gate_up_cols(n, I, BN, ILV)
+    gc, uc = _gate_up_cols(n, I, BN, ILV)
     if TMA and ILV == BN:
         # gate and up block n side by side in the weight: one dot 2 x BN wide, split after the loop
         # (one H200, standalone, 128 x 256 x 64 tiles: 5-13% faster than two BN-wide dots)

@@ -16,9 +16,6 @@ from .gemm_rs import (SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, 
                       fp32_config, refusal_reaches_peers, slices_that_fit, total_rows_of)
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
-# Every tile class is GATE_UP_BLOCK columns wide: w_gate_up interleaved in blocks of it
-# (gate_up_interleave) gives each gate/up tile one dot over both halves
-GATE_UP_BLOCK = 128
 # The down projection's tiles are twice as wide (one accumulator): traced at M=1024 (llama31_405b,
 # qwen3_32b), 128x128 down tiles ran at 4.3 TF/s per SM against torch.mm's 5.1-5.2 and the gate/up
 # tiles' 5.6-5.9 (BENCHMARKS.md, eleventh session). Knob: ETDIST_MLP_DOWN_N (128: as before).
@@ -67,17 +64,13 @@ def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, cfg: Ti
 
 def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mesh=None,
                         total_rows: Optional[int] = None, out: Optional[torch.Tensor] = None,
-                        schedule: str = "static", gate_up_interleave: Optional[int] = None) -> torch.Tensor:
+                        schedule: str = "static") -> torch.Tensor:
     """This rank's rows of sum_r (silu(x @ gate_r) * (x @ up_r)) @ w_down_r, sequence-parallel.
 
     x: [rows_r, H] this rank's rows of x [M, H] (chunks of cdiv(M, R), ragged at the end: pass
        `total_rows=M` when M is not R x rows). w_gate_up: [H, 2 I_r], this rank's gate columns then
        its up columns; w_down: [I_r, H] its rows of the down projection (row-major, as
        `etdist.workloads.mlp.shard` makes them). Returns [rows_r, H] in x's dtype.
-    gate_up_interleave=N: w_gate_up holds gate and up in interleaved column blocks of N instead
-       (etdist.workloads.gate_up.interleave_gate_up; I_r a multiple of N). With N = GATE_UP_BLOCK
-       each gate/up tile reads both halves in one box and runs one dot twice as wide
-       (TensorParallelMLP stores its weights so).
     """
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
@@ -93,11 +86,6 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
             raise InputError(f"tensor_parallel_mlp: w_down must be a contiguous {x.dtype} tensor on {x.device}, got "
                              f"{w_down.dtype} on {w_down.device}{'' if w_down.is_contiguous() else ', not contiguous'}")
         M = total_rows_of("tensor_parallel_mlp", total_rows, x, mesh.world_size)
-        ilv = gate_up_interleave
-        if ilv is not None and (isinstance(ilv, bool) or not isinstance(ilv, int) or ilv < 1
-                                or ilv % GATE_UP_BLOCK or I % ilv):
-            raise InputError(f"tensor_parallel_mlp: gate_up_interleave must be None ([gate | up]) or a multiple of "
-                             f"{GATE_UP_BLOCK} (the gate/up tiles' columns) dividing I = {I}, got {ilv!r}")
     whole = M <= _ag_gemm.WHOLE_MAX_M       # small M: every weight read once (mlp_graph.tp_mlp_whole)
     cfg = _ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else TILES
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
@@ -108,9 +96,8 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     tail = tail_plan(M, H, I, mesh.world_size, _sm_count(mesh.device.index), splits) if splits > 1 else 0
     splits = splits if tail else 1
     more = {} if whole else {"down_n": DOWN_N, "tail_splits": splits}
-    more["gate_up_interleave"] = gate_up_interleave
-    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule, splits, gate_up_interleave), cfg,
-                           schedule, lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align, **more))
+    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule, splits), cfg, schedule,
+                           lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align, **more))
     sizes = {"M": M, "TAIL": tail} if tail else {"M": M}
     return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes=sizes,
                   out=None if out is None else {"y": out})["y"]

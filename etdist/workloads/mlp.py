@@ -1,9 +1,8 @@
 """The tensor-parallel (sequence-parallel) SwiGLU MLP as one graph.
 
 Rank r holds its rows x_r [rows_r, H] of x [M, H] (chunks of C = cdiv(M, R), ragged at the end),
-its columns of the gate and up projections w_gate_up_r = [w_gate_r | w_up_r] [H, 2 I_r] (or their
-column blocks interleaved: gate_up_interleave, etdist.workloads.gate_up), and its rows of the down
-projection w_down_r [I_r, H]. Every rank returns its rows of
+its columns of the gate and up projections w_gate_up_r = [w_gate_r | w_up_r] [H, 2 I_r], and its
+rows of the down projection w_down_r [I_r, H]. Every rank returns its rows of
 
     y = sum_r (silu(x @ w_gate_r) * (x @ w_up_r)) @ w_down_r          [rows_r, H]
 
@@ -19,45 +18,23 @@ import torch.nn.functional as F
 import etdist as et
 from etdist.kernels import gemm_tiles
 
-from .gate_up import gate_up_columns
 from .gather import gather_rows
 from .gemm_rs import reduce_partials
 
 
-def _interleave(gate_up_interleave, block_n: int) -> int:
-    """gate_up_interleave checked: 0 ([gate | up]) or a positive multiple of block_n."""
-    ilv = gate_up_interleave or 0
-    if gate_up_interleave is not None and (isinstance(ilv, bool) or not isinstance(ilv, int) or ilv < 1
-                                           or ilv % block_n):
-        raise et.GraphError(f"gate_up_interleave must be a positive multiple of block_n ({block_n}: a gate/up "
-                            f"tile's columns lie in one block), got {gate_up_interleave!r}")
-    return ilv
-
-
-def _check_interleave(g: et.Graph, I, ilv: int) -> None:
-    if ilv:
-        g.check(et.eq(I % ilv, 0), f"w_gate_up's interleaved blocks ({ilv} columns, gate_up_interleave) need I, "
-                "this rank's intermediate size, to be a multiple of them")
-
-
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
-           align: int = 1, group_m: int = 8, down_n: int | None = None, tail_splits: int = 1,
-           gate_up_interleave: int | None = None) -> et.Graph:
+           align: int = 1, group_m: int = 8, down_n: int | None = None, tail_splits: int = 1) -> et.Graph:
     """The graph; gate/up tiles are block_m x block_n of both projections (two accumulators), down
     tiles block_m x down_n (default block_n): one accumulator, so it can be twice as wide.
     tail_splits > 1: the last TAIL down tiles of each rank's order (a size bound at every call, at
     most one owner's tiles) run in that many contraction slices, so that the long down tiles do not
-    leave a ragged last wave (the op plans TAIL from the tasks each program is dealt).
-    gate_up_interleave: w_gate_up's layout, [gate | up] (None) or their column blocks of N
-    interleaved (I a multiple of N, N of block_n; N = block_n with TMA: one dot per gate/up tile)."""
-    ilv = _interleave(gate_up_interleave, block_n)
+    leave a ragged last wave (the op plans TAIL from the tasks each program is dealt)."""
     if isinstance(tail_splits, bool) or not isinstance(tail_splits, int) or tail_splits < 1:
         raise et.GraphError(f"tp_mlp: tail_splits must be a positive int, got {tail_splits!r}")
     g = et.Graph("mlp")
     M = g.size("M")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)   # I: this rank's share
     R, me = g.world, g.rank
-    _check_interleave(g, I, ilv)
     C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     DN = down_n or block_n
     m_tiles, i_tiles, h_tiles = et.cdiv(C, block_m), et.cdiv(I, block_n), et.cdiv(H, DN)
@@ -93,14 +70,14 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
     @g.task(grid=(R, m_tiles * i_tiles), wait=lambda s, q: rows_in[me, (me + s) % R, up_tile(q)[0]],
             notify=lambda s, q: h_ready[(me + s) % R, up_tile(q)[0]],
-            triton=gemm_tiles.swiglu_tile, constexprs=dict(gemm, ILV=ilv),
+            triton=gemm_tiles.swiglu_tile, constexprs=gemm,
             bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: up_tile(q)[0], j=lambda s, q: up_tile(q)[1]))
     def gate_up(t, s, q):                                   # rows of source me + s, as they arrive
         i, j = t(up_tile(q)[0]), t(up_tile(q)[1])
         src = (t.rank + s) % t.world
         rows = et.shift(et.block(i, block_m, t(owned(src))), src * t(C))
         cols = et.block(j, block_n, t.I)
-        t.h[rows, cols] = _swiglu(t, t.ag_out[rows], cols, ilv)
+        t.h[rows, cols] = _swiglu(t, t.ag_out[rows], cols)
 
     def down_slice(t, v, s, n):          # slice s of n of my partial of rank me + d's tile q (v = d * mn + q)
         d, q = t(v // mn), t(v % mn)
@@ -132,23 +109,20 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
     tail = [{"TAIL": 1}, {"TAIL": 0}] if S > 1 else [{}]   # one tile in slices, or none
     for sizes in tail:
-        g.sample(M=5, H=3, I=2 * (ilv or 1), **sizes)
-        g.sample(M=37, H=20, I=17 * (ilv or 1), **sizes)
+        g.sample(M=5, H=3, I=2, **sizes)
+        g.sample(M=37, H=20, I=17, **sizes)
     return g
 
 
 def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
-                 align: int = 1, group_m: int = 8, gate_up_interleave: int | None = None) -> et.Graph:
+                 align: int = 1, group_m: int = 8) -> et.Graph:
     """The small-M variant: the (small) gather completes first; gate/up and down tiles then run
     over all M rows at once, so each weight is read once (the graph above reads them once per
-    source and per destination rank). Down tiles store each owner's rows into its partial.
-    gate_up_interleave: as tp_mlp's."""
-    ilv = _interleave(gate_up_interleave, block_n)
+    source and per destination rank). Down tiles store each owner's rows into its partial."""
     g = et.Graph("mlp_whole")
     M = g.size("M")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)
     R, me = g.world, g.rank
-    _check_interleave(g, I, ilv)
     C, owned = et.row_chunks(M, R)
     m_all, own_tiles = et.cdiv(M, block_m), et.cdiv(C, block_m)
     i_tiles, h_tiles = et.cdiv(I, block_n), et.cdiv(H, block_n)
@@ -168,11 +142,11 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     down_tile = lambda q: et.grouped(q, m_all, h_tiles, group_m)   # noqa: E731
 
     @g.task(grid=(m_all * i_tiles,), wait=lambda q: all_in[me], notify=lambda q: h_ready[up_tile(q)[0]],
-            triton=gemm_tiles.swiglu_all_rows, constexprs=dict(gemm, ILV=ilv),
+            triton=gemm_tiles.swiglu_all_rows, constexprs=gemm,
             bind=dict(i=lambda q: up_tile(q)[0], j=lambda q: up_tile(q)[1]))
     def gate_up(t, q):
         rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), block_n, t.I)
-        t.h[rows, cols] = _swiglu(t, t.ag_out[rows], cols, ilv)
+        t.h[rows, cols] = _swiglu(t, t.ag_out[rows], cols)
 
     @g.task(grid=(m_all * h_tiles,), wait=lambda q: h_ready[down_tile(q)[0]],
             notify=lambda q: arrived[et.every(0, R), down_tile(q)[1]],
@@ -188,16 +162,15 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
 
     reduce_partials(g, lambda i, j: arrived[me, j], owned, own_tiles, h_tiles, block_m, block_n, cols="H")
 
-    g.sample(M=5, H=3, I=2 * (ilv or 1))
-    g.sample(M=37, H=20, I=17 * (ilv or 1))
+    g.sample(M=5, H=3, I=2)
+    g.sample(M=37, H=20, I=17)
     return g
 
 
-def _swiglu(t, xs, cols, interleave: int = 0):
-    """silu(xs @ w_gate[:, cols]) * (xs @ w_up[:, cols]), w_gate_up in the layout `interleave` names
-    (cols lie within one interleaved block)."""
-    (g0, u0), width = gate_up_columns(cols.start, t.I, interleave), cols.stop - cols.start
-    return F.silu(xs @ t.w_gate_up[:, g0:g0 + width]) * (xs @ t.w_gate_up[:, u0:u0 + width])
+def _swiglu(t, xs, cols):
+    """silu(xs @ w_gate[:, cols]) * (xs @ w_up[:, cols]), with w_gate_up = [w_gate | w_up]."""
+    I_ = t.I
+    return F.silu(xs @ t.w_gate_up[:, cols]) * (xs @ t.w_gate_up[:, I_ + cols.start:I_ + cols.stop])
 
 
 def reference(xs, w_gate_up, w_down):

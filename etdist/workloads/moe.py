@@ -36,8 +36,6 @@ import etdist as et
 from etdist.kernels import moe_tiles
 from etdist.kernels.gemm_tiles import use_tma
 
-from .gate_up import deinterleave_gate_up, gate_up_columns, interleave_gate_up  # noqa: F401  (nn.MoE's)
-
 
 # The routing loads the router slices' logits this many fp32 values at a time at most (64 registers
 # a thread at 8 warps; 0: one slice at a time, as before, for A/B runs)
@@ -343,6 +341,37 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     for world in () if one else (1, 2, 4):
         g.sample(T=3, H=2 * align, I=I_sample, E=2 * world, E_local=2, WORLD=world)
     return g
+
+
+def gate_up_columns(c: int, I: int, interleave: int = 0) -> tuple[int, int]:
+    """Where gate column c and up column c lie in w_gate_up: [gate | up] (interleave 0), or their
+    blocks of `interleave` columns interleaved (c's block holds the columns up to its end)."""
+    if not interleave:
+        return c, I + c
+    g = c // interleave * 2 * interleave + c % interleave
+    return g, g + interleave
+
+
+def interleave_gate_up(w_gate_up: torch.Tensor, block: int) -> torch.Tensor:
+    """[..., H, 2I] as [gate | up] -> their column blocks of `block` interleaved (moe_layer's
+    gate_up_interleave); I must be a multiple of block."""
+    *lead, H, two_i = w_gate_up.shape
+    I = two_i // 2
+    if two_i % 2 or I % block:
+        raise ValueError(f"interleave_gate_up: the last dimension ({two_i}) must be 2 I with I a multiple of {block}")
+    gate, up = w_gate_up[..., :I], w_gate_up[..., I:]
+    blocks = (*lead, H, I // block, block)
+    return torch.stack([gate.reshape(blocks), up.reshape(blocks)], dim=-2).reshape(*lead, H, two_i).contiguous()
+
+
+def deinterleave_gate_up(w_gate_up: torch.Tensor, block: int) -> torch.Tensor:
+    """interleave_gate_up's inverse: interleaved blocks of `block` columns -> [gate | up]."""
+    *lead, H, two_i = w_gate_up.shape
+    if two_i % (2 * block):
+        raise ValueError(f"deinterleave_gate_up: the last dimension ({two_i}) must be whole pairs of "
+                         f"{block}-column blocks")
+    pairs = w_gate_up.reshape(*lead, H, two_i // (2 * block), 2, block)
+    return torch.cat([pairs[..., 0, :].reshape(*lead, H, -1), pairs[..., 1, :].reshape(*lead, H, -1)], dim=-1)
 
 
 def reference(xs, wg, w_gate_up, w_down, top_k: int) -> list[torch.Tensor]:
