@@ -306,12 +306,12 @@ def test_graph_options_replace_the_layers_own_for_ab_runs():
     spec.loader.exec_module(moe_ab)
     assert moe_ab.variant("base") == {}
     assert moe_ab.variant("half_tails=false+router_slice=512") == {"half_tails": False, "router_slice": 512}
-    layer = et.nn.MoE(2048, 768, 128, 8, simulate_world=1)
+    layer = et.nn.MoE(512, 128, 16, 8, simulate_world=1)
     tiles, align, _ = layer._plan("cuda", True)
     grids = {}
     for options in ({}, moe_ab.variant("router_slice=512")):
         ir = layer._graph("cuda", tiles, align, True, **options).to_ir()
         grids[bool(options)] = next(t.grid for t in ir.tasks if t.name == "logits")
-    sizes = dict(T=4096, H=2048)
-    assert [evaluate(n, sizes) for n in grids[False]] == [64, 8]      # 64-token blocks, 256-column slices
-    assert [evaluate(n, sizes) for n in grids[True]] == [64, 4]
+    sizes = dict(T=4096, H=512)
+    assert [evaluate(n, sizes) for n in grids[False]] == [64, 2]      # 64-token blocks, 256-column slices
+    assert [evaluate(n, sizes) for n in grids[True]] == [64, 1]
