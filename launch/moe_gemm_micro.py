@@ -5,6 +5,8 @@
 Experts of ROWS contiguous rows each (uniform routing, no gather), as a persistent kernel whose
 programs walk their tiles
   per_tile  tile after tile, the K loop pipelined inside each tile (the megakernel's tasks do this),
+  per_tile_gather  the same with the rows of A scattered and gathered through an index (pointer
+            loads: the MoE's tiles read their tokens' rows so),
   flat      one flattened (tile, k) loop (tl.range(flatten=True)): the next tile's loads start under
             this one's last steps (Triton's persistent-matmul pattern),
   flat_ws   flat with warp specialisation (tl.range(warp_specialize=True)),
@@ -46,6 +48,25 @@ def per_tile(a, w, c, M, N, K, ROWS, BM: tl.constexpr, BN: tl.constexpr, BK: tl.
 
 
 @triton.jit
+def per_tile_gather(a, idx, w, c, M, N, K, ROWS, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    NUM_SMS: tl.constexpr, GROUP: tl.constexpr, STAGES: tl.constexpr):
+    """per_tile with the rows of `a` gathered through an index (pointer loads, as the MoE's tiles
+    read their tokens' rows), not one TMA box."""
+    m_tiles, n_tiles = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    c_d = tl.make_tensor_descriptor(c, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+    ks = tl.arange(0, BK)
+    for t in range(tl.program_id(0), m_tiles * n_tiles, NUM_SMS):
+        i, j = _tile_ij(t, m_tiles, n_tiles, GROUP)
+        e = (i * BM) // ROWS
+        rows = tl.load(idx + i * BM + tl.arange(0, BM)).to(tl.int64)
+        w_d = tl.make_tensor_descriptor(w + e * K * N, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k in tl.range(0, K, BK, num_stages=STAGES):
+            acc = tl.dot(tl.load(a + rows[:, None] * K + (k + ks)[None, :]), w_d.load([k, j * BN]), acc)
+        c_d.store([i * BM, j * BN], acc.to(tl.bfloat16))
+
+
+@triton.jit
 def flat(a, w, c, M, N, K, ROWS, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_SMS: tl.constexpr,
          GROUP: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr):
     m_tiles, n_tiles = tl.cdiv(M, BM), tl.cdiv(N, BN)
@@ -68,8 +89,12 @@ def run(name, E, ROWS, K, N, BM, BN, BK, warps, stages):
     w = (torch.randn(E, K, N, device="cuda") / K ** 0.5).bfloat16()
     ends = torch.arange(ROWS, M + 1, ROWS, device="cuda", dtype=torch.int32)
     ref = torch._grouped_mm(a, w, offs=ends).float()
+    perm = torch.randperm(M, device="cuda")             # rows scattered over a, as tokens are
+    a_scattered = torch.empty_like(a)
+    a_scattered[perm] = a
     common = dict(BM=BM, BN=BN, BK=BK, NUM_SMS=sms, GROUP=8, STAGES=stages, num_warps=warps)
     variants = {"per_tile": lambda c: per_tile[(sms,)](a, w, c, M, N, K, ROWS, **common),
+                "per_tile_gather": lambda c: per_tile_gather[(sms,)](a_scattered, perm, w, c, M, N, K, ROWS, **common),
                 "flat": lambda c: flat[(sms,)](a, w, c, M, N, K, ROWS, WS=False, **common),
                 "flat_ws": lambda c: flat[(sms,)](a, w, c, M, N, K, ROWS, WS=True, **common)}
     times = {}
