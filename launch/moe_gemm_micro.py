@@ -11,10 +11,12 @@ programs walk their tiles
             this one's last steps (Triton's persistent-matmul pattern),
   flat_ws   flat with warp specialisation (tl.range(warp_specialize=True)),
 against torch._grouped_mm (cuBLAS) on the same experts. Each is checked against grouped_mm first.
-Twentieth session, one H100 (records moe_gemm_micro): flat is 8-16% faster than per_tile on qwen3's
-short down GEMMs (K = 768), 3-4% on the gate/up ones, tied on Mixtral's long ones; per_tile, in the
-tiles nn.MoE uses, is 4-6% slower than grouped_mm on qwen3's shapes at 4096 tokens and faster on
-Mixtral's and on qwen3's at 1024.
+Twentieth session, one H100, two runs on two machines (records moe_gemm_micro): flat is 8-16% faster
+than per_tile on qwen3's short down GEMMs (K = 768) and 2-4% on its gate/up ones; on Mixtral's long
+ones the variants differ by less than the two runs do (up to 7%). Gathering A's rows through an
+index costs 1-3% on qwen3's shapes and 11% on Mixtral's down GEMM (rows of K = 14336). per_tile, in
+the tiles nn.MoE uses, is within 6% of grouped_mm on qwen3's shapes at 4096 tokens and faster on
+qwen3's at 1024.
 """
 import torch
 import triton
