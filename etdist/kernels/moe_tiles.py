@@ -11,7 +11,6 @@ import triton
 import triton.language as tl
 
 from .gemm_tiles import aligned_peer
-from .sync import async_proxy_fence
 
 
 @triton.jit
@@ -208,12 +207,11 @@ def _gate_up_cols(n, I, BN: tl.constexpr, ILV: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_tile(e, r0, m, n, a0, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K: tl.constexpr,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, ONE_RANK: tl.constexpr,
-                  ILV: tl.constexpr, ACT_TILE: tl.constexpr):
+def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K: tl.constexpr, BM: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, ONE_RANK: tl.constexpr,
+                  ILV: tl.constexpr):
     """act[rows, n*BN:(n+1)*BN] for the m rows of expert e's slots from r0 on, in a BM-row body
-    (moe_gate_up; the rows are loaded here: a branch's values must keep one shape). ACT_TILE: the
-    rows are act's a0, a0 + 1, ... (the row tile's own), not the slots'."""
+    (moe_gate_up; the rows are loaded here: a branch's values must keep one shape)."""
     rows, rok = _tile_rows(e, r0, m, slots, T, WORLD, BM)
     arows = rows // TOP_K if ONE_RANK else rows          # one rank: `recv` is x, slot s is token s // k
     wgu = w_gate_up + e * H * 2 * I
@@ -247,16 +245,14 @@ def _gate_up_tile(e, r0, m, n, a0, recv, w_gate_up, slots, act, T, H, I, WORLD, 
                 bu = tl.load(wgu + kk[:, None] * (2 * I) + uc + jb[None, :], mask=bm, other=0.0)
                 g = _dot(a, bg, g)
                 u = _dot(a, bu, u)
-    out_rows = a0 + tl.arange(0, BM) if ACT_TILE else rows
-    tl.store(act + out_rows[:, None] * I + js[None, :], (g * tl.sigmoid(g) * u).to(act.dtype.element_ty),
+    tl.store(act + rows[:, None] * I + js[None, :], (g * tl.sigmoid(g) * u).to(act.dtype.element_ty),
              mask=rok[:, None] & (js[None, :] < I))
 
 
 @triton.jit
 def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, H, I, E_local, WORLD,
                 TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr,
-                TMA: tl.constexpr, ONE_RANK: tl.constexpr, HALF: tl.constexpr, ILV: tl.constexpr,
-                ACT_TILE: tl.constexpr):
+                TMA: tl.constexpr, ONE_RANK: tl.constexpr, HALF: tl.constexpr, ILV: tl.constexpr):
     """act[rows of tile j, n*BN:(n+1)*BN] = silu(x @ w_gate) * (x @ w_up); tiles past ntiles do
     nothing (they still notify, so the down tiles of every tile can wait on a fixed element).
     TMA: the expert's weights load through a descriptor (the token rows are a gather: pointers).
@@ -265,51 +261,40 @@ def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, 
     vectorises and pipelines on (mixtral_8x7b at 4096 tokens, one H200: 5953 -> 8128 us).
     HALF: a tile with at most BM / 2 rows (an expert's last) runs a BM / 2-row body.
     ILV: w_gate_up's layout, [gate | up] (0) or their column blocks of ILV interleaved (ILV = BN:
-    one dot over both). ACT_TILE: act's rows are the row tiles' (tile j's from j*BM on), so that a
-    down tile reads its rows as one box."""
+    one dot over both)."""
     if j < tl.load(ntiles):
         e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
-        a0 = _i64(j) * BM
         if HALF:
             if m <= BM // 2:
-                _gate_up_tile(e, r0, m, n, a0, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM // 2, BN, BK,
-                              TMA, ONE_RANK, ILV, ACT_TILE)
+                _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM // 2, BN, BK,
+                              TMA, ONE_RANK, ILV)
             else:
-                _gate_up_tile(e, r0, m, n, a0, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA,
-                              ONE_RANK, ILV, ACT_TILE)
+                _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA,
+                              ONE_RANK, ILV)
         else:
-            _gate_up_tile(e, r0, m, n, a0, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA,
-                          ONE_RANK, ILV, ACT_TILE)
+            _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA, ONE_RANK,
+                          ILV)
 
 
 @triton.jit
-def _down_tile(e, r0, m, h, a0, act, w_down, slots, expert_out, T, H, I, WORLD, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, TMA: tl.constexpr, ACT_TILE: tl.constexpr, USE_ASM: tl.constexpr):
-    """expert_out[rows, h*BN:(h+1)*BN] for the m rows of expert e's slots from r0 on (moe_down);
-    ACT_TILE: their activations are act's rows a0, a0 + 1, ... (with TMA: one box a step)."""
+def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, TMA: tl.constexpr):
+    """expert_out[rows, h*BN:(h+1)*BN] for the m rows of expert e's slots from r0 on (moe_down)."""
     rows, rok = _tile_rows(e, r0, m, slots, T, WORLD, BM)
-    arows = a0 + tl.arange(0, BM) if ACT_TILE else rows
     wd = w_down + e * I * H
     hs = h * BN + tl.arange(0, BN)
     ks = tl.arange(0, BK)
     out = tl.zeros((BM, BN), tl.float32)
-    if TMA and ACT_TILE:
-        async_proxy_fence(USE_ASM)   # act's rows were stored by other programs' gate/up tiles (generic proxy)
-        a32 = a0.to(tl.int32)        # descriptor offsets are 32-bit (act's rows: max_tiles x BM)
-        a_d = tl.make_tensor_descriptor(act, shape=[a32 + BM, I], strides=[I, 1], block_shape=[BM, BK])
-        d_d = tl.make_tensor_descriptor(wd, shape=[I, H], strides=[H, 1], block_shape=[BK, BN])
-        for i0 in range(0, I, BK):   # rows past m: garbage or zeros, in output rows no store keeps
-            out = _dot(a_d.load([a32, i0]), d_d.load([i0, h * BN]), out)
-    elif TMA:
+    if TMA:
         d_d = tl.make_tensor_descriptor(wd, shape=[I, H], strides=[H, 1], block_shape=[BK, BN])
         for i0 in range(0, I, BK):
             js = i0 + ks
-            a = tl.load(act + arows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
+            a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
             out = _dot(a, d_d.load([i0, h * BN]), out)
     else:
         for i0 in range(0, I, BK):
             js = i0 + ks
-            a = tl.load(act + arows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
+            a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
             dn = tl.load(wd + js[:, None] * H + hs[None, :], mask=(js[:, None] < I) & (hs[None, :] < H), other=0.0)
             out = _dot(a, dn, out)
     tl.store(expert_out + rows[:, None] * H + hs[None, :], out.to(expert_out.dtype.element_ty),
@@ -319,20 +304,17 @@ def _down_tile(e, r0, m, h, a0, act, w_down, slots, expert_out, T, H, I, WORLD, 
 @triton.jit
 def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_local, WORLD,
              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, TMA: tl.constexpr,
-             HALF: tl.constexpr, ACT_TILE: tl.constexpr, USE_ASM: tl.constexpr):
+             HALF: tl.constexpr):
     """expert_out[rows of tile j, h*BN:(h+1)*BN] = act[rows] @ w_down[e][:, those columns]
-    (HALF, ACT_TILE: as moe_gate_up's)."""
+    (HALF: as moe_gate_up's)."""
     e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
-    a0 = _i64(j) * BM
     if HALF:
         if m <= BM // 2:
-            _down_tile(e, r0, m, h, a0, act, w_down, slots, expert_out, T, H, I, WORLD, BM // 2, BN, BK, TMA, ACT_TILE,
-                       USE_ASM)
+            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM // 2, BN, BK, TMA)
         else:
-            _down_tile(e, r0, m, h, a0, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA, ACT_TILE,
-                       USE_ASM)
+            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA)
     else:
-        _down_tile(e, r0, m, h, a0, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA, ACT_TILE, USE_ASM)
+        _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA)
 
 
 @triton.jit

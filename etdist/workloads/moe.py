@@ -49,7 +49,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
               topk_block: int | None = None, combine_block: int | None = None,
               combine_width: int | None = None, combine_tasks: int | None = None,
               combine_step: int | None = None, gate_up_interleave: int | None = None,
-              router_slice: int | None = None, act_by_tile: bool = False) -> et.Graph:
+              router_slice: int | None = None) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -81,10 +81,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     column blocks of N interleaved, [gate 0:N | up 0:N | gate N:2N | up N:2N | ...]
     (interleave_gate_up; I must be a multiple of N, and N of block_n). Where N = block_n and the
     weights load through TMA (align 16), a GPU gate/up tile reads both halves in one box and runs
-    one dot twice as wide.
-    act_by_tile: the SwiGLU activations are stored in row-tile order (tile j's rows from j * block_m
-    on) instead of by slot, so that a GPU down tile reads its rows as one TMA box (align 16), not
-    through the slots (one H100, standalone: gathered rows made Mixtral's down GEMM 11% slower)."""
+    one dot twice as wide."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
     widths = (("route_block", route_block), ("plan_block", plan_block)) + tuple(
@@ -167,8 +164,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     g.scratch("slots", (EL, R * T), torch.int64)                   # which (flattened [src, slot])
     g.scratch("tile_end", (EL,), torch.int64)                      # first row tile after expert e's
     ntiles = g.scratch("ntiles", (1,), torch.int64)
-    ACT = bool(act_by_tile)
-    g.scratch("act", (max_tiles * block_m, I) if ACT else (R * S, I), dtype)   # SwiGLU activations
+    g.scratch("act", (R * S, I), dtype)                            # SwiGLU activations
     g.scratch("expert_out", (R, S, H), dtype)
     if not one:
         g.scratch("back", (R, S, H), dtype, symmetric=True)        # on the token's rank: [owner, slot]
@@ -260,10 +256,6 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         t.tile_end[:] = n.cumsum(0)
         t.ntiles[0] = n.sum()
 
-    def act_rows(j, rows):
-        """Row tile j's rows of act: its own (act_by_tile) or its slots'."""
-        return torch.arange(j * block_m, j * block_m + len(rows)) if ACT else rows
-
     def expert_rows(t, j):
         """Row tile j: its expert and its rows of the received slots (flattened [src, slot])."""
         e = int((t.tile_end <= j).sum())
@@ -280,8 +272,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     dn = lambda q: et.grouped(q, max_tiles, h_tiles, group_m)    # noqa: E731  (row tile j, column block h)
 
     @g.task(grid=(max_tiles * gu_tiles,), wait=lambda q: tiled[0], notify=lambda q: act_ready[gu(q)[0]],
-            triton=moe_tiles.moe_gate_up,
-            constexprs=dict(expert_gemm, BN=BN, TOP_K=top_k, ONE_RANK=one, ILV=ILV, ACT_TILE=ACT),
+            triton=moe_tiles.moe_gate_up, constexprs=dict(expert_gemm, BN=BN, TOP_K=top_k, ONE_RANK=one, ILV=ILV),
             bind=dict(j=lambda q: gu(q)[0], n=lambda q: gu(q)[1], **({"recv": "x"} if one else {})))
     def gate_up(t, q):
         j, n = t(gu(q)[0]), t(gu(q)[1])
@@ -293,19 +284,19 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         (g0, u0), width = gate_up_columns(cols.start, t.I, ILV), cols.stop - cols.start
         gate = x @ t.w_gate_up[e][:, g0:g0 + width]
         up = x @ t.w_gate_up[e][:, u0:u0 + width]
-        t.act[act_rows(j, rows), cols] = F.silu(gate) * up
+        t.act[rows, cols] = F.silu(gate) * up
 
     # act_ready[j] comes after tiled (gate_up waits on it): waiting on both would only walk the
     # dynamic queue's consumers of `tiled` once more per down tile
     @g.task(grid=(max_tiles * h_tiles,), wait=lambda q: act_ready[dn(q)[0]],
             when=lambda q: dn(q)[0] < ntiles[0], notify=lambda q: done[0],
-            triton=moe_tiles.moe_down, constexprs=dict(expert_gemm, BN=BND, ACT_TILE=ACT),
+            triton=moe_tiles.moe_down, constexprs=dict(expert_gemm, BN=BND),
             bind=dict(j=lambda q: dn(q)[0], h=lambda q: dn(q)[1]))
     def down(t, q):
         j, h = t(dn(q)[0]), t(dn(q)[1])
         e, rows = expert_rows(t, j)
         cols = et.block(h, BND, t.H)
-        t.expert_out.reshape(-1, t.H)[rows, cols] = t.act[act_rows(j, rows)] @ t.w_down[e][:, cols]
+        t.expert_out.reshape(-1, t.H)[rows, cols] = t.act[rows] @ t.w_down[e][:, cols]
 
     # tiled first: done's count reads ntiles, which tile_table writes
     if not one:
