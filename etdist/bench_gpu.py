@@ -159,6 +159,24 @@ def mlp_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     return CellResult(ours_us, {**base.baselines, "separate": separate_us}, floor, err, base.notes(), graph_us)
 
 
+def moe_operands(mesh, H: int, I: int, E: int, M: int, skew: float, copies: int = 2):
+    """An MoE layer's bf16 operands on this rank: (x [M, H], router [H, E], `copies` w_gate_up
+    [E_local, H, 2I] as [gate | up], `copies` w_down [E_local, I, H]). The router and the skew
+    direction are the same on every rank (seed 0), the experts and tokens this rank's (seed 1 +
+    rank); skew > 0 routes Zipf-like (etdist.workloads.moe.skew_router)."""
+    from .workloads.moe import skew_router, skew_tokens
+    el, dev, bf16 = E // mesh.world_size, mesh.device, torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(0)
+    u = torch.randn(H, generator=gen, device=dev)
+    u = u / u.norm()
+    router = skew_router(torch.randn(H, E, generator=gen, device=dev), u, skew)
+    gen.manual_seed(1 + mesh.rank)
+    wgu = [(torch.randn(el, H, 2 * I, generator=gen, device=dev) * H ** -0.5).to(bf16) for _ in range(copies)]
+    wd = [(torch.randn(el, I, H, generator=gen, device=dev) * I ** -0.5).to(bf16) for _ in range(copies)]
+    x = skew_tokens(torch.randn(M, H, generator=gen, device=dev), u, skew).to(bf16)
+    return x, router.to(bf16), wgu, wd
+
+
 def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "dynamic") -> CellResult:
     """M tokens per rank through et.nn.MoE vs the torch layer (etdist.measure.moe_baseline): `eager`
     = grouped experts (torch._grouped_mm) with exchanged split sizes, `graph` = grouped experts with
@@ -167,19 +185,9 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     padded all_to_all, in a CUDA graph."""
     from .measure import fused_moe as F
     from .measure.moe_baseline import torch_moe
-    from .workloads.moe import skew_router, skew_tokens
     R, H, I, E, k = mesh.world_size, model.hidden, model.expert_intermediate, model.num_experts, model.top_k
     el, dev, bf16 = E // R, mesh.device, torch.bfloat16
-    gen = torch.Generator(device=dev).manual_seed(0)           # the same router and skew on every rank
-    u = torch.randn(H, generator=gen, device=dev)
-    u = u / u.norm()
-    skew = model.routing_skew                                  # Zipf-like: etdist.workloads.moe.skew_router
-    router = skew_router(torch.randn(H, E, generator=gen, device=dev), u, skew)
-    gen.manual_seed(1 + mesh.rank)                             # this rank's experts and tokens
-    wgu = [(torch.randn(el, H, 2 * I, generator=gen, device=dev) * H ** -0.5).to(bf16) for _ in range(2)]
-    wd = [(torch.randn(el, I, H, generator=gen, device=dev) * I ** -0.5).to(bf16) for _ in range(2)]
-    x = skew_tokens(torch.randn(M, H, generator=gen, device=dev), u, skew).to(bf16)
-    router = router.to(bf16)
+    x, router, wgu, wd = moe_operands(mesh, H, I, E, M, model.routing_skew, copies=2)
     layers = []
     for a, b in zip(wgu, wd):                                  # two weight copies, rotated
         layer = et.nn.MoE(H, I, E, k, mesh=mesh, schedule=schedule, dtype=bf16)

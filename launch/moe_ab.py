@@ -14,17 +14,14 @@ to the first variant; records (one per variant and round) in $OUT/$WORKLOAD.json
 import os
 import statistics
 
-import torch
 import torch.distributed as dist
 
 import etdist as et
+from etdist.bench_gpu import REL_ERR_LIMIT, moe_operands
 from etdist.measure import records
 from etdist.measure.moe_baseline import torch_moe
+from etdist.measure.shapes import MOE_SHAPES
 from etdist.measure.timing import time_ranks
-from etdist.workloads import moe as moe_graph
-
-MODELS = {"qwen3_30b_a3b": (2048, 768, 128, 8), "mixtral_8x7b": (4096, 14336, 8, 2)}   # H, I, E, top_k
-REL_ERR_LIMIT = 5e-2                                        # etdist.bench_gpu's for the MoE
 
 
 def variant(text: str) -> dict:
@@ -35,20 +32,6 @@ def variant(text: str) -> dict:
             key, _, value = part.partition("=")
             options[key] = {"true": True, "false": False}[value] if value in ("true", "false") else int(value)
     return options
-
-
-def inputs(mesh, H, I, E, k, T, skew):
-    """bench_gpu.moe_cell's: one router and skew everywhere, this rank's experts and tokens."""
-    dev, bf16, el = mesh.device, torch.bfloat16, E // mesh.world_size
-    gen = torch.Generator(device=dev).manual_seed(0)
-    u = torch.randn(H, generator=gen, device=dev)
-    u = u / u.norm()
-    router = moe_graph.skew_router(torch.randn(H, E, generator=gen, device=dev), u, skew).to(bf16)
-    gen.manual_seed(1 + mesh.rank)
-    wgu = (torch.randn(el, H, 2 * I, generator=gen, device=dev) * H ** -0.5).to(bf16)
-    wd = (torch.randn(el, I, H, generator=gen, device=dev) * I ** -0.5).to(bf16)
-    x = moe_graph.skew_tokens(torch.randn(T, H, generator=gen, device=dev), u, skew).to(bf16)
-    return x, router, wgu, wd
 
 
 def main():
@@ -64,9 +47,10 @@ def main():
     env = records.env_info()
     table = []
     for model in models:
-        H, I, E, k = MODELS[model]
+        m = MOE_SHAPES[model]
+        H, I, E, k = m.hidden, m.expert_intermediate, m.num_experts, m.top_k
         for T in tokens:
-            x, router, wgu, wd = inputs(mesh, H, I, E, k, T, skew)
+            x, router, (wgu,), (wd,) = moe_operands(mesh, H, I, E, T, skew, copies=1)   # bench_gpu.moe_cell's
             want = torch_moe(x.float(), router.float(), wgu.float(), wd.float(), k, experts="loop")
             for sched in schedules:
                 layer = et.nn.MoE(H, I, E, k, mesh=mesh, schedule=sched)
@@ -81,7 +65,7 @@ def main():
                     args = dict(x=x, wg=router, w_gate_up=layer.w_gate_up[0].data, w_down=wd)
                     y = kernel(mesh, **args)["y"]
                     err = ((y.float() - want).abs().max() / want.abs().max()).item()
-                    if not err < REL_ERR_LIMIT:
+                    if not err < REL_ERR_LIMIT["moe"]:
                         raise RuntimeError(f"{model} T={T} {sched} {name}: rel err {err:.1e}")
                     calls.append(lambda kernel=kernel, args=args: kernel(mesh, **args))
                     errs.append(err)

@@ -4,31 +4,28 @@
         --metrics lts__t_sector_hit_rate.pct,dram__bytes_read.sum,lts__t_bytes.sum \
         python3 -m torch.distributed.run --nproc_per_node=1 launch/profile_moe.py mixtral_8x7b 1024 0 static,dynamic
 
-Arguments: model (launch/moe_ab.py's MODELS), tokens, routing skew (0: uniform; 1.5: the benchmark's
+Arguments: model (etdist.measure.shapes.MOE_SHAPES), tokens, routing skew (0: uniform; 1.5: the benchmark's
 Zipf), schedules. Only the calls between cudaProfilerStart and Stop are profiled: the layer once per
 schedule, then the fused baseline (etdist.measure.fused_moe, its tuned config). ncu serialises the
 kernels and fixes the clocks: its durations compare with each other, not with timed records.
 """
-import importlib.util
-import pathlib
 import sys
 
 import torch
 import torch.distributed as dist
 
 import etdist as et
+from etdist.bench_gpu import moe_operands
 from etdist.measure import fused_moe
-
-_spec = importlib.util.spec_from_file_location("moe_ab", pathlib.Path(__file__).with_name("moe_ab.py"))
-moe_ab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(moe_ab)
+from etdist.measure.shapes import MOE_SHAPES
 
 
 def main(model: str, tokens: int, skew: float, schedules: list[str]):
     dist.init_process_group("cpu:gloo,cuda:nccl")
     mesh = et.init_mesh()
-    H, I, E, k = moe_ab.MODELS[model]
-    x, router, wgu, wd = moe_ab.inputs(mesh, H, I, E, k, tokens, skew)
+    m = MOE_SHAPES[model]
+    H, I, E, k = m.hidden, m.expert_intermediate, m.num_experts, m.top_k
+    x, router, (wgu,), (wd,) = moe_operands(mesh, H, I, E, tokens, skew, copies=1)
     layers = []
     for sched in schedules:
         layer = et.nn.MoE(H, I, E, k, mesh=mesh, schedule=sched)

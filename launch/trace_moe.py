@@ -14,11 +14,13 @@ import torch.distributed as dist
 
 import etdist as et
 from etdist.fusion import trace as tr
+from etdist.measure.shapes import MOE_SHAPES
 from etdist.measure.timing import time_ranks
 from etdist.workloads import moe as moe_graph
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
-H, I, E, K = (4096, 14336, 8, 2) if os.environ.get("MIX") else (2048, 768, 128, 8)
+_m = MOE_SHAPES["mixtral_8x7b" if os.environ.get("MIX") else "qwen3_30b_a3b"]
+H, I, E, K = _m.hidden, _m.expert_intermediate, _m.num_experts, _m.top_k
 skew = float(os.environ.get("SKEW", "0"))
 dist.init_process_group("cpu:gloo,cuda:nccl")
 mesh = et.init_mesh()

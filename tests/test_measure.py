@@ -9,7 +9,7 @@ import yaml
 
 from etdist.measure import baselines as B
 from etdist.measure import records as R
-from etdist.measure.shapes import ALL_M, MLP_SHAPES, ag_gemm_dims, gemm_rs_dims
+from etdist.measure.shapes import ALL_M, MLP_SHAPES, MOE_SHAPES, ag_gemm_dims, gemm_rs_dims
 from etdist.measure.timing import slowest_rank, time_batched, time_ranks, time_single
 
 CONF = pathlib.Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -119,6 +119,13 @@ def test_env_info_and_make_record():
 
 
 # ----------------------------------------------------------------------------------------- shapes
+
+def test_moe_shapes_match_conf_model():
+    for name, shape in MOE_SHAPES.items():
+        conf = yaml.safe_load((CONF / f"{name}.yaml").read_text())
+        assert (conf["hidden"], conf["expert_intermediate"], conf["num_experts"], conf["top_k"]) == \
+            (shape.hidden, shape.expert_intermediate, shape.num_experts, shape.top_k), name
+
 
 def test_shapes_match_conf_model():
     for name, shape in MLP_SHAPES.items():

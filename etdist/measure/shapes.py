@@ -1,4 +1,5 @@
-"""The shapes we measure: the paper's eight dense MLPs (ANCHORS.md) and the token counts M.
+"""The shapes we measure: the paper's eight dense MLPs (ANCHORS.md), the two MoE layers of issue 7
+and the token counts M.
 
 Names and sizes match conf/model/<name>.yaml (tests/test_measure.py checks that they agree).
 Sharding over `world` tensor-parallel ranks (BASELINES.md):
@@ -25,6 +26,21 @@ MLP_SHAPES: dict[str, MlpShape] = {
     "llama31_70b": MlpShape(8192, 28672),
     "gpt3_175b": MlpShape(12288, 49152),
     "llama31_405b": MlpShape(16384, 53248),
+}
+
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    hidden: int                # H
+    expert_intermediate: int   # I, per expert
+    num_experts: int           # E
+    top_k: int
+
+
+MOE_SHAPES: dict[str, MoeShape] = {
+    "qwen3_30b_a3b": MoeShape(2048, 768, 128, 8),
+    "mixtral_8x7b": MoeShape(4096, 14336, 8, 2),
 }
 
 M_VALUES: tuple[int, ...] = (16, 128, 1024, 8192)   # decode .. prefill tokens

@@ -180,7 +180,7 @@ def layer_tiles(intermediate: int, local_experts: int, large: bool = False,
 
 def _check_gate_up_layout(module, state_dict, prefix, *_) -> None:
     """load_state_dict's pre-hook: the saved w_gate_up's layout must be this layer's."""
-    saved, mine = state_dict.get(prefix + "gate_up_layout"), int(module.gate_up_layout)
+    saved, mine = state_dict.get(prefix + "gate_up_layout"), module.gate_up_block or 0
     if saved is not None and int(saved) != mine:
         what = lambda b: f"interleaved blocks of {b} columns" if b else "[gate | up]"   # noqa: E731
         raise InputError(f"MoE.load_state_dict: the saved w_gate_up holds gate and up as {what(int(saved))}, this "
