@@ -45,13 +45,15 @@
 #          unrolled) against small ones (the default since the eighteenth session, one GPU only so far),
 #          alternated twice, then static once (~6 min);
 #   rstail gemm_rs at M=1000/1024/8192 on the five shapes whose plan it changes, the tiles past the
-#          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1) against every tile in slices
-#          (the default), alternated twice (prefill: it rides along, ~4 min);
+#          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1, the default since the
+#          twenty-first session, one GPU only so far) against every tile in slices (0), alternated
+#          twice (prefill: it rides along, ~4 min);
 #   rsown  gemm_rs at M=1000/1024/8192 on the same five shapes, each rank's own tiles last
 #          (ETDIST_GEMM_RS_OWN_LAST=1) against owner 0's first on every rank (the default), alternated
 #          twice, under the tail plan (RSOWN_TAIL=0: under today's plan) (~4 min);
-#   mlptail the fused MLP at M=1000/1024 on the six shapes whose plan it changes, its last down tiles
-#          in 3 slices (ETDIST_MLP_TAIL_SPLITS=3) against whole (the default), alternated twice (~4 min);
+#   mlptail the fused MLP at M=1000/1024 on the shapes whose plan it changes, its last down tiles
+#          in 3 slices (ETDIST_MLP_TAIL_SPLITS=3, the default since the twenty-first session, one GPU
+#          only so far) against whole (1), alternated twice (~4 min);
 #   opsdyn the three fused ops under both schedules at M=16/128/1024 on two shapes: what the ready
 #          queue costs their kernels, where every task exists (never benchmarked before; ~2 min);
 #   moetrace  launch/trace_moe.py at 1 and 1024 tokens (qwen3_30b_a3b-sized, EP=2, both schedules):
@@ -144,7 +146,7 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       echo "== nn.MoE dynamic, routing / combine in the class's blocks (0, as before) against small ones (1, the default), zipf 1.5"
       moe_ab moefine ETDIST_MOE_FINE_BLOCKS "0 1" '[1,128,1024,4096]' ;;
     rstail)
-      echo "== gemm_rs above 128 rows: every tile in slices (tail 0, the default), then only the last wave's (tail 1)"
+      echo "== gemm_rs above 128 rows: every tile in slices (tail 0), then only the last wave's (tail 1, the default)"
       MODELS_OVERRIDE=gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b WORKLOADS=gemm_rs \
         ab rstail ETDIST_GEMM_RS_SPLIT_TAIL "0 1" 420 'bench.tokens=[1000,1024,8192]' bench.symm_mem=false ;;
     rsown)
@@ -152,7 +154,7 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       ETDIST_GEMM_RS_SPLIT_TAIL=${RSOWN_TAIL:-1} MODELS_OVERRIDE=gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b \
         WORKLOADS=gemm_rs ab rsown ETDIST_GEMM_RS_OWN_LAST "0 1" 420 'bench.tokens=[1000,1024,8192]' bench.symm_mem=false ;;
     mlptail)
-      echo "== the fused MLP above 128 rows: every down tile whole (splits 1, the default), then the last ones in 3 slices"
+      echo "== the fused MLP above 128 rows: every down tile whole (splits 1), then the last ones in 3 slices (the default)"
       MODELS_OVERRIDE=llama31_8b,gemma2_9b,gemma2_27b,qwen3_32b,gpt3_175b,llama31_405b WORKLOADS=mlp \
         ab mlptail ETDIST_MLP_TAIL_SPLITS "1 3" 420 'bench.tokens=[1000,1024]' bench.symm_mem=false ;;
     opsdyn)

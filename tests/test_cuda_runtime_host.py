@@ -318,14 +318,34 @@ def test_tail_plan_splits_only_the_last_waves_tiles():
 
 
 def test_split_tail_knob_builds_the_wave_graph():
-    """The knob reaches the plan: the graph gets the SM count as its wave where it splits a tail."""
+    """The tail plan (default): where large_plan slices every tile but the tiles fill a wave
+    (gemma2_27b at M=1024: 144 tiles), the graph gets the SM count as its wave and slices only the
+    tail; whole plans (M=8192) and fewer tiles than SMs (M=256: 32 tiles) keep large_plan's graph.
+    ETDIST_GEMM_RS_SPLIT_TAIL=0: every tile in large_plan's slices, as before."""
     code = ("import torch\nfrom etdist.ops import gemm_rs as op\n"
             "for M, K, N in ((1024, 18432, 4608), (8192, 6144, 4096), (256, 6144, 4096)):\n"
             "    cfg, s, _, b = op.kernel_plan(M, K, N, torch.bfloat16, 132, world=2)\n"
             "    print(M, s, b.keywords.get('wave', 0), len(b().to_ir().tasks))")
-    assert _probe_lines(code, ETDIST_GEMM_RS_SPLIT_TAIL="1") == [["1024", "4", "132", "3"], ["8192", "1", "0", "2"],
-                                                                 ["256", "3", "132", "3"]]
-    assert _probe_lines(code) == [["1024", "4", "0", "2"], ["8192", "1", "0", "2"], ["256", "3", "0", "2"]]
+    assert _probe_lines(code) == [["1024", "4", "132", "3"], ["8192", "1", "0", "2"], ["256", "3", "0", "2"]]
+    assert _probe_lines(code, ETDIST_GEMM_RS_SPLIT_TAIL="0") == [["1024", "4", "0", "2"], ["8192", "1", "0", "2"],
+                                                                 ["256", "3", "0", "2"]]
+
+
+def test_skinny_classes_sum_narrow_column_tiles():
+    """gemm_rs at M <= 128: the owner sums column tiles as narrow as 32 (SKINNY_REDUCE_N) while the
+    reduce tasks stay within one per SM: qwen3_8b's 32 column tiles of 128 in 4 parts, gemma2_27b's
+    36 in 2 (144 > 132), gpt3_175b's 96 whole; a block_n that no power of two cuts to 32 or more
+    stays whole."""
+    from etdist.ops import gemm_rs as op
+    widths = {}
+    for N in (4096, 4608, 12288):
+        for M in (1, 16, 64, 128):
+            cfg, _, _, build = op.kernel_plan(M, 6144, N, torch.bfloat16, 132, world=2)
+            reduce = next(t for t in build().to_ir().tasks if t.name == "reduce")
+            assert build.keywords["reduce_n"] == dict(reduce.constexprs)["BLOCK_N"] and cfg.block_n == 128
+            widths.setdefault(N, set()).add(build.keywords["reduce_n"])
+    assert widths == {4096: {32}, 4608: {64}, 12288: {128}}
+    assert op.skinny_reduce_n(48, 2, 132) == 48 and op.skinny_reduce_n(64, 1, 132) == 32
 
 
 def test_own_last_knob_reaches_the_large_graph():
@@ -345,9 +365,12 @@ def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
     1152 gate/up tiles and 144 down tiles (each ~4x a gate/up tile's work) round-robin over 132
     programs, so 12 programs get a second down tile: its last 12 down tiles go in slices. qwen3_32b:
     160 down tiles, 36 sliced. Where the busiest program would gain less than MIN_GAIN (qwen3_8b,
-    llama31_70b at M=1024): none. At most one owner's tiles; none with one slice."""
+    llama31_70b at M=1024): none; nor where every down tile fits in one wave (llama31_8b, gemma2_9b:
+    128 and 112 down tiles; the model had sliced 48 and 32, which lost 3-10% on one H200). At most one
+    owner's tiles; none with one slice."""
     from etdist.ops.mlp import tail_plan
     assert tail_plan(1024, 4608, 18432, 2, 132, 3) == 12
+    assert tail_plan(1024, 4096, 7168, 2, 132, 3) == 0 and tail_plan(1000, 3584, 7168, 2, 132, 3) == 0
     assert tail_plan(1000, 5120, 12800, 2, 132, 3) == 36
     assert tail_plan(1024, 4096, 6144, 2, 132, 3) == 0 and tail_plan(1024, 8192, 14336, 2, 132, 3) == 0
     assert tail_plan(1024, 4608, 18432, 2, 132, 1) == 0
@@ -358,7 +381,7 @@ def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
 
 def test_mlp_tail_knob_reaches_the_op():
     code = "from etdist.ops import mlp\nprint(mlp.TAIL_SPLITS)"
-    assert _probe_lines(code) == [["1"]] and _probe_lines(code, ETDIST_MLP_TAIL_SPLITS="3") == [["3"]]
+    assert _probe_lines(code) == [["3"]] and _probe_lines(code, ETDIST_MLP_TAIL_SPLITS="1") == [["1"]]
 
 
 _PLAN_PROBE = """
@@ -425,6 +448,7 @@ def test_whole_gather_ops_take_their_tile_class_by_m(monkeypatch):
 
     monkeypatch.setattr(ag_op, "cached_kernel", caught)
     monkeypatch.setattr(mlp_op, "cached_kernel", caught)
+    monkeypatch.setattr(mlp_op, "_sm_count", lambda index: 132)   # the tail plan asks above 128 rows
     mesh = types.SimpleNamespace(backend="nvshmem", device=torch.device("cpu"), world_size=2)
     H, I = 256, 128
     x = torch.randn(4, H, dtype=torch.bfloat16)

@@ -78,10 +78,13 @@ def test_gemm_reduce_scatter_with_each_ranks_own_tiles_last(schedule, world, M, 
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [16, 5, 1])
-def test_gemm_reduce_scatter_skinny(schedule, world, M):
-    """The decode variant: every row in one tile, split-K, each tile notifying every owner."""
-    kernel = et.compile(gemm_rs.gemm_reduce_scatter_skinny(block_m=16, block_n=8, block_k=4, splits=3),
-                        schedule=schedule, programs=3)
+@pytest.mark.parametrize("reduce_n", [None, 2])
+def test_gemm_reduce_scatter_skinny(schedule, world, M, reduce_n):
+    """The decode variant: every row in one tile, split-K, each tile notifying every owner; the
+    owner sums whole column tiles or quarter-width ones (reduce_n=2: N=19 leaves a ragged last one,
+    and one past N)."""
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter_skinny(block_m=16, block_n=8, block_k=4, splits=3,
+                                                           reduce_n=reduce_n), schedule=schedule, programs=3)
     inputs = gemm_rs.make_inputs(world, M, 21, 19, seed=world * 10 + M)
     want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
     for seed in SEEDS:
@@ -90,6 +93,8 @@ def test_gemm_reduce_scatter_skinny(schedule, world, M):
             assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
     with pytest.raises(et.InputError, match="M must be <= 16"):
         kernel.run(gemm_rs.make_inputs(world, 17, 21, 19))
+    with pytest.raises(et.GraphError, match="reduce_n must divide block_n=8"):
+        gemm_rs.gemm_reduce_scatter_skinny(block_m=16, block_n=8, reduce_n=3)
 
 
 @pytest.mark.parametrize("world", WORLDS)

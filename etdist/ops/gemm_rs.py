@@ -64,12 +64,16 @@ SM_TFLOPS = 6.0
 HBM_TBS = 4.3
 
 
-# The tail plan (ETDIST_GEMM_RS_SPLIT_TAIL=1; off until measured against the plan above): the tiles
-# that fill whole waves of SMs run whole, and only the tiles past the last whole wave run in slices,
-# as many as make their waves shortest (tail_plan). gemma2_27b at M=1024: 144 tiles on 132 SMs
-# make one wave of whole tiles and 12 tiles in 4 slices, where the plan above cuts all 144 in 4 (5
-# waves of quarter tiles, each tile's 4 partials stored, sent and summed).
-SPLIT_TAIL = False
+# The tail plan (ETDIST_GEMM_RS_SPLIT_TAIL; 0: large_plan's slices for every tile, as before):
+# where large_plan would cut every tile in slices but the tiles fill at least a wave of SMs, the
+# tiles that fill whole waves run whole and only those past the last whole wave run in slices, as
+# many as make their waves shortest (tail_plan). gemma2_27b at M=1024: 144 tiles on 132 SMs make one
+# wave of whole tiles and 12 tiles in 4 slices, where large_plan cuts all 144 in 4 (5 waves of
+# quarter tiles, each tile's 4 partials stored, sent and summed). Measured on one H200 as a rank of
+# two (launch/ops_ab.py, records gemm_rs_w1_ab, twenty-first session): gemma2_27b / qwen3_32b at
+# M=1000 and 1024 -4.6 / -4.0 / -8.0 / -9.8%; the plans of the other shapes and of M=8192 do not
+# change (splitting the last wave's tiles at M=8192, where large_plan keeps them whole, lost 0-3%).
+SPLIT_TAIL = True
 # Each rank's own rows' tiles last (ETDIST_GEMM_RS_OWN_LAST=1; off until measured): by default every
 # rank runs owner 0's tiles first, so on 2 GPUs rank 0's last wave stores all its partials over
 # NVLink and rank 1's reduce waits for them. Own tiles last, both ranks' last waves store locally
@@ -86,6 +90,11 @@ def _override(name: str, default: TileConfig) -> TileConfig:
 MAX_SPLITS = knobs.read("ETDIST_GEMM_RS_MAX_SPLITS", knobs.positive_int, MAX_SPLITS)
 SPLIT_TAIL = knobs.read("ETDIST_GEMM_RS_SPLIT_TAIL", knobs.flag, SPLIT_TAIL)
 OWN_LAST = knobs.read("ETDIST_GEMM_RS_OWN_LAST", knobs.flag, OWN_LAST)
+# The skinny classes' owner sums column tiles down to SKINNY_REDUCE_N wide (skinny_reduce_n), about
+# one reduce task per SM: traced on one H200 at M=128 (twenty-first session), one reduce task per
+# 128-wide column tile (32 on qwen3_8b's shape) read 4-8 fp32 partials of 128 rows each and ended
+# ~6 us after the last matmul task.
+SKINNY_REDUCE_N = 32
 SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY),
                                         _override("SKINNY_128", SKINNY_128), _override("LARGE", LARGE))
 # Tasks per SM that each skinny class's split-K aims at (more slices: more tasks, each shorter).
@@ -187,6 +196,17 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def skinny_reduce_n(block_n: int, n_tiles: int, sms: int) -> int:
+    """Width of the skinny graph's reduce tiles: block_n cut in a power of two of parts, no narrower
+    than SKINNY_REDUCE_N, and no more reduce tasks than SMs (qwen3_8b's 32 column tiles on 132 SMs:
+    4 parts of 32; gpt3_175b's 96: whole). One H200 as a rank of two (records gemm_rs_w1_ab), 32 wide
+    against 128 at M = 16 / 100 / 128: -1 to -20% on the 8-9B shapes, within +-3% on the others."""
+    sub = 1
+    while block_n % (2 * sub) == 0 and block_n // (2 * sub) >= SKINNY_REDUCE_N and 2 * sub * n_tiles <= sms:
+        sub *= 2
+    return block_n // sub
+
+
 def skinny_splits(N: int, sms: int, block_n: int, tasks_per_sm: float) -> int:
     """Contraction slices so that slices x column tiles gives every SM at most `tasks_per_sm` tasks:
     rounded down, as a few tasks over the aim make a whole extra wave (gemma2_27b at M=128, 36 column
@@ -207,15 +227,17 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1  # aligned rows vectorise
     # builders as partials: `build.func` names the graph, which the op's kernel cache keys on
     if not skinny:
-        plan = tail_plan if SPLIT_TAIL else large_plan
-        splits = plan(M, K, N, world, sms, dtype.itemsize)
-        wave = sms if SPLIT_TAIL and splits > 1 else 0
+        splits, wave = large_plan(M, K, N, world, sms, dtype.itemsize), 0
+        if SPLIT_TAIL and splits > 1 and large_tiles(M, N, world, cfg) >= sms:
+            tail = tail_plan(M, K, N, world, sms, dtype.itemsize)
+            splits, wave = (tail, sms) if tail > 1 else (splits, 0)
         return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
                                                      cfg.block_k, align, splits=splits, wave=wave,
                                                      own_last=OWN_LAST)
     splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
+    reduce_n = skinny_reduce_n(cfg.block_n, -(-N // cfg.block_n), sms)
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,
-                                                 cfg.block_k, splits, align, cfg.swap_ab)
+                                                 cfg.block_k, splits, align, cfg.swap_ab, reduce_n=reduce_n)
 
 
 def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: str = "static",

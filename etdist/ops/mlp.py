@@ -23,9 +23,12 @@ DOWN_N = knobs.read("ETDIST_MLP_DOWN_N", knobs.tile_width, 256)
 # Above 128 rows, the last TAIL down tiles of each rank's order may run in TAIL_SPLITS contraction
 # slices (tail_plan picks TAIL per M). A down tile is the MLP's longest task (K = I per rank: 4x a
 # gate/up tile's work on gemma2_27b's shape), and 144 of them on 132 SMs (gemma2_27b at M=1024) leave
-# twelve programs with a second one while the rest wait. Knob: ETDIST_MLP_TAIL_SPLITS (default 1,
-# every tile whole, until an A/B on GPUs; 3 is the slice count tail_plan's model rates best there).
-TAIL_SPLITS = knobs.read("ETDIST_MLP_TAIL_SPLITS", knobs.positive_int, 1)
+# twelve programs with a second one while the rest wait. Knob: ETDIST_MLP_TAIL_SPLITS (1: every tile
+# whole, as before). Measured on one H200 as a rank of two (launch/ops_ab.py, records mlp_w1_ab,
+# twenty-first session), 3 slices against whole: gemma2_27b / qwen3_32b at M=1000 and 1024 -9.5 /
+# -5.2 / -12.2 / -13.7%; where every down tile fits in one wave (llama31_8b, gemma2_9b) slicing
+# lost 3-10%, so the plan no longer slices there.
+TAIL_SPLITS = knobs.read("ETDIST_MLP_TAIL_SPLITS", knobs.positive_int, 3)
 SEND_US, REDUCE_US = 1.0, 3.0   # tail_plan's guesses for a gathered row tile's copy and an owner's sum
 MIN_GAIN = 0.03   # tail_plan slices nothing for less: its model ignores the waits, and slices cost traffic
 _KERNELS: dict = {}
@@ -38,11 +41,14 @@ def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, cfg: Ti
     owner's): the number that makes the static schedule's busiest program least busy, its tasks
     (dealt round-robin: task t to program t % sms) weighed by their work at gemm_rs.SM_TFLOPS, a
     slice SPLIT_COST more per extra slice; the fewest among equals, and none unless that program's
-    load falls by MIN_GAIN."""
+    load falls by MIN_GAIN, nor where every down tile fits in one wave (the model then trades the
+    gate/up tiles' dealing against partials it does not price: llama31_8b lost 8-10% to it)."""
     rows = -(-M // world)                                # rows per owner
     m = -(-rows // cfg.block_m)                          # row tiles per owner
     i_tiles, h_tiles, k_tiles = -(-I // cfg.block_n), -(-H // down_n), -(-H // cfg.block_n)
     mn = m * h_tiles
+    if world * mn <= sms:
+        return 0
     gate_up_us = 2 * cfg.block_m * 2 * cfg.block_n * H / (SM_TFLOPS * 1e6)
     down_us = 2 * cfg.block_m * down_n * I / (SM_TFLOPS * 1e6)
     slice_us = down_us / splits * (1 + SPLIT_COST * (splits - 1))

@@ -131,12 +131,19 @@ def make_inputs(world: int, M: int, K: int, N: int, seed: int = 0, dtype=torch.f
 
 def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                                block_k: int = 128, splits: int = 4, align: int = 1,
-                               swap_ab: bool = False) -> et.Graph:
+                               swap_ab: bool = False, reduce_n: int | None = None) -> et.Graph:
     """The decode-sized variant (M <= block_m): one tile holds every row, so each rank reads its
     weights once (the graph above reads them once per destination rank). The contraction is
     split in `splits` slices to give every SM work; fp32 partials, summed by the owner.
     swap_ab: the GPU tile multiplies transposed (weights on the MMA's M side; aligned sizes only,
-    where the operands load through TMA: gemm_tiles.gemm_rs_skinny_matmul)."""
+    where the operands load through TMA: gemm_tiles.gemm_rs_skinny_matmul).
+    reduce_n: the owner sums column tiles of that width (default block_n; a divisor of it): one
+    reduce task per matmul column tile reads R x splits fp32 partials of every row, and the last
+    of them ran ~6 us past the matmuls at M=128 (traced, twenty-first session)."""
+    reduce_n = reduce_n or block_n
+    if isinstance(reduce_n, bool) or not isinstance(reduce_n, int) or reduce_n < 1 or block_n % reduce_n:
+        raise et.GraphError(f"gemm_reduce_scatter_skinny: reduce_n must divide block_n={block_n}, got {reduce_n!r}")
+    sub = block_n // reduce_n            # reduce tasks per matmul column tile
     g = et.Graph("gemm_rs_skinny")
     M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
     R, me = g.world, g.rank
@@ -162,10 +169,10 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
             rows = et.block(d, t(C), t.M)
             t.peer(d).partial[t.rank * splits + s, :rows.stop - rows.start, cols] = part[rows]
 
-    @g.task(grid=(n_tiles,), wait=lambda j: arrived[me, j],
-            triton=gemm_tiles.gemm_rs_skinny_reduce, constexprs=consts)
-    def reduce(t, j):
-        cols, rows = et.block(j, block_n, t.N), t(owned(me))
+    @g.task(grid=(n_tiles * sub,), wait=lambda j: arrived[me, j // sub],
+            triton=gemm_tiles.gemm_rs_skinny_reduce, constexprs=dict(consts, BLOCK_N=reduce_n))
+    def reduce(t, j):                                    # columns j of reduce_n: part of tile j // sub
+        cols, rows = et.block(j, reduce_n, t.N), t(owned(me))
         t.y[:, cols] = t.partial[:, :rows, cols].sum(0).to(t.y.dtype)
 
     g.sample(M=5, K=3, N=7)

@@ -30,8 +30,8 @@ def check_ok(mesh):
     torch.manual_seed(1234 + mesh.rank)
     K, N = 1536, 1024
     # every size class, ragged ones included (K=1536, N=1024: LARGE tiles in 4, 3 and 2 contraction
-    # slices from 129 to 2048 rows, whole at 4096; at 4608, 144 tiles: under ETDIST_GEMM_RS_SPLIT_TAIL=1
-    # a wave of 132 whole tiles, then 12 in 4 slices)
+    # slices from 129 to 2048 rows, whole at 4096; at 4608, 144 tiles: by default a wave of 132 whole
+    # tiles, then 12 in 4 slices; under ETDIST_GEMM_RS_SPLIT_TAIL=0 all 144 in 4)
     for M in (1, 5, 16, 64, 65, 100, 128, 129, 1000, 1024, 2048, 4096, 4608):
         for dtype in (torch.bfloat16, torch.float32):
             x = torch.randn(M, K, device=mesh.device, dtype=dtype)
