@@ -2,16 +2,17 @@
 (the layer's intermediate divided by SHARD: the tiles, splits and task counts of a world-SHARD run,
 with the partials stored and summed locally), alternated in one process against torch.mm:
 
-    VARIANTS="base;SPLIT_TAIL=1" OPS=gemm_rs MODELS=gemma2_27b,qwen3_32b MS=1000,1024,8192 \
+    VARIANTS="base;SPLIT_TAIL=0" OPS=gemm_rs MODELS=gemma2_27b,qwen3_32b MS=1000,1024,8192 \
         torchrun --nproc_per_node=1 launch/ops_ab.py
 
-A variant sets module attributes of the op's module (etdist.ops.gemm_rs or etdist.ops.mlp) while it
-runs (`NAME=value`, joined by `+`; `base`: the op as it is), e.g. `SPLIT_TAIL=1`, `MAX_SPLITS=1`,
-`TAIL_SPLITS=3`; the plan caches are cleared around it. Each variant's output is checked against a
-float32 reference before any timing. Every round times torch.mm (gemm_rs: x @ w; mlp: both mms,
-no activation) and each variant once (etdist.measure.timing, 4 rotating weight copies), in turn; a
-time is the median over the rounds. Prints a table with ratios to mm and to the first variant;
-records in $OUT/$WORKLOAD.jsonl (default /tmp/ops_ab.jsonl), to be appended to bench/results by hand.
+A variant sets module attributes of the op's module (etdist.ops.gemm_rs, ag_gemm or mlp; OPS names
+the ops) while it runs (`NAME=value`, joined by `+`; `base`: the op as it is), e.g. `SPLIT_TAIL=0`,
+`MAX_SPLITS=1`, `TAIL_SPLITS=1`; the plan caches are cleared around it. Each variant's output is
+checked against a float32 reference before any timing. Every round times torch.mm (gemm_rs, ag_gemm:
+x @ w; mlp: both mms, no activation) and each variant once (etdist.measure.timing, 4 rotating weight
+copies), in turn; a time is the median over the rounds. Prints a table with ratios to mm and to the
+first variant; records in $OUT/$WORKLOAD.jsonl (default /tmp/ops_ab.jsonl), to be appended to
+bench/results by hand.
 """
 import functools
 import math
@@ -25,10 +26,11 @@ import etdist as et
 from etdist.measure import records
 from etdist.measure.shapes import MLP_SHAPES
 from etdist.measure.timing import time_ranks
+from etdist.ops import ag_gemm as ag_gemm_op
 from etdist.ops import gemm_rs as gemm_rs_op
 from etdist.ops import mlp as mlp_op
 
-MODULES = {"gemm_rs": gemm_rs_op, "mlp": mlp_op}
+MODULES = {"gemm_rs": gemm_rs_op, "ag_gemm": ag_gemm_op, "mlp": mlp_op}
 COPIES = 4
 
 
@@ -75,6 +77,12 @@ def operands(op: str, M: int, H: int, I: int, dev):
         ref = x.float() @ ws[0].float()
         out = torch.empty(M, H, device=dev, dtype=torch.bfloat16)
         return ref, (lambda i: torch.mm(x, ws[i], out=out)), (lambda i: et.ops.gemm_reduce_scatter(x, ws[i]))
+    if op == "ag_gemm":   # x [M, H] @ w_gate_up [H, 2I]
+        x = rand(M, H)
+        ws = [rand(H, 2 * I, scale=H ** -0.5) for _ in range(COPIES)]
+        ref = x.float() @ ws[0].float()
+        out = torch.empty(M, 2 * I, device=dev, dtype=torch.bfloat16)
+        return ref, (lambda i: torch.mm(x, ws[i], out=out)), (lambda i: et.ops.all_gather_gemm(x, ws[i]))
     x = rand(M, H)   # mlp: x [M, H] -> [M, 2I] -> SwiGLU -> [M, I] @ [I, H]
     wgu = [rand(H, 2 * I, scale=H ** -0.5) for _ in range(COPIES)]
     wd = [rand(I, H, scale=I ** -0.5) for _ in range(COPIES)]

@@ -1,4 +1,5 @@
-"""Where a fused MLP call goes above 128 rows (the sequence-parallel graph, etdist.workloads.mlp.tp_mlp):
+"""Where a fused MLP call goes (the graph and tiles the op plans: tp_mlp above 128 rows, tp_mlp_whole
+at or below; the tail plan's slices are left out):
 the op's time, its two GEMMs alone (torch.mm), then one traced launch of the same graph queued
 behind calls, summarised per rank (span, busy share, per task kind: time, wait, gap before it) with
 each GEMM kind's rate per SM against what 132 SMs at torch.mm's rate would give. Chrome trace in
@@ -34,10 +35,15 @@ op_us = time_ranks(lambda: et.ops.tensor_parallel_mlp(x, wgu, wd, mesh=mesh, tot
 up_us = time_ranks(lambda: xa @ wgu, device=dev)
 down_us = time_ranks(lambda: h @ wd, device=dev)
 
-cfg = mlp_op.TILES
+whole = M <= mlp_op._ag_gemm.WHOLE_MAX_M
+cfg = mlp_op._ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else mlp_op.TILES
+down_n = cfg.block_n if whole else mlp_op.DOWN_N
 align = 16 if H % 16 == 0 and I % 16 == 0 else 1
-kernel = et.compile(mlp_graph.tp_mlp(cfg.block_m, cfg.block_n, bf16, cfg.block_k, align, down_n=mlp_op.DOWN_N),
-                    schedule="static", target="cuda", trace=True)
+sms = torch.cuda.get_device_properties(dev).multi_processor_count
+graph = (mlp_graph.tp_mlp_whole(cfg.block_m, cfg.block_n, bf16, cfg.block_k, align,
+                                down_splits=mlp_op.whole_down_splits(M, H, cfg, sms)) if whole else
+         mlp_graph.tp_mlp(cfg.block_m, cfg.block_n, bf16, cfg.block_k, align, down_n=down_n))
+kernel = et.compile(graph, schedule="static", target="cuda", trace=True)
 kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
 args = dict(x=x, w_gate_up=wgu, w_down=wd, sizes={"M": M})
 for _ in range(3):
@@ -49,10 +55,9 @@ for _ in range(5):   # queued ahead of the GPU: both ranks start the traced laun
 trace_rows = kernel.trace(mesh)
 if mesh.rank == 0:
     path = tr.write_chrome(trace_rows, f"{os.environ.get('OUT', '/tmp')}/mlp_M{M}_H{H}.json", track="SM")
-    print(f"== mlp M={M} H={H} I={I} per rank, tiles {cfg}, down {cfg.block_m}x{mlp_op.DOWN_N}: op {op_us:.1f} us; torch.mm gate/up "
+    print(f"== mlp M={M} H={H} I={I} per rank, {graph.name} tiles {cfg}, down {cfg.block_m}x{down_n}: op {op_us:.1f} us; torch.mm gate/up "
           f"{up_us:.1f} us + down {down_us:.1f} us = {up_us + down_us:.1f} us; Chrome trace {path}", flush=True)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    flops = {"gate_up": 2 * cfg.block_m * 2 * cfg.block_n * H, "down": 2 * cfg.block_m * mlp_op.DOWN_N * I}
+    flops = {"gate_up": 2 * cfg.block_m * 2 * cfg.block_n * H, "down": 2 * cfg.block_m * down_n * I}
     mm_rate = {"gate_up": 2 * M * 2 * I * H / up_us / sms, "down": 2 * M * I * H / down_us / sms}  # flop/us per SM
     for rank in range(R):
         print(tr.summary(trace_rows, rank), flush=True)

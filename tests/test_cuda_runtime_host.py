@@ -379,6 +379,19 @@ def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
         assert 0 <= tail_plan(M, 4608, 18432, 2, 132, 3) <= -(-rows // 128) * 18
 
 
+def test_whole_mlp_slices_its_few_down_tiles():
+    """At or below 128 rows the fused MLP's down tiles (one per block_n columns of H and row tile)
+    run in contraction slices up to one task per SM: qwen3_8b's H=4096 at M=16 makes 32 tiles, 4
+    slices; at M=128 (two 64-row tiles) 64, 2 slices; llama31_70b's 8192 at M=16, 2; gpt3_175b's
+    12288 (96 tiles), whole. At most WHOLE_DOWN_SPLITS."""
+    from etdist.ops import ag_gemm as ag_op
+    from etdist.ops import mlp as mlp_op
+    small, rest = ag_op.whole_tile("tensor_parallel_mlp", 16), ag_op.whole_tile("tensor_parallel_mlp", 128)
+    assert [mlp_op.whole_down_splits(16, 4096, small, 132), mlp_op.whole_down_splits(128, 4096, rest, 132),
+            mlp_op.whole_down_splits(16, 8192, small, 132), mlp_op.whole_down_splits(16, 12288, small, 132)] == [4, 2, 2, 1]
+    assert mlp_op.whole_down_splits(1, 512, small, 132) == mlp_op.WHOLE_DOWN_SPLITS
+
+
 def test_mlp_tail_knob_reaches_the_op():
     code = "from etdist.ops import mlp\nprint(mlp.TAIL_SPLITS)"
     assert _probe_lines(code) == [["3"]] and _probe_lines(code, ETDIST_MLP_TAIL_SPLITS="1") == [["1"]]

@@ -156,12 +156,20 @@ def test_small_m_variants_read_the_whole_gather(schedule, world, M):
     whole = et.compile(mlp.tp_mlp_whole(block_m=8, block_n=8, block_k=4), schedule=schedule, programs=3)
     m_inputs = mlp.make_inputs(world, M, H=12, I=6 * world, seed=world * 10 + M)
     m_want = mlp.reference(*([i[k] for i in m_inputs] for k in ("x", "w_gate_up", "w_down")))
+    # the down tiles' contraction in 3 slices too (I = 6 x world in steps of 4: on one rank 2 steps,
+    # so the third slice is empty)
+    sliced = et.compile(mlp.tp_mlp_whole(block_m=8, block_n=8, block_k=4, down_splits=3), schedule=schedule,
+                        programs=3)
     for seed in range(0, 20, 2):
         got = ag.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
         m_got = whole.run(m_inputs, sizes={"M": M}, interleave="random", seed=seed)
+        s_got = sliced.run(m_inputs, sizes={"M": M}, interleave="random", seed=seed + 1)
         for r in range(world):
             assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
             assert rel_err(m_got[r]["y"], m_want[r]) < TOL, (r, seed)
+            assert rel_err(s_got[r]["y"], m_want[r]) < TOL, (r, seed)
+    with pytest.raises(et.GraphError, match="down_splits must be a positive int"):
+        mlp.tp_mlp_whole(down_splits=0)
 
 
 @pytest.mark.parametrize("world", WORLDS)

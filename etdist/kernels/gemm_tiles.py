@@ -293,6 +293,20 @@ def matmul_scatter_rows(i, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD
 
 
 @triton.jit
+def matmul_scatter_rows_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              TMA: tl.constexpr, USE_ASM: tl.constexpr):
+    """Contraction slice s of SPLITS (cdiv(cdiv(K, BLOCK_K), SPLITS) steps each, the last ones
+    shorter or empty) of matmul_scatter_rows' tile, into each owner's partial[RANK * SPLITS + s]."""
+    steps = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(steps, SPLITS)
+    acc = mm_acc_steps(x, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
+                       BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+    store_to_owners(acc, i * BLOCK_M + tl.arange(0, BLOCK_M), j * BLOCK_N + tl.arange(0, BLOCK_N),
+                    partial, partial_peers, RANK * SPLITS + s, M, N, WORLD)
+
+
+@triton.jit
 def ag_matmul(s, i, j, gathered, w, y, M, K, N, RANK, WORLD,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               TMA: tl.constexpr, USE_ASM: tl.constexpr):

@@ -29,6 +29,11 @@ DOWN_N = knobs.read("ETDIST_MLP_DOWN_N", knobs.tile_width, 256)
 # -5.2 / -12.2 / -13.7%; where every down tile fits in one wave (llama31_8b, gemma2_9b) slicing
 # lost 3-10%, so the plan no longer slices there.
 TAIL_SPLITS = knobs.read("ETDIST_MLP_TAIL_SPLITS", knobs.positive_int, 3)
+# At or below 128 rows (the whole-gather graph) the down tiles are few (H / block_n: 32 on qwen3_8b's
+# shape, one row tile) and each streams a whole column of w_down: traced on one H200 at M=16, 32
+# down tasks of 34 us ran on 32 of 132 SMs after the gate/up tiles. They run in up to
+# WHOLE_DOWN_SPLITS contraction slices (whole_down_splits), as many as keep one task per SM.
+WHOLE_DOWN_SPLITS = 4
 SEND_US, REDUCE_US = 1.0, 3.0   # tail_plan's guesses for a gathered row tile's copy and an owner's sum
 MIN_GAIN = 0.03   # tail_plan slices nothing for less: its model ignores the waits, and slices cost traffic
 _KERNELS: dict = {}
@@ -68,6 +73,13 @@ def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, cfg: Ti
     return best if busiest[best] <= (1 - MIN_GAIN) * busiest[0] else 0
 
 
+def whole_down_splits(M: int, H: int, cfg: TileConfig, sms: int) -> int:
+    """Contraction slices of the whole-gather graph's down tiles: as many as fit one task per SM
+    (rounded down: a few tasks over make a second wave), at most WHOLE_DOWN_SPLITS."""
+    tiles = -(-M // cfg.block_m) * -(-H // cfg.block_n)
+    return max(1, min(WHOLE_DOWN_SPLITS, sms // tiles))
+
+
 def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mesh=None,
                         total_rows: Optional[int] = None, out: Optional[torch.Tensor] = None,
                         schedule: str = "static") -> torch.Tensor:
@@ -101,7 +113,9 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     splits = 1 if whole or TAIL_SPLITS == 1 else slices_that_fit(M, H, mesh.world_size, x.dtype.itemsize, TAIL_SPLITS)
     tail = tail_plan(M, H, I, mesh.world_size, _sm_count(mesh.device.index), splits) if splits > 1 else 0
     splits = splits if tail else 1
-    more = {} if whole else {"down_n": DOWN_N, "tail_splits": splits}
+    if whole:
+        splits = whole_down_splits(M, H, cfg, _sm_count(mesh.device.index))
+    more = {"down_splits": splits} if whole else {"down_n": DOWN_N, "tail_splits": splits}
     kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule, splits), cfg, schedule,
                            lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align, **more))
     sizes = {"M": M, "TAIL": tail} if tail else {"M": M}

@@ -115,10 +115,16 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
 
 def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
-                 align: int = 1, group_m: int = 8) -> et.Graph:
+                 align: int = 1, group_m: int = 8, down_splits: int = 1) -> et.Graph:
     """The small-M variant: the (small) gather completes first; gate/up and down tiles then run
     over all M rows at once, so each weight is read once (the graph above reads them once per
-    source and per destination rank). Down tiles store each owner's rows into its partial."""
+    source and per destination rank). Down tiles store each owner's rows into its partial.
+    down_splits: each down tile's contraction (I) in that many slices, each its own partial on the
+    owner, who sums them all: at decode sizes the down tiles are few (H / block_n: 32 on qwen3_8b's
+    shape) and would leave most SMs idle."""
+    if isinstance(down_splits, bool) or not isinstance(down_splits, int) or down_splits < 1:
+        raise et.GraphError(f"tp_mlp_whole: down_splits must be a positive int, got {down_splits!r}")
+    S = down_splits
     g = et.Graph("mlp_whole")
     M = g.size("M")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)
@@ -133,11 +139,11 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     g.input("w_gate_up", (H, 2 * I), dtype)
     g.input("w_down", (I, H), dtype)
     g.scratch("h", (M, I), dtype)
-    g.scratch("partial", (R, C, H), dtype, symmetric=True)     # on the owner: partial[src]
+    g.scratch("partial", (R * S, C, H), dtype, symmetric=True)     # on the owner: partial[src, slice]
     g.output("y", (owned(me), H), dtype)
     _, all_in = gather_rows(g, x, C, owned, block_m, block_n, "ag_out", whole=True)
     h_ready = g.event("h_ready", (m_all,), count=i_tiles)
-    arrived = g.event("arrived", (R, h_tiles), count=R * m_all, distributed=True)   # [owner, column tile]
+    arrived = g.event("arrived", (R, h_tiles), count=R * m_all * S, distributed=True)   # [owner, column tile]
     up_tile = lambda q: et.grouped(q, m_all, i_tiles, group_m)     # noqa: E731
     down_tile = lambda q: et.grouped(q, m_all, h_tiles, group_m)   # noqa: E731
 
@@ -148,19 +154,24 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
         rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), block_n, t.I)
         t.h[rows, cols] = _swiglu(t, t.ag_out[rows], cols)
 
-    @g.task(grid=(m_all * h_tiles,), wait=lambda q: h_ready[down_tile(q)[0]],
-            notify=lambda q: arrived[et.every(0, R), down_tile(q)[1]],
-            triton=gemm_tiles.matmul_scatter_rows, constexprs=gemm,
-            bind=dict(i=lambda q: down_tile(q)[0], j=lambda q: down_tile(q)[1], x="h", w="w_down", K="I", N="H"))
-    def down(t, q):                                        # every owner's rows of row tile i
+    # a tile's slices run side by side (the last index walks fastest)
+    @g.task(grid=(m_all * h_tiles, S), wait=lambda q, s: h_ready[down_tile(q)[0]],
+            notify=lambda q, s: arrived[et.every(0, R), down_tile(q)[1]],
+            triton=gemm_tiles.matmul_scatter_rows_slice, constexprs=dict(gemm, SPLITS=S),
+            bind=dict(i=lambda q, s: down_tile(q)[0], j=lambda q, s: down_tile(q)[1], x="h", w="w_down", K="I",
+                      N="H"))
+    def down(t, q, s):                                     # slice s of every owner's rows of row tile i
         i, cols = t(down_tile(q)[0]), et.block(t(down_tile(q)[1]), block_n, t.H)
-        part = t.h[et.block(i, block_m, t.M)] @ t.w_down[:, cols]
+        ks = et.block(s, t(et.cdiv(I, S * block_k) * block_k), t.I)   # whole steps, as the GPU body
+        part = t.h[et.block(i, block_m, t.M), ks] @ t.w_down[ks, cols]
         for d in range(t.world):                           # rows [i*bm, ...) that owner d holds
             lo, hi = max(i * block_m, d * t(C)), min((i + 1) * block_m, d * t(C) + t(owned(d)))
             if lo < hi:
-                t.peer(d).partial[t.rank, lo - d * t(C):hi - d * t(C), cols] = part[lo - i * block_m:hi - i * block_m]
+                t.peer(d).partial[t.rank * S + s, lo - d * t(C):hi - d * t(C), cols] = \
+                    part[lo - i * block_m:hi - i * block_m]
 
-    reduce_partials(g, lambda i, j: arrived[me, j], owned, own_tiles, h_tiles, block_m, block_n, cols="H")
+    reduce_partials(g, lambda i, j: arrived[me, j], owned, own_tiles, h_tiles, block_m, block_n, S,
+                    lambda i, j: S, cols="H")
 
     g.sample(M=5, H=3, I=2)
     g.sample(M=37, H=20, I=17)

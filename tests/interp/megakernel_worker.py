@@ -43,7 +43,7 @@ def cases():
     yield "mlp_tail", mlp.tp_mlp(T, T, torch.float32, T, group_m=2, down_n=2 * T, tail_splits=3), \
         lambda R, M: mlp.make_inputs(R, M, 40, 20 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
         {"TAIL": 2}
-    yield "mlp_whole", mlp.tp_mlp_whole(T, T, torch.float32, T), \
+    yield "mlp_whole", mlp.tp_mlp_whole(T, T, torch.float32, T, down_splits=2), \
         lambda R, M: mlp.make_inputs(R, M, 24, 20 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
     # sizes promised multiples of 16: the GEMM bodies load through TMA descriptors (zero-filled
     # past ragged edges: M, and N = 48 against 32-wide column tiles; the MLP's down tiles twice as
