@@ -64,6 +64,16 @@ def graph_speedup(rec: Record) -> Optional[float]:
     return best / min(rec.ours_us, g) if best is not None and g else None
 
 
+def ceilings(cells: Sequence[Record]) -> Optional[tuple[float, float, int]]:
+    """The geometric-mean speedups over the best baseline that a kernel taking the floor's time, and
+    one taking the local mm(s)' time (the communication hidden), would reach on `cells`: the most a
+    speedup target can ask of these cells (None without a floor and an mm in every cell)."""
+    if not cells or any(not r.floor_us or not r.baselines.get("mm") or best_baseline(r) is None for r in cells):
+        return None
+    return (geomean(best_baseline(r) / r.floor_us for r in cells),
+            geomean(best_baseline(r) / r.baselines["mm"] for r in cells), len(cells))
+
+
 def geomean(values: Iterable[float]) -> float:
     values = list(values)
     if not values:
@@ -144,6 +154,12 @@ def workload_table(workload: str, records: Sequence[Record]) -> str:
             line += f"; slower than the best baseline in {len(slow)}: " + ", ".join(
                 f"{r.model} M={r.M}" for r in slow)
         lines.append(line)
+        ceiling = ceilings(cells)
+        if ceiling and not cpu:
+            at_floor, at_mm, n = ceiling
+            lines.append(f"- ceilings, {workload} {schedule} world {world} (the same {n} cells): a kernel at the floor "
+                         f"would reach **{at_floor:.2f}x** (best baseline / floor), one as fast as the mm alone with "
+                         f"every exchange hidden **{at_mm:.2f}x** (best baseline / mm)")
         both = [r for r in cells if graph_speedup(r) is not None]
         if both:
             lines.append(f"- with ours also captured in a CUDA graph (the better of ours eager and graph vs "

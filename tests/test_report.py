@@ -67,6 +67,22 @@ def test_tables_speedups_and_geomean(results, tmp_path, capsys):
     assert "device: NVIDIA H200; torch 2.11.0+cu130; triton 3.6.0; commit abc1234" in text
 
 
+def test_ceilings_bound_what_a_speedup_target_can_ask(results, tmp_path):
+    """Each workload's ceilings: the geomean of best baseline / floor and of best baseline / mm over
+    the same cells (rec's floor is ours / 2 and its mm ours x 0.5: both ceilings are 2x the speedup);
+    cells without a floor or an mm give none."""
+    out = tmp_path / "BENCHMARKS.md"
+    report.main(["--results", str(results), "--out", str(out), "--plots", str(tmp_path / "plots")])
+    text = out.read_text()
+    got = re.search(r"ceilings, gemm_rs static world 2 \(the same 4 cells\): a kernel at the floor would reach "
+                    r"\*\*([\d.]+)x\*\* .* with every exchange hidden \*\*([\d.]+)x\*\*", text)
+    want = 2 * math.prod([2.0, 2.0, 0.8, 70 / 50]) ** 0.25
+    assert float(got.group(1)) == pytest.approx(want, abs=0.01) and float(got.group(2)) == pytest.approx(want, abs=0.01)
+    bare = Record(workload="moe", model="m", M=1, world=1, schedule="static", ours_us=1.0, baselines={"eager": 2.0},
+                  floor_us=None, rel_err=None, date="2026-11-22T10:00:00+00:00", **ENV)
+    assert report.ceilings([bare]) is None and report.ceilings([]) is None
+
+
 def test_plots_written_and_linked(results, tmp_path):
     out = tmp_path / "BENCHMARKS.md"
     plots = tmp_path / "bench" / "plots"
