@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
+from etdist.measure import baselines as B
 from etdist.measure import records
 from etdist.measure.shapes import MLP_SHAPES
 from etdist.measure.timing import time_ranks
@@ -65,35 +66,22 @@ class patched:
 
 
 def operands(op: str, M: int, H: int, I: int, dev):
-    """(x, weight copies, float32 reference of copy 0, mm step of copy i, op step of copy i)."""
-    g = torch.Generator(device=dev).manual_seed(M * 7 + H)
+    """(float32 reference of weight copy 0, torch.mm's step, the op's step): step(i) runs on weight
+    copy i of COPIES (etdist.measure.baselines' operand makers)."""
+    out = torch.empty(M, H if op == "gemm_rs" else 2 * I, device=dev, dtype=torch.bfloat16)
+    if op in ("gemm_rs", "ag_gemm"):   # gemm_rs: h [M, I] @ w_down [I, H]; ag_gemm: x [M, H] @ w_gate_up [H, 2I]
+        ops = B.random_operands(M, *((I, H) if op == "gemm_rs" else (H, 2 * I)), copies=COPIES, device=dev)
+        x, ws = ops.x, ops.weights
+        fused = et.ops.gemm_reduce_scatter if op == "gemm_rs" else et.ops.all_gather_gemm
+        return x.float() @ ws[0].float(), (lambda i: torch.mm(x, ws[i], out=out)), (lambda i: fused(x, ws[i]))
+    ops = B.mlp_operands(M, H, I, copies=COPIES, device=dev)   # mlp: x [M, H] -> SwiGLU -> [M, I] @ [I, H]
+    x, wgu, wd = ops.x, ops.gate_up, ops.down
+    ref = B.swiglu(x.float() @ wgu[0].float()) @ wd[0].float()
+    down = torch.empty(M, H, device=dev, dtype=torch.bfloat16)
 
-    def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, device=dev, generator=g) * scale).bfloat16()
-
-    if op == "gemm_rs":   # h [M, I] @ w_down [I, H]
-        x = rand(M, I)
-        ws = [rand(I, H, scale=I ** -0.5) for _ in range(COPIES)]
-        ref = x.float() @ ws[0].float()
-        out = torch.empty(M, H, device=dev, dtype=torch.bfloat16)
-        return ref, (lambda i: torch.mm(x, ws[i], out=out)), (lambda i: et.ops.gemm_reduce_scatter(x, ws[i]))
-    if op == "ag_gemm":   # x [M, H] @ w_gate_up [H, 2I]
-        x = rand(M, H)
-        ws = [rand(H, 2 * I, scale=H ** -0.5) for _ in range(COPIES)]
-        ref = x.float() @ ws[0].float()
-        out = torch.empty(M, 2 * I, device=dev, dtype=torch.bfloat16)
-        return ref, (lambda i: torch.mm(x, ws[i], out=out)), (lambda i: et.ops.all_gather_gemm(x, ws[i]))
-    x = rand(M, H)   # mlp: x [M, H] -> [M, 2I] -> SwiGLU -> [M, I] @ [I, H]
-    wgu = [rand(H, 2 * I, scale=H ** -0.5) for _ in range(COPIES)]
-    wd = [rand(I, H, scale=I ** -0.5) for _ in range(COPIES)]
-    gu = x.float() @ wgu[0].float()
-    ref = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]) @ wd[0].float()
-    mid = torch.empty(M, 2 * I, device=dev, dtype=torch.bfloat16)
-    out = torch.empty(M, H, device=dev, dtype=torch.bfloat16)
-
-    def mm(i):
-        torch.mm(x, wgu[i], out=mid)
-        return torch.mm(mid[:, :I], wd[i], out=out)
+    def mm(i):   # both GEMMs, no activation
+        torch.mm(x, wgu[i], out=out)
+        return torch.mm(out[:, :I], wd[i], out=down)
 
     return ref, mm, (lambda i: et.ops.tensor_parallel_mlp(x, wgu[i], wd[i]))
 
@@ -130,9 +118,8 @@ def main():
                 times = {n: [] for n, _, _ in steps}
                 for r in range(rounds):
                     for n, values, step in steps:
-                        turn = iter(range(10 ** 9))
                         with patched(module, values):
-                            times[n].append(time_ranks(lambda: step(next(turn) % COPIES), device=mesh.device))
+                            times[n].append(time_ranks(B.rotating(step, COPIES), device=mesh.device))
                 med = {n: statistics.median(t) for n, t in times.items()}
                 for v, n in enumerate(names):
                     for r, t in enumerate(times[n]):

@@ -1,5 +1,4 @@
-"""Where a fused MLP call goes (the graph and tiles the op plans: tp_mlp above 128 rows, tp_mlp_whole
-at or below; the tail plan's slices are left out):
+"""Where a fused MLP call goes (the graph, tiles and slices the op plans: etdist.ops.mlp.kernel_plan):
 the op's time, its two GEMMs alone (torch.mm), then one traced launch of the same graph queued
 behind calls, summarised per rank (span, busy share, per task kind: time, wait, gap before it) with
 each GEMM kind's rate per SM against what 132 SMs at torch.mm's rate would give. Chrome trace in
@@ -17,7 +16,6 @@ import etdist as et
 from etdist.fusion import trace as tr
 from etdist.measure.timing import time_ranks
 from etdist.ops import mlp as mlp_op
-from etdist.workloads import mlp as mlp_graph
 
 M, H, IF = (int(a) for a in sys.argv[1:4])
 dist.init_process_group("cpu:gloo,cuda:nccl")
@@ -35,17 +33,13 @@ op_us = time_ranks(lambda: et.ops.tensor_parallel_mlp(x, wgu, wd, mesh=mesh, tot
 up_us = time_ranks(lambda: xa @ wgu, device=dev)
 down_us = time_ranks(lambda: h @ wd, device=dev)
 
-whole = M <= mlp_op._ag_gemm.WHOLE_MAX_M
-cfg = mlp_op._ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else mlp_op.TILES
-down_n = cfg.block_n if whole else mlp_op.DOWN_N
-align = 16 if H % 16 == 0 and I % 16 == 0 else 1
 sms = torch.cuda.get_device_properties(dev).multi_processor_count
-graph = (mlp_graph.tp_mlp_whole(cfg.block_m, cfg.block_n, bf16, cfg.block_k, align,
-                                down_splits=mlp_op.whole_down_splits(M, H, cfg, sms)) if whole else
-         mlp_graph.tp_mlp(cfg.block_m, cfg.block_n, bf16, cfg.block_k, align, down_n=down_n))
+cfg, build, sizes = mlp_op.kernel_plan(M, H, I, bf16, sms, R)   # the op's plan
+down_n = build.keywords.get("down_n", cfg.block_n)
+graph = build()
 kernel = et.compile(graph, schedule="static", target="cuda", trace=True)
 kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
-args = dict(x=x, w_gate_up=wgu, w_down=wd, sizes={"M": M})
+args = dict(x=x, w_gate_up=wgu, w_down=wd, sizes=sizes)
 for _ in range(3):
     kernel(mesh, **args)
 torch.cuda.synchronize()

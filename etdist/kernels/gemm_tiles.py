@@ -282,22 +282,13 @@ def matmul_all_rows(i, j, a, w, y, M, K, N,
 
 
 @triton.jit
-def matmul_scatter_rows(i, j, x, w, partial, partial_peers, M, K, N, RANK, WORLD,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        TMA: tl.constexpr, USE_ASM: tl.constexpr):
-    """Tile (i, j) of x[M rows] @ w; each owner's rows go to its partial[RANK] (peer stores), so
-    a row tile spanning several owners reads the weights once."""
-    acc = mm_acc(x, M, w, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
-    store_to_owners(acc, i * BLOCK_M + tl.arange(0, BLOCK_M), j * BLOCK_N + tl.arange(0, BLOCK_N),
-                    partial, partial_peers, RANK, M, N, WORLD)
-
-
-@triton.jit
 def matmul_scatter_rows_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               TMA: tl.constexpr, USE_ASM: tl.constexpr):
     """Contraction slice s of SPLITS (cdiv(cdiv(K, BLOCK_K), SPLITS) steps each, the last ones
-    shorter or empty) of matmul_scatter_rows' tile, into each owner's partial[RANK * SPLITS + s]."""
+    shorter or empty) of tile (i, j) of x[M rows] @ w; each owner's rows go to its
+    partial[RANK * SPLITS + s] (peer stores), so a row tile spanning several owners reads the
+    weights once."""
     steps = tl.cdiv(K, BLOCK_K)
     per = tl.cdiv(steps, SPLITS)
     acc = mm_acc_steps(x, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),

@@ -80,6 +80,27 @@ def whole_down_splits(M: int, H: int, cfg: TileConfig, sms: int) -> int:
     return max(1, min(WHOLE_DOWN_SPLITS, sms // tiles))
 
 
+def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int):
+    """What the op compiles for M rows of x [M, H] and a rank's I on a GPU of `sms` SMs among `world`
+    ranks: (tile config, a builder of the graph, the graph's run-time sizes). At most WHOLE_MAX_M
+    rows, the whole-gather graph (every weight read once) with its down tiles in slices; above, the
+    sequence-parallel graph, its last down tiles in slices where tail_plan finds a ragged wave.
+    launch/trace_mlp.py traces the same plan."""
+    whole = M <= _ag_gemm.WHOLE_MAX_M
+    cfg = _ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else TILES
+    cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
+    align = 16 if H % 16 == 0 and I % 16 == 0 else 1
+    args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
+    if whole:
+        return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms)), \
+            {"M": M}
+    # the sliced graph only where its plan slices (its partials take TAIL_SPLITS x the memory)
+    splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M, H, world, dtype.itemsize, TAIL_SPLITS)
+    tail = tail_plan(M, H, I, world, sms, splits) if splits > 1 else 0
+    build = functools.partial(mlp_graph.tp_mlp, *args, down_n=DOWN_N, tail_splits=splits if tail else 1)
+    return cfg, build, ({"M": M, "TAIL": tail} if tail else {"M": M})
+
+
 def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mesh=None,
                         total_rows: Optional[int] = None, out: Optional[torch.Tensor] = None,
                         schedule: str = "static") -> torch.Tensor:
@@ -104,20 +125,9 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
             raise InputError(f"tensor_parallel_mlp: w_down must be a contiguous {x.dtype} tensor on {x.device}, got "
                              f"{w_down.dtype} on {w_down.device}{'' if w_down.is_contiguous() else ', not contiguous'}")
         M = total_rows_of("tensor_parallel_mlp", total_rows, x, mesh.world_size)
-    whole = M <= _ag_gemm.WHOLE_MAX_M       # small M: every weight read once (mlp_graph.tp_mlp_whole)
-    cfg = _ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else TILES
-    cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
-    align = 16 if H % 16 == 0 and I % 16 == 0 else 1
-    graph = mlp_graph.tp_mlp_whole if whole else mlp_graph.tp_mlp
-    # the sliced graph only where its plan slices (its partials take TAIL_SPLITS x the memory)
-    splits = 1 if whole or TAIL_SPLITS == 1 else slices_that_fit(M, H, mesh.world_size, x.dtype.itemsize, TAIL_SPLITS)
-    tail = tail_plan(M, H, I, mesh.world_size, _sm_count(mesh.device.index), splits) if splits > 1 else 0
-    splits = splits if tail else 1
-    if whole:
-        splits = whole_down_splits(M, H, cfg, _sm_count(mesh.device.index))
-    more = {"down_splits": splits} if whole else {"down_n": DOWN_N, "tail_splits": splits}
-    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule, splits), cfg, schedule,
-                           lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align, **more))
-    sizes = {"M": M, "TAIL": tail} if tail else {"M": M}
+    cfg, build, sizes = kernel_plan(M, H, I, x.dtype, _sm_count(mesh.device.index), mesh.world_size)
+    # keyed by the graph and every argument it is built with, and by the tile's warps and stages
+    key = (cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items())))
+    kernel = cached_kernel(_KERNELS, key, cfg, schedule, build)
     return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes=sizes,
                   out=None if out is None else {"y": out})["y"]
