@@ -5,9 +5,9 @@ with the partials stored and summed locally), alternated in one process against 
     VARIANTS="base;SPLIT_TAIL=0" OPS=gemm_rs MODELS=gemma2_27b,qwen3_32b MS=1000,1024,8192 \
         torchrun --nproc_per_node=1 launch/ops_ab.py
 
-A variant sets module attributes of the op's module (etdist.ops.gemm_rs, ag_gemm or mlp; OPS names
-the ops) while it runs (`NAME=value`, joined by `+`; `base`: the op as it is), e.g. `SPLIT_TAIL=0`,
-`MAX_SPLITS=1`, `TAIL_SPLITS=1`; the plan caches are cleared around it. Each variant's output is
+A variant sets module attributes of the op's plan modules (etdist.ops.gemm_rs, ag_gemm, or mlp and
+ag_gemm; OPS names the ops) while it runs (`NAME=value`, joined by `+`; `base`: the op as it is), e.g. `SPLIT_TAIL=0`,
+`MAX_SPLITS=1`, `TAIL_SPLITS=1`, `WHOLE_32=32,128,64,4,6,swap`; the plan caches are cleared around it. Each variant's output is
 checked against a float32 reference before any timing. Every round times torch.mm (gemm_rs, ag_gemm:
 x @ w; mlp: both mms, no activation) and each variant once (etdist.measure.timing, 4 rotating weight
 copies), in turn; a time is the median over the rounds. Prints a table with ratios to mm and to the
@@ -31,37 +31,50 @@ from etdist.ops import ag_gemm as ag_gemm_op
 from etdist.ops import gemm_rs as gemm_rs_op
 from etdist.ops import mlp as mlp_op
 
-MODULES = {"gemm_rs": gemm_rs_op, "ag_gemm": ag_gemm_op, "mlp": mlp_op}
+# each op's plan modules (the MLP's whole-gather plan reads ag_gemm's WHOLE_* attributes)
+MODULES = {"gemm_rs": (gemm_rs_op,), "ag_gemm": (ag_gemm_op,), "mlp": (mlp_op, ag_gemm_op)}
 COPIES = 4
 
 
 def variant(text: str) -> dict:
-    """`SPLIT_TAIL=1+MAX_SPLITS=2` -> {"SPLIT_TAIL": 1, "MAX_SPLITS": 2}; `base` -> {}."""
-    return {k: int(v) for k, _, v in (p.partition("=") for p in text.split("+") if p and p != "base")}
+    """`SPLIT_TAIL=1+MAX_SPLITS=2` -> {"SPLIT_TAIL": "1", "MAX_SPLITS": "2"}; `base` -> {}. Values
+    take the attribute's type (a tile config: "block_m,block_n,block_k,warps,stages[,swap]")."""
+    return {k: v for k, _, v in (p.partition("=") for p in text.split("+") if p and p != "base")}
+
+
+def converted(current, text: str):
+    """`text` as a value of `current`'s type."""
+    if isinstance(current, gemm_rs_op.TileConfig):
+        return gemm_rs_op.TileConfig.parse(text)
+    return type(current)(int(text))
 
 
 class patched:
-    """The op module's attributes set to a variant's values inside the block (plan caches cleared)."""
+    """The attributes of the op's plan modules set to a variant's values inside the block (each name
+    in the first module that has it; plan caches cleared)."""
 
-    def __init__(self, module, values: dict):
-        self.module, self.values, self.saved = module, values, {}
+    def __init__(self, modules: tuple, values: dict):
+        self.modules, self.values, self.saved = modules, values, []
 
     def _clear(self):
-        for fn in vars(self.module).values():
-            if isinstance(fn, functools._lru_cache_wrapper):
-                fn.cache_clear()
+        for module in self.modules:
+            for fn in vars(module).values():
+                if isinstance(fn, functools._lru_cache_wrapper):
+                    fn.cache_clear()
 
     def __enter__(self):
         for k, v in self.values.items():
-            if not hasattr(self.module, k):
-                raise AttributeError(f"{self.module.__name__} has no {k}")
-            self.saved[k] = getattr(self.module, k)
-            setattr(self.module, k, type(self.saved[k])(v))
+            module = next((m for m in self.modules if hasattr(m, k)), None)
+            if module is None:
+                raise AttributeError(f"none of {[m.__name__ for m in self.modules]} has {k}")
+            self.saved.append((module, k, getattr(module, k)))
+            setattr(module, k, converted(getattr(module, k), v))
         self._clear()
 
     def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            setattr(self.module, k, v)
+        for module, k, v in reversed(self.saved):
+            setattr(module, k, v)
+        self.saved = []
         self._clear()
 
 
@@ -101,14 +114,14 @@ def main():
     env = records.env_info()
     table = []
     for op in ops:
-        module = MODULES[op]
+        modules = MODULES[op]
         for model in models:
             H, I = MLP_SHAPES[model].hidden, MLP_SHAPES[model].intermediate // shard
             for M in Ms:
                 ref, mm, ours = operands(op, M, H, I, mesh.device)
                 errs = []
                 for name in names:
-                    with patched(module, variant(name)):
+                    with patched(modules, variant(name)):
                         y = ours(0).float()
                     err = ((y - ref).abs().max() / ref.abs().max()).item()
                     if not err < 2e-2:
@@ -118,7 +131,7 @@ def main():
                 times = {n: [] for n, _, _ in steps}
                 for r in range(rounds):
                     for n, values, step in steps:
-                        with patched(module, values):
+                        with patched(modules, values):
                             times[n].append(time_ranks(B.rotating(step, COPIES), device=mesh.device))
                 med = {n: statistics.median(t) for n, t in times.items()}
                 for v, n in enumerate(names):

@@ -74,7 +74,7 @@ def cell(op, model, M):
 
 rows = []
 for cfg, tasks_per_sm in zip(CONFIGS, TASKS_PER_SM):
-    ag_op.WHOLE_TILES = {op: (cfg, cfg) for op in ag_op.WHOLE_TILES}   # every whole-gather class
+    ag_op.WHOLE_32 = ag_op.WHOLE_AG = ag_op.WHOLE_MLP = ag_op.WHOLE_128 = cfg   # every whole-gather class
     rs_op.SKINNY_CLASSES = (cfg,)
     rs_op.SKINNY_TASKS_PER_SM = {cfg: tasks_per_sm}
     label = (f"{cfg.block_m},{cfg.block_n},{cfg.block_k},{cfg.num_warps},{cfg.num_stages},{tasks_per_sm:g}"

@@ -323,11 +323,18 @@ def _op_kernels():
     # ETDIST_GEMM_RS_OWN_LAST's: its reduce reads the split source from the rank
     yield "gemm_rs tail own", lambda: gemm_rs.gemm_reduce_scatter(L.block_m, L.block_n, bf, L.block_k, 16, splits=4,
                                                                   wave=132, own_last=True), L.num_warps, L.num_stages
-    for M in (16, 128):   # both whole-gather classes of each op
+    for M in (16, 64, 128):   # every whole-gather class of each op, as the ops build them
         A, W = ag_op.whole_tile("all_gather_gemm", M), ag_op.whole_tile("tensor_parallel_mlp", M)
         yield f"ag_gemm_whole M={M}", functools.partial(ag_gemm.all_gather_gemm_whole, A.block_m, A.block_n, bf,
-                                                        A.block_k, 16), A.num_warps, A.num_stages
-        yield f"mlp_whole M={M}", functools.partial(mlp.tp_mlp_whole, W.block_m, W.block_n, bf, W.block_k, 16), \
+                                                        A.block_k, 16, swap_ab=A.swap_ab), A.num_warps, A.num_stages
+        yield f"mlp_whole M={M}", functools.partial(mlp.tp_mlp_whole, W.block_m, W.block_n, bf, W.block_k, 16,
+                                                    swap_ab=W.swap_ab), W.num_warps, W.num_stages
+        # the plans' narrowest GEMM tiles (ops.ag_gemm.whole_width), the down tiles in slices
+        yield f"ag_gemm_whole M={M} narrow", functools.partial(ag_gemm.all_gather_gemm_whole, A.block_m, A.block_n, bf,
+                                                               A.block_k, 16, gemm_n=ag_op.WHOLE_MIN_N,
+                                                               swap_ab=A.swap_ab), A.num_warps, A.num_stages
+        yield f"mlp_whole M={M} narrow", functools.partial(mlp.tp_mlp_whole, W.block_m, W.block_n, bf, W.block_k, 16,
+                                                           down_splits=4, up_n=ag_op.WHOLE_MIN_N, swap_ab=W.swap_ab), \
             W.num_warps, W.num_stages
     yield "ag_gemm", lambda: ag_gemm.all_gather_gemm(L.block_m, L.block_n, bf, L.block_k, 16), L.num_warps, L.num_stages
     yield "mlp", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N), T.num_warps, \

@@ -1,5 +1,6 @@
 """Host-side logic of the GPU runtime that needs no GPU: inputs refused on one rank make every
 rank raise before anything launches (a fake mesh stands in for the ranks' host exchange)."""
+import dataclasses
 import math
 
 import pytest
@@ -382,13 +383,16 @@ def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
 def test_whole_mlp_slices_its_few_down_tiles():
     """At or below 128 rows the fused MLP's down tiles (one per block_n columns of H and row tile)
     run in contraction slices up to one task per SM: qwen3_8b's H=4096 at M=16 makes 32 tiles, 4
-    slices; at M=128 (two 64-row tiles) 64, 2 slices; llama31_70b's 8192 at M=16, 2; gpt3_175b's
-    12288 (96 tiles), whole. At most WHOLE_DOWN_SPLITS."""
+    slices, and as many at M=128 (one 128-row tile); at M=64 with 64-row tiles of 64 columns, 64
+    tiles, 2 slices; llama31_70b's 8192 at M=16, 2; gpt3_175b's 12288 (96 tiles), whole. At most
+    WHOLE_DOWN_SPLITS."""
     from etdist.ops import ag_gemm as ag_op
     from etdist.ops import mlp as mlp_op
     small, rest = ag_op.whole_tile("tensor_parallel_mlp", 16), ag_op.whole_tile("tensor_parallel_mlp", 128)
+    narrow = dataclasses.replace(ag_op.whole_tile("tensor_parallel_mlp", 64), block_n=64)
     assert [mlp_op.whole_down_splits(16, 4096, small, 132), mlp_op.whole_down_splits(128, 4096, rest, 132),
-            mlp_op.whole_down_splits(16, 8192, small, 132), mlp_op.whole_down_splits(16, 12288, small, 132)] == [4, 2, 2, 1]
+            mlp_op.whole_down_splits(64, 4096, narrow, 132), mlp_op.whole_down_splits(16, 8192, small, 132),
+            mlp_op.whole_down_splits(16, 12288, small, 132)] == [4, 4, 2, 2, 1]
     assert mlp_op.whole_down_splits(1, 512, small, 132) == mlp_op.WHOLE_DOWN_SPLITS
 
 
@@ -462,50 +466,78 @@ def test_whole_gather_ops_take_their_tile_class_by_m(monkeypatch):
     monkeypatch.setattr(ag_op, "cached_kernel", caught)
     monkeypatch.setattr(mlp_op, "cached_kernel", caught)
     monkeypatch.setattr(mlp_op, "_sm_count", lambda index: 132)   # the tail plan asks above 128 rows
+    monkeypatch.setattr(ag_op, "_sm_count", lambda index: 132)    # whole_width asks at or below
     mesh = types.SimpleNamespace(backend="nvshmem", device=torch.device("cpu"), world_size=2)
     H, I = 256, 128
     x = torch.randn(4, H, dtype=torch.bfloat16)
     w, wgu, wd = (torch.randn(*s, dtype=torch.bfloat16) for s in ((H, I), (H, 2 * I), (I, H)))
-    for M in (1, 32, 33, 128, 129):
+    for M in (1, 32, 33, 64, 65, 128, 129):
         with pytest.raises(LookupError):
             ag_op.all_gather_gemm(x, w, mesh=mesh, total_rows=M)
         with pytest.raises(LookupError):
             mlp_op.tensor_parallel_mlp(x, wgu, wd, mesh=mesh, total_rows=M)
-    small, ag, mlp_tile = ag_op.WHOLE_32, ag_op.WHOLE_AG, ag_op.WHOLE_MLP
-    assert (small.block_m, ag.block_k, mlp_tile.block_k) == (32, 128, 64)
+    small, ag, mlp_tile, big = ag_op.WHOLE_32, ag_op.WHOLE_AG, ag_op.WHOLE_MLP, ag_op.WHOLE_128
+    assert (small.block_m, small.swap_ab, ag.block_k, mlp_tile.block_k, big.block_m) == (32, True, 128, 64, 128)
     assert [cfg for cfg, _ in asked] == [small, small, small, small, ag, mlp_tile, ag, mlp_tile,
-                                         ag_op.LARGE, mlp_op.TILES]
+                                         big, big, big, big, ag_op.LARGE, mlp_op.TILES]
     assert [name for _, name in asked[:2]] == ["ag_gemm_whole", "mlp_whole"]
     assert [name for _, name in asked[-2:]] == ["ag_gemm", "mlp"]
+
+
+def test_whole_width_narrows_tiles_fewer_than_the_sms(monkeypatch):
+    """The whole-gather GEMM tiles halve while twice as many still fit in one wave (132 SMs, a rank
+    of two's shapes): qwen3_8b's gate/up at M=16, 48 tiles of 128, to 96 of 64; its ag_gemm's 96
+    tiles stay (192 would make a second wave), as do qwen3_32b's 100 gate/up tiles and, at M=128
+    (two row tiles of 64), qwen3_8b's 96; one tile of 128 goes down to WHOLE_MIN_N (64), and no
+    further. WHOLE_MIN_N=128 keeps every tile whole."""
+    from etdist.ops import ag_gemm as ag_op
+    from etdist.ops.gemm_rs import TileConfig
+    small, rest = TileConfig(32, 128, 64, 4, 6, swap_ab=True), TileConfig(64, 128, 128, 4, 4)
+    assert ag_op.whole_width(16, 6144, small, 132) == 64
+    assert ag_op.whole_width(16, 12288, small, 132) == 128
+    assert ag_op.whole_width(16, 12800, small, 132) == 128
+    assert ag_op.whole_width(128, 6144, rest, 132) == 128
+    assert ag_op.whole_width(1, 128, small, 132) == 64
+    monkeypatch.setattr(ag_op, "WHOLE_MIN_N", 32)
+    assert ag_op.whole_width(1, 128, small, 132) == 32
+    assert ag_op.whole_width(16, 6144, small, 132) == 64      # 192 of 32 would not fit one wave
+    monkeypatch.setattr(ag_op, "WHOLE_MIN_N", 128)
+    assert ag_op.whole_width(16, 6144, small, 132) == 128
 
 
 _WHOLE_PROBE = """
 from etdist.ops import ag_gemm as op
 for name in ("all_gather_gemm", "tensor_parallel_mlp"):
-    for M in (16, 128):
+    for M in (16, 64, 128):
         c = op.whole_tile(name, M)
-        print(name, M, c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages)
+        print(name, M, c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, int(c.swap_ab))
 """
 
 
 def _whole_tiles(**env):
-    """{(op, M): (block_m, block_n, block_k, warps, stages)}."""
+    """{(op, M): (block_m, block_n, block_k, warps, stages, swap)}."""
     return {(w[0], int(w[1])): tuple(map(int, w[2:])) for w in _probe_lines(_WHOLE_PROBE, **env)}
 
 
 def test_whole_gather_tile_knobs():
-    """ETDIST_WHOLE_32 / _AG / _MLP set one class each; ETDIST_WHOLE_TILES every class of both ops,
-    except a class that its own knob sets."""
+    """ETDIST_WHOLE_32 / _AG / _MLP / _128 set one class each; ETDIST_WHOLE_TILES every class of both
+    ops, except a class that its own knob sets."""
     default = _whole_tiles()
-    assert default == {("all_gather_gemm", 16): (32, 128, 64, 4, 6), ("all_gather_gemm", 128): (64, 128, 128, 4, 4),
-                       ("tensor_parallel_mlp", 16): (32, 128, 64, 4, 6), ("tensor_parallel_mlp", 128): (64, 128, 64, 4, 4)}
+    assert default == {("all_gather_gemm", 16): (32, 128, 64, 4, 6, 1), ("all_gather_gemm", 64): (64, 128, 128, 4, 4, 0),
+                       ("all_gather_gemm", 128): (128, 128, 64, 8, 4, 0),
+                       ("tensor_parallel_mlp", 16): (32, 128, 64, 4, 6, 1),
+                       ("tensor_parallel_mlp", 64): (64, 128, 64, 4, 4, 0),
+                       ("tensor_parallel_mlp", 128): (128, 128, 64, 8, 4, 0)}
     one = _whole_tiles(ETDIST_WHOLE_AG="64,64,128,4,3")
-    assert one == {**default, ("all_gather_gemm", 128): (64, 64, 128, 4, 3)}
+    assert one == {**default, ("all_gather_gemm", 64): (64, 64, 128, 4, 3, 0)}
+    big = _whole_tiles(ETDIST_WHOLE_128="128,64,64,8,3,swap")
+    assert big == {**default, ("all_gather_gemm", 128): (128, 64, 64, 8, 3, 1),
+                   ("tensor_parallel_mlp", 128): (128, 64, 64, 8, 3, 1)}
     every = _whole_tiles(ETDIST_WHOLE_TILES="64,128,64,4,4")
-    assert set(every.values()) == {(64, 128, 64, 4, 4)}
+    assert set(every.values()) == {(64, 128, 64, 4, 4, 0)}
     both = _whole_tiles(ETDIST_WHOLE_TILES="64,128,64,4,4", ETDIST_WHOLE_32="16,128,64,4,6")
-    assert both[("all_gather_gemm", 16)] == both[("tensor_parallel_mlp", 16)] == (16, 128, 64, 4, 6)
-    assert both[("all_gather_gemm", 128)] == (64, 128, 64, 4, 4)
+    assert both[("all_gather_gemm", 16)] == both[("tensor_parallel_mlp", 16)] == (16, 128, 64, 4, 6, 0)
+    assert both[("all_gather_gemm", 128)] == (64, 128, 64, 4, 4, 0)
 
 
 def test_a_new_kernel_never_finds_a_freed_kernels_state():

@@ -160,16 +160,30 @@ def test_small_m_variants_read_the_whole_gather(schedule, world, M):
     # so the third slice is empty)
     sliced = et.compile(mlp.tp_mlp_whole(block_m=8, block_n=8, block_k=4, down_splits=3), schedule=schedule,
                         programs=3)
+    # GEMM (gate/up) tiles narrower than the gather's copy tiles and the down tiles, ragged against
+    # N = 19 and I = 6 x world, as the ops narrow them at decode sizes (ops.ag_gemm.whole_width)
+    ag_narrow = et.compile(ag_gemm.all_gather_gemm_whole(block_m=8, block_n=8, block_k=4, gemm_n=4),
+                           schedule=schedule, programs=3)
+    narrow = et.compile(mlp.tp_mlp_whole(block_m=8, block_n=8, block_k=4, down_splits=2, up_n=4),
+                        schedule=schedule, programs=3)
     for seed in range(0, 20, 2):
         got = ag.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
+        n_got = ag_narrow.run(inputs, sizes={"M": M}, interleave="random", seed=seed + 1)
         m_got = whole.run(m_inputs, sizes={"M": M}, interleave="random", seed=seed)
         s_got = sliced.run(m_inputs, sizes={"M": M}, interleave="random", seed=seed + 1)
+        u_got = narrow.run(m_inputs, sizes={"M": M}, interleave="random", seed=seed)
         for r in range(world):
             assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+            assert rel_err(n_got[r]["y"], want[r]) < TOL, (r, seed)
             assert rel_err(m_got[r]["y"], m_want[r]) < TOL, (r, seed)
             assert rel_err(s_got[r]["y"], m_want[r]) < TOL, (r, seed)
+            assert rel_err(u_got[r]["y"], m_want[r]) < TOL, (r, seed)
     with pytest.raises(et.GraphError, match="down_splits must be a positive int"):
         mlp.tp_mlp_whole(down_splits=0)
+    with pytest.raises(et.GraphError, match="up_n must be a positive int"):
+        mlp.tp_mlp_whole(up_n=0)
+    with pytest.raises(et.GraphError, match="gemm_n must be a positive int"):
+        ag_gemm.all_gather_gemm_whole(gemm_n=True)
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -28,17 +28,19 @@ def use_tma(align: int) -> bool:
 
 @triton.jit
 def mm_acc(a, rows, b, K, N, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-           TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False):
+           TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     """fp32 accumulator of tile (i, j) of a[rows, K] @ b[K, N] (a offset to row 0)."""
-    return mm_acc_steps(a, rows, b, K, N, i, j, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+    return mm_acc_steps(a, rows, b, K, N, i, j, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM,
+                        SWAP_AB)
 
 
 @triton.jit
 def mm_acc_steps(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr):
-    """mm_acc over the contraction steps [k_lo, k_hi) of BLOCK_K each (a split-K slice)."""
+                 BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
+    """mm_acc over the contraction steps [k_lo, k_hi) of BLOCK_K each (a split-K slice). SWAP_AB:
+    with TMA, computed transposed (see mm_acc_tma); the same result."""
     if TMA:
-        return mm_acc_tma(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, USE_ASM)
+        return mm_acc_tma(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, USE_ASM, SWAP_AB)
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -59,13 +61,21 @@ def mm_acc_steps(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOC
 
 @triton.jit
 def mm_acc_tma(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
+               BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
     """mm_acc_steps through tensor descriptors. A rank that owns no rows (ragged M) loads nothing
-    (its base may lie past the tensor's end; a descriptor needs a non-empty shape)."""
+    (its base may lie past the tensor's end; a descriptor needs a non-empty shape). SWAP_AB: the
+    tile computed transposed, b_tile^T @ a_tile^T, so that BLOCK_N is the MMA's M side: a wgmma's
+    M is 64, and a tile of fewer rows (decode sizes) otherwise runs on the older mma.sync path."""
     async_proxy_fence(USE_ASM)   # `a` may have been written in this launch (gathered rows, h)
     a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(rows, 1), K], strides=[K, 1],
                                     block_shape=[BLOCK_M, BLOCK_K])
     b_d = tl.make_tensor_descriptor(b, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
+    if SWAP_AB:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k in range(k_lo, tl.where(rows > 0, k_hi, k_lo)):
+            acc_t = tl.dot(tl.trans(b_d.load([k * BLOCK_K, j * BLOCK_N])), tl.trans(a_d.load([i * BLOCK_M, k * BLOCK_K])),
+                           acc_t)
+        return tl.trans(acc_t)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_lo, tl.where(rows > 0, k_hi, k_lo)):
         acc = tl.dot(a_d.load([i * BLOCK_M, k * BLOCK_K]), b_d.load([k * BLOCK_K, j * BLOCK_N]), acc)
@@ -75,9 +85,9 @@ def mm_acc_tma(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_
 @triton.jit
 def mm_tile(a, rows, b, K, N, c, ldc, i, j,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False):
+            TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     """c[i-th BLOCK_M rows, j-th BLOCK_N cols] = a[rows, K] @ b[K, N] (a, c offset to row 0)."""
-    acc = mm_acc(a, rows, b, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+    acc = mm_acc(a, rows, b, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
     store_tile(acc, c, ldc, rows, N, i, j, BLOCK_M, BLOCK_N)
 
 
@@ -218,7 +228,7 @@ def gemm_rs_skinny_reduce(j, partial, y, M, N, RANK, WORLD, SPLITS: tl.constexpr
 @triton.jit
 def swiglu_rows(a, rows, w_gate_up, h, H, I, i, j,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False):
+                TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     """h[tile i of `rows` rows; cols tile j] = silu(a @ w_gate) * (a @ w_up), with
     w_gate_up = [w_gate | w_up] ([H, 2I]); a, h offset to row 0: two accumulators, one pass."""
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -237,10 +247,19 @@ def swiglu_rows(a, rows, w_gate_up, h, H, I, i, j,
         g_d = tl.make_tensor_descriptor(w_gate_up, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
         u_d = tl.make_tensor_descriptor(w_gate_up + I, shape=[H, I], strides=[2 * I, 1],
                                         block_shape=[BLOCK_K, BLOCK_N])
-        for k in range(0, tl.where(rows > 0, tl.cdiv(H, BLOCK_K), 0)):
-            a_t = a_d.load([i * BLOCK_M, k * BLOCK_K])
-            acc_g = tl.dot(a_t, g_d.load([k * BLOCK_K, j * BLOCK_N]), acc_g)
-            acc_u = tl.dot(a_t, u_d.load([k * BLOCK_K, j * BLOCK_N]), acc_u)
+        if SWAP_AB:   # transposed, the weights on the MMA's M side (mm_acc_tma)
+            g_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            u_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for k in range(0, tl.where(rows > 0, tl.cdiv(H, BLOCK_K), 0)):
+                a_t = tl.trans(a_d.load([i * BLOCK_M, k * BLOCK_K]))
+                g_t = tl.dot(tl.trans(g_d.load([k * BLOCK_K, j * BLOCK_N])), a_t, g_t)
+                u_t = tl.dot(tl.trans(u_d.load([k * BLOCK_K, j * BLOCK_N])), a_t, u_t)
+            acc_g, acc_u = tl.trans(g_t), tl.trans(u_t)
+        else:
+            for k in range(0, tl.where(rows > 0, tl.cdiv(H, BLOCK_K), 0)):
+                a_t = a_d.load([i * BLOCK_M, k * BLOCK_K])
+                acc_g = tl.dot(a_t, g_d.load([k * BLOCK_K, j * BLOCK_N]), acc_g)
+                acc_u = tl.dot(a_t, u_d.load([k * BLOCK_K, j * BLOCK_N]), acc_u)
     else:
         for k in range(0, tl.cdiv(H, BLOCK_K)):
             k_ok = offs_k < H - k * BLOCK_K
@@ -268,23 +287,23 @@ def swiglu_tile(s, i, j, ag_out, w_gate_up, h, M, H, I, RANK, WORLD,
 @triton.jit
 def swiglu_all_rows(i, j, ag_out, w_gate_up, h, M, H, I,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    TMA: tl.constexpr, USE_ASM: tl.constexpr):
+                    TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
     """SwiGLU tile (i, j) over all M gathered rows (the chunks lie back to back: rows 0..M)."""
-    swiglu_rows(ag_out, M, w_gate_up, h, H, I, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+    swiglu_rows(ag_out, M, w_gate_up, h, H, I, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
 
 
 @triton.jit
 def matmul_all_rows(i, j, a, w, y, M, K, N,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    TMA: tl.constexpr, USE_ASM: tl.constexpr):
+                    TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
     """y tile (i, j) = a[M rows] @ w: a GEMM tile over every gathered row."""
-    mm_tile(a, M, w, K, N, y, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+    mm_tile(a, M, w, K, N, y, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
 
 
 @triton.jit
 def matmul_scatter_rows_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              TMA: tl.constexpr, USE_ASM: tl.constexpr):
+                              TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
     """Contraction slice s of SPLITS (cdiv(cdiv(K, BLOCK_K), SPLITS) steps each, the last ones
     shorter or empty) of tile (i, j) of x[M rows] @ w; each owner's rows go to its
     partial[RANK * SPLITS + s] (peer stores), so a row tile spanning several owners reads the
@@ -292,7 +311,7 @@ def matmul_scatter_rows_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RA
     steps = tl.cdiv(K, BLOCK_K)
     per = tl.cdiv(steps, SPLITS)
     acc = mm_acc_steps(x, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
-                       BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+                       BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
     store_to_owners(acc, i * BLOCK_M + tl.arange(0, BLOCK_M), j * BLOCK_N + tl.arange(0, BLOCK_N),
                     partial, partial_peers, RANK * SPLITS + s, M, N, WORLD)
 

@@ -1,49 +1,75 @@
 """All-gather + GEMM as one persistent kernel per GPU."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
 from .. import knobs
 from ..workloads import ag_gemm
-from .gemm_rs import LARGE, TILE_KNOBS, TileConfig, cached_kernel, check_operands, fp32_config, refusal_reaches_peers, total_rows_of
+from .gemm_rs import (LARGE, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands, fp32_config,
+                      refusal_reaches_peers, total_rows_of)
 
 # Up to WHOLE_MAX_M rows the gather (tiny) completes first and GEMM tiles span every row, so the
 # weights are read once; above, row tiles start per source as its rows arrive (overlap).
 WHOLE_MAX_M = knobs.read("ETDIST_WHOLE_MAX_M", knobs.non_negative_int, 128)
-WHOLE_SMALL_M = 32   # the whole-gather variants' two size classes: M <= 32, and up to WHOLE_MAX_M
-
-# Their tiles, from launch/tune_decode.py on 2x H200 (records gemm_rs_skinny_ab, commit fa617fe,
-# every config checked against float32 first), us per call for qwen3_8b / llama31_70b. M=16:
-# 32x128x64 with 6 stages, ag_gemm 60 / 154 and mlp 107 / 233, against the former single tile
-# 64x128x64's 60 / 179 and 116 / 261. M=128: ag_gemm 64x128x128 66 / 179 against 76 / 216; the
-# MLP keeps 64x128x64 (106 / 254), as its gate and up weight tiles at 128 deep and 4 stages need
-# more shared memory than an SM has.
-WHOLE_32 = TileConfig(32, 128, 64, 4, 6)    # M <= WHOLE_SMALL_M, both ops
-WHOLE_AG = TileConfig(64, 128, 128, 4, 4)   # all_gather_gemm, WHOLE_SMALL_M < M <= WHOLE_MAX_M
-WHOLE_MLP = TileConfig(64, 128, 64, 4, 4)   # tensor_parallel_mlp, the same M
+# Their tiles, a size class each (M <= 32, <= 64, above), from launch/tune_decode.py on 2x H200
+# (records gemm_rs_skinny_ab, commit fa617fe: us per call for qwen3_8b / llama31_70b; M=16: 32x128x64
+# with 6 stages, ag_gemm 60 / 154 and mlp 107 / 233, against the former single tile 64x128x64's
+# 60 / 179 and 116 / 261; M=128: ag_gemm 64x128x128 66 / 179 against 76 / 216; the MLP keeps
+# 64x128x64, as its gate and up weight tiles at 128 deep and 4 stages need more shared memory than an
+# SM has), then from launch/ops_ab.py on one H200 as a rank of two (twenty-second session, records
+# whole_swap_ab / whole_tiles_ab2, every variant checked against float32): the 32-row tile computed
+# transposed (swap: the weights on the wgmma's M side), the MLP -1.7% geomean over 16 cells at M=16
+# and 32 in two calls (gemma2_27b -8 / -9%), ag_gemm -0.7%; above 64 rows one 128-row tile
+# (128x128x64, 8 warps, 4 stages) instead of two of 64: at M=100 and 128, -9% geomean for the MLP
+# (-12 to -23% on the 27B-405B shapes, within +3% on the 8-9B ones) and -6% for ag_gemm; at M=64 it
+# lost 20-45%, so the 64-row tiles keep M <= 64.
+WHOLE_32 = TileConfig(32, 128, 64, 4, 6, swap_ab=True)   # M <= 32, both ops
+WHOLE_AG = TileConfig(64, 128, 128, 4, 4)    # all_gather_gemm, 32 < M <= 64
+WHOLE_MLP = TileConfig(64, 128, 64, 4, 4)    # tensor_parallel_mlp, the same M
+WHOLE_128 = TileConfig(128, 128, 64, 8, 4)   # M > 64, both ops
 
 
 _EVERY = knobs.read("ETDIST_WHOLE_TILES", TileConfig.parse, None)
 
 
 def _override(name: str, default: TileConfig) -> TileConfig:
-    """Tuning knobs: ETDIST_WHOLE_<NAME>="block_m,block_n,block_k,warps,stages" for one class, and
-    ETDIST_WHOLE_TILES for every class of both ops at once (launch/tune_decode.py's A/B)."""
+    """Tuning knobs: ETDIST_WHOLE_<NAME>="block_m,block_n,block_k,warps,stages[,swap]" for one class,
+    and ETDIST_WHOLE_TILES for every class of both ops at once (launch/tune_decode.py's A/B)."""
     return knobs.read(f"ETDIST_WHOLE_{name}", TileConfig.parse, _EVERY or default)
 
 
 WHOLE_32, WHOLE_AG, WHOLE_MLP = _override("32", WHOLE_32), _override("AG", WHOLE_AG), _override("MLP", WHOLE_MLP)
-# op -> (its tile at M <= WHOLE_SMALL_M, its tile above); read at every call (an A/B may replace it)
-WHOLE_TILES = {"all_gather_gemm": (WHOLE_32, WHOLE_AG), "tensor_parallel_mlp": (WHOLE_32, WHOLE_MLP)}
+WHOLE_128 = _override("128", WHOLE_128)
+# op -> its size classes: (the most rows a class serves, the module attribute holding its tile),
+# the last serving every M above; read at every call (an A/B may replace the attributes)
+WHOLE_TILES = {"all_gather_gemm": ((32, "WHOLE_32"), (64, "WHOLE_AG"), (None, "WHOLE_128")),
+               "tensor_parallel_mlp": ((32, "WHOLE_32"), (64, "WHOLE_MLP"), (None, "WHOLE_128"))}
+# The whole-gather GEMM tiles span every row, so at decode sizes they can be fewer than the SMs (48
+# gate/up tiles on qwen3_8b's shard at M=16, traced on one H200: 38 us each, ~55 GB/s per SM, on 48
+# of 132 SMs). whole_width halves them while twice as many still fit in one wave, down to
+# WHOLE_MIN_N (128: never). Measured on one H200 as a rank of two (launch/ops_ab.py, records
+# whole_width_ab, twenty-second session): the MLP at M=16 on qwen3_8b / llama31_8b / gemma2_9b
+# -13 / -20 / -8% at 64 wide; 32 wide lost up to 2x, and halving tiles that already fill a wave (the
+# rule of fewest columns on the busiest program) lost 15-40% wherever it applied.
+WHOLE_MIN_N = 64
 _KERNELS: dict = {}
 
 
 def whole_tile(op: str, M: int) -> TileConfig:
     """The whole-gather tile of `op` ("all_gather_gemm" or "tensor_parallel_mlp") for M <= WHOLE_MAX_M rows."""
-    small, rest = WHOLE_TILES[op]
-    return small if M <= WHOLE_SMALL_M else rest
+    return globals()[next(name for most, name in WHOLE_TILES[op] if most is None or M <= most)]
+
+
+def whole_width(M: int, N: int, cfg: TileConfig, sms: int) -> int:
+    """The whole-gather GEMM tiles' width over N columns: cfg.block_n, halved while twice as many
+    tiles still fit in one wave of `sms` programs, to no less than WHOLE_MIN_N."""
+    m, n = -(-M // cfg.block_m), cfg.block_n
+    while n // 2 >= max(16, WHOLE_MIN_N) and m * -(-N // (n // 2)) <= sms:
+        n //= 2
+    return n
 
 
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Optional[int] = None,
@@ -62,7 +88,13 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
     cfg: TileConfig = whole_tile("all_gather_gemm", M) if whole else LARGE
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1
-    graph = ag_gemm.all_gather_gemm_whole if whole else ag_gemm.all_gather_gemm
-    kernel = cached_kernel(_KERNELS, (x.dtype, cfg, align, whole, schedule), cfg, schedule,
-                           lambda: graph(cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align))
+    args = (cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
+    if whole:
+        build = functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab,
+                                  gemm_n=whole_width(M, w.shape[1], cfg, _sm_count(mesh.device.index)))
+    else:
+        build = functools.partial(ag_gemm.all_gather_gemm, *args)
+    # keyed by the graph and every argument it is built with, and by the tile's warps and stages
+    key = (cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items())))
+    kernel = cached_kernel(_KERNELS, key, cfg, schedule, build)
     return kernel(mesh, x=x, w=w, sizes={"M": M}, out=None if out is None else {"y": out})["y"]

@@ -83,7 +83,8 @@ def whole_down_splits(M: int, H: int, cfg: TileConfig, sms: int) -> int:
 def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int):
     """What the op compiles for M rows of x [M, H] and a rank's I on a GPU of `sms` SMs among `world`
     ranks: (tile config, a builder of the graph, the graph's run-time sizes). At most WHOLE_MAX_M
-    rows, the whole-gather graph (every weight read once) with its down tiles in slices; above, the
+    rows, the whole-gather graph (every weight read once) with its down tiles in slices and its gate/up
+    tiles narrowed (ag_gemm.whole_width); above, the
     sequence-parallel graph, its last down tiles in slices where tail_plan finds a ragged wave.
     launch/trace_mlp.py traces the same plan."""
     whole = M <= _ag_gemm.WHOLE_MAX_M
@@ -92,8 +93,8 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     align = 16 if H % 16 == 0 and I % 16 == 0 else 1
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:
-        return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms)), \
-            {"M": M}
+        return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms),
+                                      up_n=_ag_gemm.whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab), {"M": M}
     # the sliced graph only where its plan slices (its partials take TAIL_SPLITS x the memory)
     splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M, H, world, dtype.itemsize, TAIL_SPLITS)
     tail = tail_plan(M, H, I, world, sms, splits) if splits > 1 else 0

@@ -7,6 +7,8 @@ own rows first, so the gather overlaps the compute.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 import etdist as et
@@ -48,15 +50,22 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
 
 
 def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
-                          block_k: int = 128, align: int = 1, group_m: int = 8) -> et.Graph:
+                          block_k: int = 128, align: int = 1, group_m: int = 8,
+                          gemm_n: Optional[int] = None, swap_ab: bool = False) -> et.Graph:
     """The small-M variant: the (small) gather completes first, then GEMM tiles run over all M
-    rows at once, so the weights are read once (the graph above reads them once per source)."""
+    rows at once, so the weights are read once (the graph above reads them once per source).
+    gemm_n: the GEMM tiles' width (default block_n, which the gather's copy tiles keep): narrower
+    where the tiles would be fewer than the SMs. swap_ab: the GEMM tiles computed transposed (the
+    weights on the MMA's M side: gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows."""
+    if gemm_n is not None and (isinstance(gemm_n, bool) or not isinstance(gemm_n, int) or gemm_n < 1):
+        raise et.GraphError(f"all_gather_gemm_whole: gemm_n must be a positive int, got {gemm_n!r}")
+    gemm_n = block_n if gemm_n is None else gemm_n
     g = et.Graph("ag_gemm_whole")
     M = g.size("M")
     K, N = g.size("K", multiple_of=align), g.size("N", multiple_of=align)
     R, me = g.world, g.rank
     C, owned = et.row_chunks(M, R)
-    m_tiles, n_tiles = et.cdiv(M, block_m), et.cdiv(N, block_n)
+    m_tiles, n_tiles = et.cdiv(M, block_m), et.cdiv(N, gemm_n)
     x = g.input("x", (owned(me), K), dtype)
     g.input("w", (K, N), dtype)
     g.output("y", (M, N), dtype)
@@ -65,10 +74,11 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
 
     @g.task(grid=(m_tiles * n_tiles,), wait=lambda q: all_in[me],
             triton=gemm_tiles.matmul_all_rows,
-            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align)),
+            constexprs=dict(BLOCK_M=block_m, BLOCK_N=gemm_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align),
+                            SWAP_AB=bool(swap_ab)),
             bind=dict(i=lambda q: tile(q)[0], j=lambda q: tile(q)[1], a="gathered"))
     def matmul(t, q):
-        rows, cols = et.block(t(tile(q)[0]), block_m, t.M), et.block(t(tile(q)[1]), block_n, t.N)
+        rows, cols = et.block(t(tile(q)[0]), block_m, t.M), et.block(t(tile(q)[1]), gemm_n, t.N)
         t.y[rows, cols] = t.gathered[rows] @ t.w[:, cols]
 
     g.sample(M=5, K=3, N=7)

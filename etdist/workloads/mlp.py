@@ -12,6 +12,8 @@ their partial straight into the owner's buffer; the owner sums the partials.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -115,25 +117,31 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
 
 def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
-                 align: int = 1, group_m: int = 8, down_splits: int = 1) -> et.Graph:
+                 align: int = 1, group_m: int = 8, down_splits: int = 1, up_n: Optional[int] = None,
+                 swap_ab: bool = False) -> et.Graph:
     """The small-M variant: the (small) gather completes first; gate/up and down tiles then run
     over all M rows at once, so each weight is read once (the graph above reads them once per
     source and per destination rank). Down tiles store each owner's rows into its partial.
     down_splits: each down tile's contraction (I) in that many slices, each its own partial on the
     owner, who sums them all: at decode sizes the down tiles are few (H / block_n: 32 on qwen3_8b's
-    shape) and would leave most SMs idle."""
+    shape) and would leave most SMs idle. up_n: the gate/up tiles' width (default block_n, which the
+    gather's copy tiles and the down tiles keep): narrower where they would be fewer than the SMs.
+    swap_ab: the GEMM tiles computed transposed (the weights on the MMA's M side:
+    gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows."""
     if isinstance(down_splits, bool) or not isinstance(down_splits, int) or down_splits < 1:
         raise et.GraphError(f"tp_mlp_whole: down_splits must be a positive int, got {down_splits!r}")
-    S = down_splits
+    if up_n is not None and (isinstance(up_n, bool) or not isinstance(up_n, int) or up_n < 1):
+        raise et.GraphError(f"tp_mlp_whole: up_n must be a positive int, got {up_n!r}")
+    S, up_n = down_splits, block_n if up_n is None else up_n
     g = et.Graph("mlp_whole")
     M = g.size("M")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)
     R, me = g.world, g.rank
     C, owned = et.row_chunks(M, R)
     m_all, own_tiles = et.cdiv(M, block_m), et.cdiv(C, block_m)
-    i_tiles, h_tiles = et.cdiv(I, block_n), et.cdiv(H, block_n)
+    i_tiles, h_tiles = et.cdiv(I, up_n), et.cdiv(H, block_n)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
-    gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align))   # the GEMM bodies' constexprs
+    gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SWAP_AB=bool(swap_ab))   # the GEMM bodies
 
     x = g.input("x", (owned(me), H), dtype)
     g.input("w_gate_up", (H, 2 * I), dtype)
@@ -148,10 +156,10 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     down_tile = lambda q: et.grouped(q, m_all, h_tiles, group_m)   # noqa: E731
 
     @g.task(grid=(m_all * i_tiles,), wait=lambda q: all_in[me], notify=lambda q: h_ready[up_tile(q)[0]],
-            triton=gemm_tiles.swiglu_all_rows, constexprs=gemm,
+            triton=gemm_tiles.swiglu_all_rows, constexprs=dict(gemm, BLOCK_N=up_n),
             bind=dict(i=lambda q: up_tile(q)[0], j=lambda q: up_tile(q)[1]))
     def gate_up(t, q):
-        rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), block_n, t.I)
+        rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), up_n, t.I)
         t.h[rows, cols] = _swiglu(t, t.ag_out[rows], cols)
 
     # a tile's slices run side by side (the last index walks fastest)

@@ -1,7 +1,7 @@
 """GPU checks of et.ops.all_gather_gemm and et.nn.TensorParallelMLP, one process per GPU:
 
     torchrun --nproc_per_node=2 tests/gpu/mlp_worker.py
-        -> 'OK ag_gemm', 'OK mlp-seq', 'OK mlp-replicated', 'OK mlp-tail'
+        -> 'OK ag_gemm', 'OK mlp-seq', 'OK mlp-replicated', 'OK mlp-tail', 'OK mlp-fp32'
 """
 import torch
 import torch.distributed as dist
@@ -20,13 +20,15 @@ def main():
     R, r, dev = mesh.world_size, mesh.rank, mesh.device
     torch.manual_seed(0)  # the same full tensors on every rank
     K, N = 1024, 512
-    for M in (16, 32, 33, 100, 128, 1000, 4096):   # both whole-gather classes at their edges, ragged, large
-        x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-        w = torch.randn(K, N * R, device=dev, dtype=torch.bfloat16) / K ** 0.5
+    # every whole-gather class at its edges, ragged, large; fp32 (transposed 32-row tiles) in each class
+    cases = [(M, torch.bfloat16) for M in (16, 32, 33, 64, 65, 100, 128, 1000, 4096)]
+    for M, dtype in cases + [(M, torch.float32) for M in (16, 64, 100)]:
+        x = torch.randn(M, K, device=dev, dtype=dtype)
+        w = torch.randn(K, N * R, device=dev, dtype=dtype) / K ** 0.5
         C = -(-M // R)
         y = et.ops.all_gather_gemm(x[r * C:(r + 1) * C].contiguous(), w[:, r * N:(r + 1) * N].contiguous(),
                                    mesh=mesh, total_rows=M)
-        assert rel(y, x.float() @ w[:, r * N:(r + 1) * N].float()) < 1e-2, M
+        assert rel(y, x.float() @ w[:, r * N:(r + 1) * N].float()) < 1e-2, (M, dtype)
     print(f"OK ag_gemm rank {r}", flush=True)
     H, I = 1024, 4096
     dense = nn.Module()
@@ -36,7 +38,7 @@ def main():
     ref = lambda t: dense.down_proj(dense.act_fn(dense.gate_proj(t)) * dense.up_proj(t))
     for seq in (True, False):
         mlp = et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh, sequence_parallel=seq)
-        for M in (16, 33, 100, 1000, 2048):
+        for M in (16, 33, 64, 100, 1000, 2048):
             x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
             C = -(-M // R)
             want = ref(x.float().to(torch.bfloat16))
@@ -47,6 +49,14 @@ def main():
             assert rel(got, want) < 2e-2, (seq, M, rel(got, want))
         print(f"OK mlp-{'seq' if seq else 'replicated'} rank {r}", flush=True)
     check_tail_slices(mesh, et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh), ref)
+    dense = dense.float()   # fp32: the whole-gather classes' tiles with halved contraction steps
+    mlp = et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh)
+    for M in (16, 64, 100):
+        x = torch.randn(M, H, device=dev)
+        C = -(-M // R)
+        got, want = mlp(x[r * C:(r + 1) * C].contiguous(), total_rows=M), ref(x)[r * C:(r + 1) * C]
+        assert rel(got, want) < 1e-2, ("fp32", M, rel(got, want))
+    print(f"OK mlp-fp32 rank {r}", flush=True)
     mesh.close()
 
 

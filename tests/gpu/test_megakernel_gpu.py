@@ -80,7 +80,7 @@ def test_all_gather_gemm_and_tensor_parallel_mlp():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     _, out = torchrun(2, worker=pathlib.Path(__file__).with_name("mlp_worker.py"))
-    for check in ("OK ag_gemm", "OK mlp-seq", "OK mlp-replicated", "OK mlp-tail"):
+    for check in ("OK ag_gemm", "OK mlp-seq", "OK mlp-replicated", "OK mlp-tail", "OK mlp-fp32"):
         assert out.count(check) == 2, out[-5000:]
 
 

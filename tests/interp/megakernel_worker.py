@@ -68,6 +68,14 @@ def cases():
         {"TAIL": 1}
     yield "ag_gemm_whole_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
+    # the whole-gather GEMM tiles half as wide as the copy / down tiles (ops.ag_gemm.whole_width),
+    # computed transposed (swap_ab: the weights on the MMA's M side), as the 32-row class runs them
+    yield "ag_gemm_whole_narrow_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16, gemm_n=T,
+                                                                    swap_ab=True), \
+        lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
+    yield "mlp_whole_narrow_tma", mlp.tp_mlp_whole(T, 2 * T, torch.float32, T, align=16, down_splits=2, up_n=T,
+                                                   swap_ab=True), \
+        lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
 
 
 def main(args):
