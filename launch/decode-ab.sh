@@ -51,6 +51,9 @@
 #   rsown  gemm_rs at M=1000/1024/8192 on the same five shapes, each rank's own tiles last
 #          (ETDIST_GEMM_RS_OWN_LAST=1) against owner 0's first on every rank (the default), alternated
 #          twice, under the tail plan (RSOWN_TAIL=0: under today's plan) (~4 min);
+#   rsfuse gemm_rs at M=1024/4096/8192 on four shapes whose plans keep tiles whole, own tiles last with
+#          their reduce in their epilogue (ETDIST_GEMM_RS_FUSE_OWN=1, the default since the twenty-second
+#          session, one GPU only so far) against owner 0's tiles first and a reduce task (0) (~4 min);
 #   mlptail the fused MLP at M=1000/1024 on the shapes whose plan it changes, its last down tiles
 #          in 3 slices (ETDIST_MLP_TAIL_SPLITS=3, the default since the twenty-first session, one GPU
 #          only so far) against whole (1), alternated twice (~4 min);
@@ -153,6 +156,10 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       echo "== gemm_rs above 128 rows: owner 0's tiles first on every rank (own 0, the default), then each rank's own last"
       ETDIST_GEMM_RS_SPLIT_TAIL=${RSOWN_TAIL:-1} MODELS_OVERRIDE=gemma2_27b,qwen3_32b,llama31_70b,gpt3_175b,llama31_405b \
         WORKLOADS=gemm_rs ab rsown ETDIST_GEMM_RS_OWN_LAST "0 1" 420 'bench.tokens=[1000,1024,8192]' bench.symm_mem=false ;;
+    rsfuse)
+      echo "== gemm_rs, whole-tile plans: a reduce task (fuse 0), then own tiles last reduced in their epilogue (1, the default)"
+      MODELS_OVERRIDE=qwen3_8b,llama31_8b,gemma2_9b,llama31_70b WORKLOADS=gemm_rs \
+        ab rsfuse ETDIST_GEMM_RS_FUSE_OWN "0 1" 420 'bench.tokens=[1024,4096,8192]' bench.symm_mem=false ;;
     mlptail)
       echo "== the fused MLP above 128 rows: every down tile whole (splits 1), then the last ones in 3 slices (the default)"
       MODELS_OVERRIDE=llama31_8b,gemma2_9b,gemma2_27b,qwen3_32b,gpt3_175b,llama31_405b WORKLOADS=mlp \
@@ -167,7 +174,7 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
         OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_moe.py $tokens \
           2>&1 | quiet | grep -vE 'UserWarning|_warn_once' | tail -32
       done ;;
-    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, chain, moetail, moelarge, rstail, rsown, mlptail, opsdyn, moetrace)"; exit 2 ;;
+    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, chain, moetail, moelarge, rstail, rsown, rsfuse, mlptail, opsdyn, moetrace)"; exit 2 ;;
   esac
   echo "-- $step done at $((SECONDS - T0)) s"
 done

@@ -361,6 +361,19 @@ def test_own_last_knob_reaches_the_large_graph():
     assert _probe_lines(code) == [["1024", "gemm_reduce_scatter", "False"], ["128", "gemm_reduce_scatter_skinny", "None"]]
 
 
+def test_whole_tile_plans_reduce_own_tiles_in_their_epilogue():
+    """ETDIST_GEMM_RS_FUSE_OWN (default 1): a large plan of whole tiles (qwen3_8b's shard at M=8192)
+    runs each rank's own tiles last with their reduce fused; a plan in slices (gemma2_27b's at
+    M=1024, the tail plan) and the skinny classes keep theirs. 0: the plans as before."""
+    code = ("import torch\nfrom etdist.ops import gemm_rs as op\n"
+            "for M, K, N in ((8192, 6144, 4096), (1024, 18432, 4608), (128, 6144, 4096)):\n"
+            "    _, splits, _, b = op.kernel_plan(M, K, N, torch.bfloat16, 132, world=2)\n"
+            "    print(M, splits, b.keywords.get('own_last'), b.keywords.get('fuse_own'))")
+    assert _probe_lines(code) == [["8192", "1", "True", "True"], ["1024", "4", "False", "False"],
+                                  ["128", "4", "None", "None"]]
+    assert _probe_lines(code, ETDIST_GEMM_RS_FUSE_OWN="0")[0] == ["8192", "1", "False", "False"]
+
+
 def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
     """The fused MLP's tail plan (ETDIST_MLP_TAIL_SPLITS=3): gemma2_27b at M=1024 deals 288 copies,
     1152 gate/up tiles and 144 down tiles (each ~4x a gate/up tile's work) round-robin over 132

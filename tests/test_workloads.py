@@ -77,6 +77,21 @@ def test_gemm_reduce_scatter_with_each_ranks_own_tiles_last(schedule, world, M, 
 
 
 @pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("M", [37, 3, 1])
+def test_gemm_reduce_scatter_with_own_tiles_reduced_in_their_epilogue(schedule, world, M):
+    """fuse_own: the peers' tiles first, then each rank's own tiles, which wait for the peers'
+    partials of them and sum those into y themselves: no reduce task (one rank: a plain GEMM)."""
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8, block_k=2, own_last=True, fuse_own=True),
+                        schedule=schedule, programs=3)
+    assert [t.name for t in kernel.ir.tasks] == ["matmul", "own"]
+    _check_gemm_rs(kernel, world, M, 12, 19, world * 100 + M, range(6))
+    with pytest.raises(et.GraphError, match="fuse_own needs own_last=True and whole tiles"):
+        gemm_rs.gemm_reduce_scatter(own_last=True, fuse_own=True, splits=2)
+    with pytest.raises(et.GraphError, match="fuse_own needs own_last=True"):
+        gemm_rs.gemm_reduce_scatter(fuse_own=True)
+
+
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [16, 5, 1])
 @pytest.mark.parametrize("reduce_n", [None, 2])
 def test_gemm_reduce_scatter_skinny(schedule, world, M, reduce_n):

@@ -80,6 +80,15 @@ SPLIT_TAIL = True
 # (peers' partials leave during the earlier waves), and with the tail plan each owner sums the
 # slices of its own tail tiles only.
 OWN_LAST = False
+# Whole-tile plans (large_plan / tail_plan cut nothing: M=8192 on every shape) with each rank's own
+# tiles last and their reduce in their epilogue (ETDIST_GEMM_RS_FUSE_OWN; gemm_rs.gemm_reduce_scatter's
+# fuse_own): no own partial is stored and read back, and no reduce task runs after the matmuls. On
+# one H200 as a rank of two (launch/ops_ab.py, records gemm_rs_fuse_ab, twenty-second session),
+# against owner 0's tiles first and a reduce task: -2% geomean over M = 1000-8192 x 8 shapes in two
+# calls, -3 to -7% on the 8-9B shapes (M=8192: 1.14-1.16x torch.mm -> 1.06-1.09x), none slower by
+# more than 3% (the sliced plans do not change: their cells read within noise). One GPU only so far:
+# `bash launch/decode-ab.sh rsfuse` measures it on two.
+FUSE_OWN = True
 
 
 def _override(name: str, default: TileConfig) -> TileConfig:
@@ -90,6 +99,7 @@ def _override(name: str, default: TileConfig) -> TileConfig:
 MAX_SPLITS = knobs.read("ETDIST_GEMM_RS_MAX_SPLITS", knobs.positive_int, MAX_SPLITS)
 SPLIT_TAIL = knobs.read("ETDIST_GEMM_RS_SPLIT_TAIL", knobs.flag, SPLIT_TAIL)
 OWN_LAST = knobs.read("ETDIST_GEMM_RS_OWN_LAST", knobs.flag, OWN_LAST)
+FUSE_OWN = knobs.read("ETDIST_GEMM_RS_FUSE_OWN", knobs.flag, FUSE_OWN)
 # The skinny classes' owner sums column tiles down to SKINNY_REDUCE_N wide (skinny_reduce_n), about
 # one reduce task per SM: traced on one H200 at M=128 (twenty-first session), one reduce task per
 # 128-wide column tile (32 on qwen3_8b's shape) read 4-8 fp32 partials of 128 rows each and ended
@@ -231,9 +241,10 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
         if SPLIT_TAIL and splits > 1 and large_tiles(M, N, world, cfg) >= sms:
             tail = tail_plan(M, K, N, world, sms, dtype.itemsize)
             splits, wave = (tail, sms) if tail > 1 else (splits, 0)
+        fuse = FUSE_OWN and splits == 1
         return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
                                                      cfg.block_k, align, splits=splits, wave=wave,
-                                                     own_last=OWN_LAST)
+                                                     own_last=OWN_LAST or fuse, fuse_own=fuse)
     splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
     reduce_n = skinny_reduce_n(cfg.block_n, -(-N // cfg.block_n), sms)
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,

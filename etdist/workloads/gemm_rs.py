@@ -14,7 +14,7 @@ from etdist.kernels import gemm_tiles
 
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
                         block_k: int = 64, align: int = 1, group_m: int = 8, splits: int = 1,
-                        wave: int = 0, own_last: bool = False) -> et.Graph:
+                        wave: int = 0, own_last: bool = False, fuse_own: bool = False) -> et.Graph:
     """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16).
     align: K and N are promised multiples of it (16 lets the GPU kernel vectorise). group_m: the
     matmul tiles run in groups of that many row tiles per weight column (et.grouped). splits: a
@@ -27,11 +27,18 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     own_last: each rank runs its peers' tiles first and its own rows' tiles last, so its last
     wave stores locally and no partial crosses NVLink at the end (default: owner 0's tiles first
     on every rank, so one rank's last wave is all remote). With `wave`, only its own tiles past the
-    whole waves run in slices (R = 2: the same tiles as the tail; more ranks: none of the peers')."""
+    whole waves run in slices (R = 2: the same tiles as the tail; more ranks: none of the peers').
+    fuse_own (with own_last, whole tiles): each rank's own rows' tiles wait for the peers' partials
+    of them and sum those in their epilogue, straight into y (gemm_tiles.gemm_rs_matmul_own): no
+    partial of its own is stored and read back, and no reduce task runs. The peers compute those
+    partials in their first R - 1 blocks, while this rank computes theirs."""
     if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
         raise et.GraphError(f"gemm_reduce_scatter: splits must be a positive int, got {splits!r}")
     if isinstance(wave, bool) or not isinstance(wave, int) or wave < 0:
         raise et.GraphError(f"gemm_reduce_scatter: wave must be a non-negative int, got {wave!r}")
+    if fuse_own and (not own_last or splits != 1):
+        raise et.GraphError("gemm_reduce_scatter: fuse_own needs own_last=True and whole tiles (splits=1), "
+                            f"got own_last={own_last!r}, splits={splits!r}")
     g = et.Graph("gemm_rs")
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
@@ -58,7 +65,9 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     g.scratch("partial", (R * splits, C, N), dtype, symmetric=True)   # on the owner: partial[src, slice]
     g.output("y", (owned(me), N), dtype)
     q_of = lambda i, j: et.ungrouped(i, j, m_tiles, n_tiles, group_m)  # noqa: E731
-    if own_last:   # the owner's tile q is block R - 1 of its own order, block 0..R-2 of its peers'
+    if fuse_own:   # only the peers' partials arrive: the owner's own tile adds them itself
+        arrivals = lambda d, i, j: R - 1  # noqa: E731
+    elif own_last:   # the owner's tile q is block R - 1 of its own order, block 0..R-2 of its peers'
         own_parts = lambda i, j: parts((R - 1) * mn + q_of(i, j))  # noqa: E731
         arrivals = lambda d, i, j: (R - 1) * parts(q_of(i, j)) + own_parts(i, j)  # noqa: E731
         split_src = et.where(head > 0, me, -1) if wave else -1   # -1: every source in slices
@@ -79,6 +88,27 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
         return dict(notify=lambda *k: arrived[at(tile_of(*k))], triton=gemm_tiles.gemm_rs_matmul_slice,
                     constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SPLITS=splits, PARTS=n),
                     bind=dict(coords, **bind))
+
+    if fuse_own:   # the peers' tiles, then my own ones, each with its reduce in its epilogue
+        @g.task(grid=((R - 1) * mn,), name="matmul", **matmul_body(1, lambda u: u, s=0))
+        def peer_matmul(t, u):
+            partial_slice(t, u, 0, 1)
+
+        own_tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
+
+        @g.task(grid=(mn,), wait=lambda q: arrived[me, own_tile(q)[0], own_tile(q)[1]],
+                triton=gemm_tiles.gemm_rs_matmul_own,
+                constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align)),
+                bind=dict(i=lambda q: own_tile(q)[0], j=lambda q: own_tile(q)[1]))
+        def own(t, q):                   # y tile = my x @ w + the peers' partials of it
+            i, j = (t(e) for e in own_tile(q))
+            rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.N)
+            mine = t.x[et.shift(rows, t.rank * t(C)), :] @ t.w[:, cols]
+            peers = [src * splits for src in range(t.world) if src != t.rank]
+            t.y[rows, cols] = mine + t.partial[peers, rows, cols].sum(0) if peers else mine
+        g.sample(M=5, K=3, N=7)
+        g.sample(M=37, K=4, N=33)
+        return g
 
     if wave:   # the head's tiles whole, wave after wave
         @g.task(grid=(head,), **matmul_body(1, lambda u: u, s=0))

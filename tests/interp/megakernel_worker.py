@@ -30,6 +30,11 @@ def cases():
     yield "gemm_rs_tail_own", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2, splits=3, wave=5,
                                                           own_last=True), \
         lambda R, M: gemm_rs.make_inputs(R, M, 40, 40, seed=M), gemm_rs.reference, ("x", "w")
+    # own tiles last with their reduce in their epilogue (ETDIST_GEMM_RS_FUSE_OWN): each rank's own
+    # tiles wait for the peers' partials and write y; no reduce task
+    yield "gemm_rs_fuse_own", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2, own_last=True,
+                                                          fuse_own=True), \
+        lambda R, M: gemm_rs.make_inputs(R, M, 40, 40, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny", gemm_rs.gemm_reduce_scatter_skinny(T, T, torch.float32, T, splits=2), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 40, 24, seed=M), gemm_rs.reference, ("x", "w")
     yield "ag_gemm", ag_gemm.all_gather_gemm(T, T, torch.float32, T, group_m=2), \
@@ -54,6 +59,9 @@ def cases():
         lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_tail_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2, splits=2,
                                                           wave=3), \
+        lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
+    yield "gemm_rs_fuse_own_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2,
+                                                              own_last=True, fuse_own=True), \
         lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float32, T, splits=2, align=16), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M), gemm_rs.reference, ("x", "w")
