@@ -342,6 +342,9 @@ def _op_kernels():
                                                            down_splits=4, up_n=ag_op.WHOLE_MIN_N, swap_ab=W.swap_ab), \
             W.num_warps, W.num_stages
     yield "ag_gemm", lambda: ag_gemm.all_gather_gemm(L.block_m, L.block_n, bf, L.block_k, 16), L.num_warps, L.num_stages
+    A = ag_op.LARGE_NARROW   # above 128 rows where LARGE tiles leave a ragged last wave
+    yield "ag_gemm narrow", lambda: ag_gemm.all_gather_gemm(A.block_m, A.block_n, bf, A.block_k, 16), A.num_warps, \
+        A.num_stages
     yield "mlp", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N), T.num_warps, \
         T.num_stages
     yield "mlp tail", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, tail_splits=3), \

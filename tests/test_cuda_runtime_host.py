@@ -497,6 +497,19 @@ def test_whole_gather_ops_take_their_tile_class_by_m(monkeypatch):
     assert [name for _, name in asked[-2:]] == ["ag_gemm", "mlp"]
 
 
+def test_ag_gemm_takes_narrower_large_tiles_where_they_fill_the_last_wave():
+    """Above 128 rows, all_gather_gemm's tiles are LARGE (128x256) unless 128x128 ones, at
+    NARROW_RATE of their speed, keep the SMs busier over the waves: a rank of two's shapes on 132
+    SMs at M=1000, llama31_8b's N=14336 (448 LARGE tiles: 3.4 waves) and qwen3_32b's 25600 (800:
+    6.06), not qwen3_8b's 12288 (384: 2.9) nor any shape at M=8192 (full waves)."""
+    from etdist.ops import ag_gemm as ag_op
+    pick = lambda M, N, world=1: ag_op.large_tile(M, N, world, 132).block_n   # noqa: E731
+    assert [pick(1000, 14336), pick(1000, 25600), pick(1000, 12288), pick(8192, 14336), pick(2048, 14336)] == \
+        [128, 128, 256, 256, 256]
+    assert pick(1000, 14336, world=2) == 128   # two sources of 500 rows: 2 x 4 row tiles, the same 448
+    assert ag_op.large_tile(129, 128, 2, 132) == ag_op.LARGE
+
+
 def test_whole_width_narrows_tiles_fewer_than_the_sms(monkeypatch):
     """The whole-gather GEMM tiles halve while twice as many still fit in one wave (132 SMs, a rank
     of two's shapes): qwen3_8b's gate/up at M=16, 48 tiles of 128, to 96 of 64; its ag_gemm's 96

@@ -55,6 +55,14 @@ WHOLE_TILES = {"all_gather_gemm": ((32, "WHOLE_32"), (64, "WHOLE_AG"), (None, "W
 # -13 / -20 / -8% at 64 wide; 32 wide lost up to 2x, and halving tiles that already fill a wave (the
 # rule of fewest columns on the busiest program) lost 15-40% wherever it applied.
 WHOLE_MIN_N = 64
+# Above WHOLE_MAX_M, the LARGE tiles (128x256), or half as wide ones where those fill the last wave
+# of SMs so much better that it pays their lower rate (large_tile). On one H200 as a rank of two
+# (launch/ops_ab.py, records ag_gemm_large_ab, twenty-second session), 128x128 tiles against LARGE:
+# at M=2048 / 8192 4-9% slower on every shape (full waves), at M=1000 -6 / -8 / -7% on llama31_8b /
+# gemma2_9b / qwen3_32b, whose 448 / 448 / 800 LARGE tiles leave a ragged last wave (3.4 / 3.4 / 6.1
+# waves on 132 SMs).
+LARGE_NARROW = knobs.read("ETDIST_AG_GEMM_LARGE_NARROW", TileConfig.parse, TileConfig(128, 128, 64, 8, 4))
+NARROW_RATE = 0.94   # LARGE_NARROW's work per SM-second against LARGE's, in full waves
 _KERNELS: dict = {}
 
 
@@ -72,6 +80,17 @@ def whole_width(M: int, N: int, cfg: TileConfig, sms: int) -> int:
     return n
 
 
+def large_tile(M: int, N: int, world: int, sms: int) -> TileConfig:
+    """LARGE, or LARGE_NARROW where its share of busy SMs over the waves (world sources x row tiles
+    of each source's rows x column tiles, dealt over `sms` programs), times NARROW_RATE, is higher."""
+    rows = -(-M // world)
+
+    def busy(cfg: TileConfig) -> float:
+        tiles = world * -(-rows // cfg.block_m) * -(-N // cfg.block_n)
+        return tiles / (-(-tiles // sms) * sms)
+    return LARGE_NARROW if NARROW_RATE * busy(LARGE_NARROW) > busy(LARGE) else LARGE
+
+
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Optional[int] = None,
                     out: Optional[torch.Tensor] = None, schedule: str = "static") -> torch.Tensor:
     """x gathered over ranks by rows, times this rank's columns of w: [M, K] @ [K, N_local] -> [M, N_local].
@@ -85,13 +104,14 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
         mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)
         M = total_rows_of("all_gather_gemm", total_rows, x, mesh.world_size)
     whole = M <= WHOLE_MAX_M
-    cfg: TileConfig = whole_tile("all_gather_gemm", M) if whole else LARGE
+    sms = _sm_count(mesh.device.index)
+    cfg: TileConfig = whole_tile("all_gather_gemm", M) if whole else large_tile(M, w.shape[1], mesh.world_size, sms)
     cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
     align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1
     args = (cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
     if whole:
         build = functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab,
-                                  gemm_n=whole_width(M, w.shape[1], cfg, _sm_count(mesh.device.index)))
+                                  gemm_n=whole_width(M, w.shape[1], cfg, sms))
     else:
         build = functools.partial(ag_gemm.all_gather_gemm, *args)
     # keyed by the graph and every argument it is built with, and by the tile's warps and stages

@@ -125,7 +125,7 @@ def class_aims(classes) -> dict:
 
 
 SKINNY_TASKS_PER_SM = {cfg: _tasks for cfg in SKINNY_CLASSES} if _tasks else class_aims(_CLASSES)
-TILE_KNOBS = ("ETDIST_GEMM_RS_", "ETDIST_WHOLE_", "ETDIST_TMA", "ETDIST_MLP_")   # what the fused ops' plans read
+TILE_KNOBS = ("ETDIST_GEMM_RS_", "ETDIST_WHOLE_", "ETDIST_TMA", "ETDIST_MLP_", "ETDIST_AG_GEMM_")   # what the fused ops' plans read
 
 
 def skinny_tasks_per_sm(cfg: TileConfig) -> float:
