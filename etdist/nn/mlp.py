@@ -106,6 +106,10 @@ class TensorParallelMLP(nn.Module):
         # refused here on one rank only, the peers' launches stop too (every rank raises)
         with refusal_reaches_peers(None if self.simulated else self.mesh, mlp_ops._KERNELS):
             hidden_states("TensorParallelMLP", x, self.hidden, self.w_down[0].dtype)
+            if not self.sequence_parallel and not self.simulated and total_rows not in (None, x[..., 0].numel()):
+                raise InputError(f"TensorParallelMLP: total_rows={total_rows!r} but this module is not sequence-parallel: "
+                                 f"every rank passes the whole x ({x[..., 0].numel()} rows here); build it with "
+                                 "sequence_parallel=True to pass each rank's rows")
         lead = x.shape[:-1]
         if self.simulated and total_rows is not None and total_rows != x[..., 0].numel():
             raise InputError(f"TensorParallelMLP: total_rows={total_rows!r} but x has {x[..., 0].numel()} rows; "

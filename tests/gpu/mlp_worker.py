@@ -47,10 +47,17 @@ def main():
             else:
                 got = mlp(x)
             assert rel(got, want) < 2e-2, (seq, M, rel(got, want))
+        if not seq:   # a replicated module takes the whole x: total_rows of other rows is refused
+            try:
+                mlp(x, total_rows=x.shape[0] + 1)
+            except et.InputError as e:
+                assert "not sequence-parallel" in str(e), e
+            else:
+                raise AssertionError("a replicated TensorParallelMLP took total_rows")
         print(f"OK mlp-{'seq' if seq else 'replicated'} rank {r}", flush=True)
     check_tail_slices(mesh, et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh), ref)
     dense = dense.float()   # fp32: the whole-gather classes' tiles with halved contraction steps
-    mlp = et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh)
+    mlp = et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh, sequence_parallel=True)
     for M in (16, 64, 100):
         x = torch.randn(M, H, device=dev)
         C = -(-M // R)
