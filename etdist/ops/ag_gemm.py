@@ -91,6 +91,22 @@ def large_tile(M: int, N: int, world: int, sms: int) -> TileConfig:
     return LARGE_NARROW if NARROW_RATE * busy(LARGE_NARROW) > busy(LARGE) else LARGE
 
 
+def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int):
+    """What the op compiles for x [M, K] gathered @ w [K, N] on a GPU of `sms` SMs among `world`
+    ranks: (tile config, a builder of the graph). At most WHOLE_MAX_M rows the whole-gather graph
+    (its size class's tile, GEMM tiles narrowed by whole_width), above the per-source graph with
+    large_tile's tiles. launch/trace_ag_gemm.py traces the same plan."""
+    whole = M <= WHOLE_MAX_M
+    cfg = whole_tile("all_gather_gemm", M) if whole else large_tile(M, N, world, sms)
+    cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
+    align = 16 if K % 16 == 0 and N % 16 == 0 else 1
+    args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
+    if whole:
+        return cfg, functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab,
+                                      gemm_n=whole_width(M, N, cfg, sms))
+    return cfg, functools.partial(ag_gemm.all_gather_gemm, *args)
+
+
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Optional[int] = None,
                     out: Optional[torch.Tensor] = None, schedule: str = "static") -> torch.Tensor:
     """x gathered over ranks by rows, times this rank's columns of w: [M, K] @ [K, N_local] -> [M, N_local].
@@ -103,17 +119,7 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)
         M = total_rows_of("all_gather_gemm", total_rows, x, mesh.world_size)
-    whole = M <= WHOLE_MAX_M
-    sms = _sm_count(mesh.device.index)
-    cfg: TileConfig = whole_tile("all_gather_gemm", M) if whole else large_tile(M, w.shape[1], mesh.world_size, sms)
-    cfg = fp32_config(cfg) if x.dtype == torch.float32 else cfg
-    align = 16 if x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0 else 1
-    args = (cfg.block_m, cfg.block_n, x.dtype, cfg.block_k, align)
-    if whole:
-        build = functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab,
-                                  gemm_n=whole_width(M, w.shape[1], cfg, sms))
-    else:
-        build = functools.partial(ag_gemm.all_gather_gemm, *args)
+    cfg, build = kernel_plan(M, x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index), mesh.world_size)
     # keyed by the graph and every argument it is built with, and by the tile's warps and stages
     key = (cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items())))
     kernel = cached_kernel(_KERNELS, key, cfg, schedule, build)
