@@ -39,13 +39,7 @@ cfg, build = ag_op.kernel_plan(M, K, N, bf16, sms, R)   # the op's plan
 graph = build()
 kernel = et.compile(graph, schedule="static", target="cuda", trace=True)
 kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
-for _ in range(3):
-    kernel(mesh, x=x, w=w, sizes={"M": M})
-torch.cuda.synchronize()
-dist.barrier()
-for _ in range(5):   # queued ahead of the GPU: both ranks start the traced launch back to back
-    kernel(mesh, x=x, w=w, sizes={"M": M})
-rows = kernel.trace(mesh)
+rows = tr.queued_trace(kernel, mesh, x=x, w=w, sizes={"M": M})
 if mesh.rank == 0:
     path = tr.write_chrome(rows, f"{os.environ.get('OUT', '/tmp')}/ag_gemm_M{M}_K{K}.json", track="SM")
     width = build.keywords.get("gemm_n", cfg.block_n)
@@ -54,10 +48,8 @@ if mesh.rank == 0:
     flops, mm_rate = 2 * cfg.block_m * width * K, 2 * M * N * K / mm_us / sms   # flop per tile; flop/us per SM
     for rank in range(R):
         print(tr.summary(rows, rank), flush=True)
-        mine = [(e - s, float(lab.rsplit("waited ", 1)[1].split(" ")[0])) for r, _, lab, s, e in rows
-                if r == rank and lab.startswith("matmul@")]
-        if mine:
-            body = sorted(d - wt for d, wt in mine)[len(mine) // 2]
+        body = tr.median_body_us(rows, rank, "matmul")
+        if body:
             print(f"  matmul: median tile {body:.1f} us less its wait: {flops / body / 1e6:.2f} TF/s per SM, "
                   f"torch.mm {mm_rate / 1e6:.2f} (whole-GPU rate / {sms})", flush=True)
 mesh.close()

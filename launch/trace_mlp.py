@@ -39,27 +39,20 @@ down_n = build.keywords.get("down_n", cfg.block_n)
 graph = build()
 kernel = et.compile(graph, schedule="static", target="cuda", trace=True)
 kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
-args = dict(x=x, w_gate_up=wgu, w_down=wd, sizes=sizes)
-for _ in range(3):
-    kernel(mesh, **args)
-torch.cuda.synchronize()
-dist.barrier()
-for _ in range(5):   # queued ahead of the GPU: both ranks start the traced launch back to back
-    kernel(mesh, **args)
-trace_rows = kernel.trace(mesh)
+trace_rows = tr.queued_trace(kernel, mesh, x=x, w_gate_up=wgu, w_down=wd, sizes=sizes)
 if mesh.rank == 0:
     path = tr.write_chrome(trace_rows, f"{os.environ.get('OUT', '/tmp')}/mlp_M{M}_H{H}.json", track="SM")
     print(f"== mlp M={M} H={H} I={I} per rank, {graph.name} tiles {cfg}, down {cfg.block_m}x{down_n}: op {op_us:.1f} us; torch.mm gate/up "
           f"{up_us:.1f} us + down {down_us:.1f} us = {up_us + down_us:.1f} us; Chrome trace {path}", flush=True)
-    flops = {"gate_up": 2 * cfg.block_m * 2 * cfg.block_n * H, "down": 2 * cfg.block_m * down_n * I}
+    # a task's work: gate/up tiles up_n wide (narrowed at decode sizes), whole-gather down tiles in slices of I
+    up_n, slices = build.keywords.get("up_n", cfg.block_n), build.keywords.get("down_splits", 1)
+    flops = {"gate_up": 2 * cfg.block_m * 2 * up_n * H, "down": 2 * cfg.block_m * down_n * I / slices}
     mm_rate = {"gate_up": 2 * M * 2 * I * H / up_us / sms, "down": 2 * M * I * H / down_us / sms}  # flop/us per SM
     for rank in range(R):
         print(tr.summary(trace_rows, rank), flush=True)
         for kind, f in flops.items():
-            mine = [(e - s, float(lab.rsplit("waited ", 1)[1].split(" ")[0])) for r, _, lab, s, e in trace_rows
-                    if r == rank and lab.startswith(kind + "@")]
-            if mine:
-                body = sorted(d - w for d, w in mine)[len(mine) // 2]
+            body = tr.median_body_us(trace_rows, rank, kind)
+            if body:
                 print(f"  {kind}: median tile {body:.1f} us less its wait: {f / body / 1e6:.2f} TF/s per SM, "
                       f"torch.mm {mm_rate[kind] / 1e6:.2f} (whole-GPU rate / {sms})", flush=True)
 mesh.close()

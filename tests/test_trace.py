@@ -72,3 +72,32 @@ def test_summary_of_one_rank():
     assert reduce.split()[-1] == "2.00"                                 # 12.0 - 10.0 on program 1
     assert "median 2.00 us" in text and "sum 0.00 ms" in text
     assert summary(rows, rank=5) == "rank 5: no tasks"
+
+
+def test_median_tile_body_and_a_queued_trace():
+    """median_body_us: one rank's tasks of a kind, each less its wait; queued_trace: warm launches,
+    a barrier, then launches back to back, and the last one's rows."""
+    from etdist.fusion.trace import median_body_us, queued_trace
+    rows = [(0, 1, "matmul@(0, 0) program 1, waited 2.0 us", 0.0, 10.0),
+            (0, 2, "matmul@(0, 1) program 2, waited 1.0 us", 0.0, 20.0),
+            (0, 3, "matmul@(1, 0) program 3", 0.0, 6.0),
+            (0, 4, "matmul_tail@(0,) program 4", 0.0, 50.0),          # another kind
+            (1, 1, "matmul@(1, 1) program 1", 0.0, 1.0)]              # another rank
+    assert median_body_us(rows, 0, "matmul") == 8.0                   # of 8, 19, 6
+    assert median_body_us(rows, 0, "reduce") is None
+    calls = []
+
+    class Kernel:
+        def __call__(self, mesh, **args):
+            calls.append(("launch", args))
+
+        def trace(self, mesh):
+            return [("rows after", len(calls))]
+
+    class Mesh:
+        def barrier(self):
+            calls.append(("barrier", None))
+
+    assert queued_trace(Kernel(), Mesh(), warm=2, queued=3, x=1) == [("rows after", 6)]
+    assert [c[0] for c in calls] == ["launch", "launch", "barrier", "launch", "launch", "launch"]
+    assert all(a == {"x": 1} for k, a in calls if k == "launch")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Iterable
+from typing import Iterable, Optional
 
 
 def gpu_rows(ir, sizes: dict, buf, rank: int) -> list[tuple]:
@@ -85,8 +85,7 @@ def summary(trace: Iterable[tuple], rank: int = 0) -> str:
     for _, program, label, start, end in mine:
         kind = label.split("@")[0]
         by_program.setdefault(program, []).append((start, end, kind))
-        waited = label.rsplit("waited ", 1)[1].split(" ")[0] if "waited " in label else "0"
-        kinds.setdefault(kind, []).append((start, end, float(waited)))
+        kinds.setdefault(kind, []).append((start, end, _waited(label)))
     gaps, gaps_before = [], {}
     for v in by_program.values():
         v.sort()
@@ -108,3 +107,29 @@ def summary(trace: Iterable[tuple], rank: int = 0) -> str:
         lines.append(f"  gaps between tasks on a program: median {gaps[len(gaps) // 2]:.2f} us, "
                      f"p90 {gaps[len(gaps) * 9 // 10]:.2f}, sum {sum(gaps) / 1e3:.2f} ms")
     return "\n".join(lines)
+
+
+def _waited(label: str) -> float:
+    """The microseconds a task's label says it waited (0 where it says nothing)."""
+    return float(label.rsplit("waited ", 1)[1].split(" ")[0]) if "waited " in label else 0.0
+
+
+def median_body_us(trace: Iterable[tuple], rank: int, kind: str) -> Optional[float]:
+    """The median time of one rank's `kind` tasks less their waits: a tile body's own time (None
+    where the rank ran none). launch/trace_mlp.py and trace_ag_gemm.py rate GEMM tiles with it."""
+    bodies = sorted(e - s - _waited(label) for r, _, label, s, e in trace
+                    if r == rank and label.split("@")[0] == kind)
+    return bodies[len(bodies) // 2] if bodies else None
+
+
+def queued_trace(kernel, mesh, warm: int = 3, queued: int = 5, **args) -> list[tuple]:
+    """Every rank's trace rows of a launch that starts as in steady use: `warm` launches, a barrier
+    (which waits for them), then `queued` launches back to back, so the host runs ahead of the GPU and every rank
+    starts the last one right after the one before (a lone launch after a sync shows the ranks'
+    start skew instead)."""
+    for _ in range(warm):
+        kernel(mesh, **args)
+    mesh.barrier()   # the warm launches done on every rank
+    for _ in range(queued):
+        kernel(mesh, **args)
+    return kernel.trace(mesh)
