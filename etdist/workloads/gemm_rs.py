@@ -39,6 +39,7 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     if fuse_own and (not own_last or splits != 1):
         raise et.GraphError("gemm_reduce_scatter: fuse_own needs own_last=True and whole tiles (splits=1), "
                             f"got own_last={own_last!r}, splits={splits!r}")
+    wave = 0 if fuse_own else wave       # fused: every tile whole, none past a wave to slice
     g = et.Graph("gemm_rs")
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
@@ -89,11 +90,20 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
                     constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SPLITS=splits, PARTS=n),
                     bind=dict(coords, **bind))
 
-    if fuse_own:   # the peers' tiles, then my own ones, each with its reduce in its epilogue
-        @g.task(grid=((R - 1) * mn,), name="matmul", **matmul_body(1, lambda u: u, s=0))
-        def peer_matmul(t, u):
+    if wave:   # the head's tiles whole, wave after wave
+        @g.task(grid=(head,), **matmul_body(1, lambda u: u, s=0))
+        def matmul_whole(t, u):
             partial_slice(t, u, 0, 1)
 
+    # the other tiles in slices; a tile's slices run side by side (the last index walks fastest).
+    # Fused, these are the peers' tiles only: my own ones come last, with their reduce in their epilogue
+    stored = (R - 1) * mn if fuse_own else count
+
+    @g.task(grid=(stored - head, splits), **matmul_body(splits, lambda k, s: head + k))
+    def matmul(t, k, s):                 # slice s of tile head + k
+        partial_slice(t, head + k, s, splits)
+
+    if fuse_own:
         own_tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
 
         @g.task(grid=(mn,), wait=lambda q: arrived[me, own_tile(q)[0], own_tile(q)[1]],
@@ -106,22 +116,9 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
             mine = t.x[et.shift(rows, t.rank * t(C)), :] @ t.w[:, cols]
             peers = [src * splits for src in range(t.world) if src != t.rank]
             t.y[rows, cols] = mine + t.partial[peers, rows, cols].sum(0) if peers else mine
-        g.sample(M=5, K=3, N=7)
-        g.sample(M=37, K=4, N=33)
-        return g
-
-    if wave:   # the head's tiles whole, wave after wave
-        @g.task(grid=(head,), **matmul_body(1, lambda u: u, s=0))
-        def matmul_whole(t, u):
-            partial_slice(t, u, 0, 1)
-
-    # the other tiles in slices; a tile's slices run side by side (the last index walks fastest)
-    @g.task(grid=(count - head, splits), **matmul_body(splits, lambda k, s: head + k))
-    def matmul(t, k, s):                 # slice s of tile head + k
-        partial_slice(t, head + k, s, splits)
-
-    reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, n_tiles, block_m, block_n, splits, own_parts,
-                    split_src)
+    else:
+        reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, n_tiles, block_m, block_n, splits,
+                        own_parts, split_src)
 
     g.sample(M=5, K=3, N=7)
     g.sample(M=37, K=4, N=33)
