@@ -15,6 +15,7 @@ import etdist as et
 from etdist.kernels import gemm_tiles
 
 from .gather import gather_rows
+from .params import positive_int
 
 
 def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
@@ -57,8 +58,7 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
     gemm_n: the GEMM tiles' width (default block_n, which the gather's copy tiles keep): narrower
     where the tiles would be fewer than the SMs. swap_ab: the GEMM tiles computed transposed (the
     weights on the MMA's M side: gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows."""
-    if gemm_n is not None and (isinstance(gemm_n, bool) or not isinstance(gemm_n, int) or gemm_n < 1):
-        raise et.GraphError(f"all_gather_gemm_whole: gemm_n must be a positive int, got {gemm_n!r}")
+    positive_int("all_gather_gemm_whole", "gemm_n", gemm_n, optional=True)
     gemm_n = block_n if gemm_n is None else gemm_n
     g = et.Graph("ag_gemm_whole")
     M = g.size("M")

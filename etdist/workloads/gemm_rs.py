@@ -11,6 +11,8 @@ import torch
 import etdist as et
 from etdist.kernels import gemm_tiles
 
+from .params import positive_int
+
 
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
                         block_k: int = 64, align: int = 1, group_m: int = 8, splits: int = 1,
@@ -32,8 +34,7 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     of them and sum those in their epilogue, straight into y (gemm_tiles.gemm_rs_matmul_own): no
     partial of its own is stored and read back, and no reduce task runs. The peers compute those
     partials in their first R - 1 blocks, while this rank computes theirs."""
-    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
-        raise et.GraphError(f"gemm_reduce_scatter: splits must be a positive int, got {splits!r}")
+    positive_int("gemm_reduce_scatter", "splits", splits)
     if isinstance(wave, bool) or not isinstance(wave, int) or wave < 0:
         raise et.GraphError(f"gemm_reduce_scatter: wave must be a non-negative int, got {wave!r}")
     if fuse_own and (not own_last or splits != 1):

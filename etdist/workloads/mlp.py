@@ -22,6 +22,7 @@ from etdist.kernels import gemm_tiles
 
 from .gather import gather_rows
 from .gemm_rs import reduce_partials
+from .params import positive_int
 
 
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
@@ -31,8 +32,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     tail_splits > 1: the last TAIL down tiles of each rank's order (a size bound at every call, at
     most one owner's tiles) run in that many contraction slices, so that the long down tiles do not
     leave a ragged last wave (the op plans TAIL from the tasks each program is dealt)."""
-    if isinstance(tail_splits, bool) or not isinstance(tail_splits, int) or tail_splits < 1:
-        raise et.GraphError(f"tp_mlp: tail_splits must be a positive int, got {tail_splits!r}")
+    positive_int("tp_mlp", "tail_splits", tail_splits)
     g = et.Graph("mlp")
     M = g.size("M")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)   # I: this rank's share
@@ -128,10 +128,8 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     gather's copy tiles and the down tiles keep): narrower where they would be fewer than the SMs.
     swap_ab: the GEMM tiles computed transposed (the weights on the MMA's M side:
     gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows."""
-    if isinstance(down_splits, bool) or not isinstance(down_splits, int) or down_splits < 1:
-        raise et.GraphError(f"tp_mlp_whole: down_splits must be a positive int, got {down_splits!r}")
-    if up_n is not None and (isinstance(up_n, bool) or not isinstance(up_n, int) or up_n < 1):
-        raise et.GraphError(f"tp_mlp_whole: up_n must be a positive int, got {up_n!r}")
+    positive_int("tp_mlp_whole", "down_splits", down_splits)
+    positive_int("tp_mlp_whole", "up_n", up_n, optional=True)
     S, up_n = down_splits, block_n if up_n is None else up_n
     g = et.Graph("mlp_whole")
     M = g.size("M")

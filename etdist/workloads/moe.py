@@ -36,6 +36,8 @@ import etdist as et
 from etdist.kernels import moe_tiles
 from etdist.kernels.gemm_tiles import use_tma
 
+from .params import positive_int
+
 
 # The routing loads the router slices' logits this many fp32 values at a time at most (64 registers
 # a thread at 8 warps; 0: one slice at a time, as before, for A/B runs)
@@ -82,8 +84,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     (interleave_gate_up; I must be a multiple of N, and N of block_n). Where N = block_n and the
     weights load through TMA (align 16), a GPU gate/up tile reads both halves in one box and runs
     one dot twice as wide."""
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise et.GraphError(f"moe_layer: top_k must be a positive int, got {top_k!r}")
+    positive_int("moe_layer", "top_k", top_k)
     widths = (("route_block", route_block), ("plan_block", plan_block)) + tuple(
         (name, v) for name, v in (("down_block_n", down_block_n), ("topk_block", topk_block),
                                   ("combine_block", combine_block), ("combine_width", combine_width),
