@@ -67,13 +67,6 @@ def power_of_two(text: str) -> int:
     return v
 
 
-def zero_or_power_of_two(text: str) -> int:
-    v = int(text) if text.strip().isdigit() else -1
-    if v != 0 and not _pow2(v):
-        raise ValueError("want 0 or a power of two")
-    return v
-
-
 def non_negative_int(text: str) -> int:
     if not text.strip().isdigit():
         raise ValueError("want an integer >= 0")

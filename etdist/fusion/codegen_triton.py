@@ -194,8 +194,6 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     out("")
     for t in ir.tasks:
         out(f"# _et_body_{t.name} is bound to {t.triton_body.__module__}.{t.triton_body.__name__}")
-        if t.triton_prefetch is not None:
-            out(f"# _et_pre_{t.name} is bound to {t.triton_prefetch.__module__}.{t.triton_prefetch.__name__}")
     out("")
     params = kernel_params(ir, trace, dynamic)
     # Run-time sizes are not specialised (one binary for every M), except those the graph promises
@@ -334,8 +332,6 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
         else:
             out(f"{name} = _et_t % _et_g{k}_{a}")
             out(f"_et_t = _et_t // _et_g{k}_{a}")
-    if t.triton_prefetch is not None:   # loads that need no event, issued before the waits
-        out(f"_et_pre_{t.name}({', '.join(_bind_body_args(ir, t, tx, t.triton_prefetch))})")
     events = {e.name: (i, e) for i, e in enumerate(ir.events)}
     out("_et_ok = 1")
     for acc in t.waits:
@@ -392,9 +388,8 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
             out("tl.store(_et_tr + 3, (_et_sm.to(tl.int64) << 32) | _et_pid)")
 
 
-def _bind_body_args(ir: GraphIR, t: TaskSpec, tx, fn=None) -> list[str]:
-    """The arguments of `fn` (default: the task's body) bound by name."""
-    fn = t.triton_body if fn is None else fn
+def _bind_body_args(ir: GraphIR, t: TaskSpec, tx) -> list[str]:
+    fn = t.triton_body
     names = list(getattr(fn, "arg_names", None) or inspect.signature(getattr(fn, "fn", fn)).parameters)
     available = set(kernel_params(ir)) | set(t.index_names) | {"USE_ASM"}   # USE_ASM: the kernel's constexpr
     consts, renamed = dict(t.constexprs), dict(t.bind)

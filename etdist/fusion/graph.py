@@ -147,7 +147,7 @@ class Graph:
 
     def task(self, grid: Sequence[Size], wait: _MapFn = None, notify: _MapFn = None,
              when: _MapFn = None, name: Optional[str] = None, triton=None, constexprs: Optional[dict] = None,
-             bind: Optional[dict] = None, pinned: bool = False, tail: bool = False, prefetch=None):
+             bind: Optional[dict] = None, pinned: bool = False, tail: bool = False):
         """Decorator: `body(t, *index)` runs once per index of `grid`.
 
         wait / notify: functions of the index returning an event element or a list of them.
@@ -156,9 +156,6 @@ class Graph:
         triton: the GPU tile body (@triton.jit); its parameters are bound by name: the index
             names, tensor names (pointers), `<tensor>_peers` (peer address tables of symmetric
             tensors), sizes, RANK, WORLD, and the `constexprs` given here.
-        prefetch: a @triton.jit function run on the GPU before the waits, bound as `triton` is: for
-            loads that need no event, e.g. a GEMM tile's first weight rows into L2 while the rows
-            it multiplies are still in flight. It must write nothing (the CPU runtime skips it).
         pinned: under schedule="dynamic", these tasks are still dealt to programs by the static
             formula, and every program runs its share before it pops the ready queue: for the work
             every run needs (a MoE router), which a queue would only delay by a hop per step of
@@ -174,13 +171,11 @@ class Graph:
             # Traced now: the maps' free names are read at declaration, as a reader expects.
             spec = self._trace_task(body, tuple(grid), wait, notify, when, name or body.__name__)
             spec = dataclasses.replace(spec, pinned=bool(pinned), tail=bool(tail))
-            if prefetch is not None and triton is None:
-                raise GraphError(f"task {spec.name!r}: prefetch= needs a GPU body (triton=) to bind as")
             if triton is not None:
                 idx = tuple(var(p) for p in spec.index_names)
                 binds = tuple(sorted((k, v if isinstance(v, str) else as_expr(v(*idx) if callable(v) else v))
                                      for k, v in (bind or {}).items()))
-                spec = dataclasses.replace(spec, triton_body=triton, triton_prefetch=prefetch,
+                spec = dataclasses.replace(spec, triton_body=triton,
                                            constexprs=tuple(sorted((constexprs or {}).items())), bind=binds)
             self._tasks.append(spec)
             return body

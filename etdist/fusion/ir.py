@@ -78,10 +78,6 @@ class TaskSpec:
     triton_body: Any = field(default=None, compare=False, repr=False)
     constexprs: tuple[tuple[str, Any], ...] = ()
     bind: tuple[tuple[str, Any], ...] = ()  # GPU body parameter -> kernel name or Expr of the index
-    # Optional @triton.jit run before the waits, bound as the body is: loads that need no event (a
-    # GEMM tile warming L2 with its first weight rows while its input rows are still in flight).
-    # It writes nothing, so results never depend on it (the CPU runtime has no such step).
-    triton_prefetch: Any = field(default=None, compare=False, repr=False)
     # Under schedule="dynamic", walked by the static formula before any program pops the queue:
     # work that every routing needs (a MoE layer's router) skips a queue hop per step of its chain.
     pinned: bool = False

@@ -63,10 +63,6 @@ WHOLE_MIN_N = 64
 # waves on 132 SMs).
 LARGE_NARROW = knobs.read("ETDIST_AG_GEMM_LARGE_NARROW", TileConfig.parse, TileConfig(128, 128, 64, 8, 4))
 NARROW_RATE = 0.94   # LARGE_NARROW's work per SM-second against LARGE's, in full waves
-# Each GEMM tile (here and in the MLP's gate/up tiles, and the whole-gather MLP's down slices) first
-# prefetches this many rows of its weight columns into L2, before it waits for the rows it multiplies
-# (etdist.kernels.prefetch; a power of two, 0: none).
-PREFETCH_ROWS = knobs.read("ETDIST_AG_GEMM_PREFETCH_ROWS", knobs.zero_or_power_of_two, 0)
 _KERNELS: dict = {}
 
 
@@ -107,8 +103,8 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:
         return cfg, functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab,
-                                      gemm_n=whole_width(M, N, cfg, sms), prefetch_rows=PREFETCH_ROWS)
-    return cfg, functools.partial(ag_gemm.all_gather_gemm, *args, prefetch_rows=PREFETCH_ROWS)
+                                      gemm_n=whole_width(M, N, cfg, sms))
+    return cfg, functools.partial(ag_gemm.all_gather_gemm, *args)
 
 
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Optional[int] = None,

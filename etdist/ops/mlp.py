@@ -94,13 +94,11 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:
         return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms),
-                                      up_n=_ag_gemm.whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab,
-                                      prefetch_rows=_ag_gemm.PREFETCH_ROWS), {"M": M}
+                                      up_n=_ag_gemm.whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab), {"M": M}
     # the sliced graph only where its plan slices (its partials take TAIL_SPLITS x the memory)
     splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M, H, world, dtype.itemsize, TAIL_SPLITS)
     tail = tail_plan(M, H, I, world, sms, splits) if splits > 1 else 0
-    build = functools.partial(mlp_graph.tp_mlp, *args, down_n=DOWN_N, tail_splits=splits if tail else 1,
-                              prefetch_rows=_ag_gemm.PREFETCH_ROWS)
+    build = functools.partial(mlp_graph.tp_mlp, *args, down_n=DOWN_N, tail_splits=splits if tail else 1)
     return cfg, build, ({"M": M, "TAIL": tail} if tail else {"M": M})
 
 

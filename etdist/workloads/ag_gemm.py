@@ -12,16 +12,14 @@ from typing import Optional
 import torch
 
 import etdist as et
-from etdist.kernels import gemm_tiles, prefetch
+from etdist.kernels import gemm_tiles
 
 from .gather import gather_rows
-from .params import positive_int, weight_prefetch
+from .params import positive_int
 
 
 def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
-                    block_k: int = 64, align: int = 1, group_m: int = 8, prefetch_rows: int = 0) -> et.Graph:
-    """prefetch_rows: each GEMM tile first prefetches that many rows of its weight columns into L2
-    (a power of two; 0: none), issued before it waits for its rows."""
+                    block_k: int = 64, align: int = 1, group_m: int = 8) -> et.Graph:
     g = et.Graph("ag_gemm")
     M = g.size("M")
     K, N = g.size("K", multiple_of=align), g.size("N", multiple_of=align)   # N: this rank's columns
@@ -38,8 +36,7 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
     tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731  (L2 reuse of w)
 
     @g.task(grid=(R, m_tiles * n_tiles), wait=lambda s, q: arrived[me, (me + s) % R, tile(q)[0]],
-            triton=gemm_tiles.ag_matmul, **weight_prefetch("all_gather_gemm", prefetch_rows, prefetch.weight_cols),
-            constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), PREFETCH_ROWS=prefetch_rows),
+            triton=gemm_tiles.ag_matmul, constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align)),
             bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: tile(q)[0], j=lambda s, q: tile(q)[1]))
     def matmul(t, s, q):                                 # rows of source me + s, as they arrive
         i, j = t(tile(q)[0]), t(tile(q)[1])
@@ -55,13 +52,12 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
 
 def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                           block_k: int = 128, align: int = 1, group_m: int = 8,
-                          gemm_n: Optional[int] = None, swap_ab: bool = False, prefetch_rows: int = 0) -> et.Graph:
+                          gemm_n: Optional[int] = None, swap_ab: bool = False) -> et.Graph:
     """The small-M variant: the (small) gather completes first, then GEMM tiles run over all M
     rows at once, so the weights are read once (the graph above reads them once per source).
     gemm_n: the GEMM tiles' width (default block_n, which the gather's copy tiles keep): narrower
     where the tiles would be fewer than the SMs. swap_ab: the GEMM tiles computed transposed (the
-    weights on the MMA's M side: gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows.
-    prefetch_rows: as all_gather_gemm's."""
+    weights on the MMA's M side: gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows."""
     positive_int("all_gather_gemm_whole", "gemm_n", gemm_n, optional=True)
     gemm_n = block_n if gemm_n is None else gemm_n
     g = et.Graph("ag_gemm_whole")
@@ -78,9 +74,8 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
 
     @g.task(grid=(m_tiles * n_tiles,), wait=lambda q: all_in[me],
             triton=gemm_tiles.matmul_all_rows,
-            **weight_prefetch("all_gather_gemm_whole", prefetch_rows, prefetch.weight_cols),
             constexprs=dict(BLOCK_M=block_m, BLOCK_N=gemm_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align),
-                            SWAP_AB=bool(swap_ab), PREFETCH_ROWS=prefetch_rows),
+                            SWAP_AB=bool(swap_ab)),
             bind=dict(i=lambda q: tile(q)[0], j=lambda q: tile(q)[1], a="gathered"))
     def matmul(t, q):
         rows, cols = et.block(t(tile(q)[0]), block_m, t.M), et.block(t(tile(q)[1]), gemm_n, t.N)

@@ -18,25 +18,21 @@ import torch
 import torch.nn.functional as F
 
 import etdist as et
-from etdist.kernels import gemm_tiles, prefetch
+from etdist.kernels import gemm_tiles
 
 from .gather import gather_rows
 from .gemm_rs import reduce_partials
-from .params import positive_int, weight_prefetch
+from .params import positive_int
 
 
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
-           align: int = 1, group_m: int = 8, down_n: int | None = None, tail_splits: int = 1,
-           prefetch_rows: int = 0) -> et.Graph:
+           align: int = 1, group_m: int = 8, down_n: int | None = None, tail_splits: int = 1) -> et.Graph:
     """The graph; gate/up tiles are block_m x block_n of both projections (two accumulators), down
     tiles block_m x down_n (default block_n): one accumulator, so it can be twice as wide.
     tail_splits > 1: the last TAIL down tiles of each rank's order (a size bound at every call, at
     most one owner's tiles) run in that many contraction slices, so that the long down tiles do not
-    leave a ragged last wave (the op plans TAIL from the tasks each program is dealt).
-    prefetch_rows: each gate/up tile first prefetches that many rows of its gate and up weight
-    columns into L2 (a power of two; 0: none), issued before it waits for its rows."""
+    leave a ragged last wave (the op plans TAIL from the tasks each program is dealt)."""
     positive_int("tp_mlp", "tail_splits", tail_splits)
-    pre_up = weight_prefetch("tp_mlp", prefetch_rows, prefetch.gate_up_cols)
     g = et.Graph("mlp")
     M = g.size("M")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)   # I: this rank's share
@@ -76,7 +72,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
     @g.task(grid=(R, m_tiles * i_tiles), wait=lambda s, q: rows_in[me, (me + s) % R, up_tile(q)[0]],
             notify=lambda s, q: h_ready[(me + s) % R, up_tile(q)[0]],
-            triton=gemm_tiles.swiglu_tile, constexprs=dict(gemm, PREFETCH_ROWS=prefetch_rows), **pre_up,
+            triton=gemm_tiles.swiglu_tile, constexprs=gemm,
             bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: up_tile(q)[0], j=lambda s, q: up_tile(q)[1]))
     def gate_up(t, s, q):                                   # rows of source me + s, as they arrive
         i, j = t(up_tile(q)[0]), t(up_tile(q)[1])
@@ -122,7 +118,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
 def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
                  align: int = 1, group_m: int = 8, down_splits: int = 1, up_n: Optional[int] = None,
-                 swap_ab: bool = False, prefetch_rows: int = 0) -> et.Graph:
+                 swap_ab: bool = False) -> et.Graph:
     """The small-M variant: the (small) gather completes first; gate/up and down tiles then run
     over all M rows at once, so each weight is read once (the graph above reads them once per
     source and per destination rank). Down tiles store each owner's rows into its partial.
@@ -131,13 +127,8 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     shape) and would leave most SMs idle. up_n: the gate/up tiles' width (default block_n, which the
     gather's copy tiles and the down tiles keep): narrower where they would be fewer than the SMs.
     swap_ab: the GEMM tiles computed transposed (the weights on the MMA's M side:
-    gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows. prefetch_rows: each gate/up tile and
-    down slice first prefetches that many rows of its weights into L2 (a power of two; 0: none),
-    issued before its wait: the gate/up tiles' while the gather is in flight, the down slices'
-    while the gate/up tiles run."""
+    gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows."""
     positive_int("tp_mlp_whole", "down_splits", down_splits)
-    pre_up = weight_prefetch("tp_mlp_whole", prefetch_rows, prefetch.gate_up_cols)
-    pre_down = weight_prefetch("tp_mlp_whole", prefetch_rows, prefetch.weight_slice_cols)
     positive_int("tp_mlp_whole", "up_n", up_n, optional=True)
     S, up_n = down_splits, block_n if up_n is None else up_n
     g = et.Graph("mlp_whole")
@@ -148,8 +139,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     m_all, own_tiles = et.cdiv(M, block_m), et.cdiv(C, block_m)
     i_tiles, h_tiles = et.cdiv(I, up_n), et.cdiv(H, block_n)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
-    gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SWAP_AB=bool(swap_ab),
-                PREFETCH_ROWS=prefetch_rows)   # the GEMM bodies
+    gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SWAP_AB=bool(swap_ab))   # the GEMM bodies
 
     x = g.input("x", (owned(me), H), dtype)
     g.input("w_gate_up", (H, 2 * I), dtype)
@@ -164,7 +154,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     down_tile = lambda q: et.grouped(q, m_all, h_tiles, group_m)   # noqa: E731
 
     @g.task(grid=(m_all * i_tiles,), wait=lambda q: all_in[me], notify=lambda q: h_ready[up_tile(q)[0]],
-            triton=gemm_tiles.swiglu_all_rows, constexprs=dict(gemm, BLOCK_N=up_n), **pre_up,
+            triton=gemm_tiles.swiglu_all_rows, constexprs=dict(gemm, BLOCK_N=up_n),
             bind=dict(i=lambda q: up_tile(q)[0], j=lambda q: up_tile(q)[1]))
     def gate_up(t, q):
         rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), up_n, t.I)
@@ -173,7 +163,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     # a tile's slices run side by side (the last index walks fastest)
     @g.task(grid=(m_all * h_tiles, S), wait=lambda q, s: h_ready[down_tile(q)[0]],
             notify=lambda q, s: arrived[et.every(0, R), down_tile(q)[1]],
-            triton=gemm_tiles.matmul_scatter_rows_slice, constexprs=dict(gemm, SPLITS=S), **pre_down,
+            triton=gemm_tiles.matmul_scatter_rows_slice, constexprs=dict(gemm, SPLITS=S),
             bind=dict(i=lambda q, s: down_tile(q)[0], j=lambda q, s: down_tile(q)[1], x="h", w="w_down", K="I",
                       N="H"))
     def down(t, q, s):                                     # slice s of every owner's rows of row tile i

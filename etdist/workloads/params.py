@@ -11,11 +11,3 @@ def positive_int(where: str, name: str, value, optional: bool = False):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise et.GraphError(f"{where}: {name} must be a positive int, got {value!r}")
     return value
-
-
-def weight_prefetch(where: str, rows, fn) -> dict:
-    """g.task's keywords for a prefetch of `rows` weight rows per tile (fn: an
-    etdist.kernels.prefetch function; rows a power of two), none where rows is 0."""
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0 or rows & (rows - 1):
-        raise et.GraphError(f"{where}: prefetch_rows must be 0 or a power of two, got {rows!r}")
-    return {"prefetch": fn} if rows else {}
