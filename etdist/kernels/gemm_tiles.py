@@ -320,32 +320,6 @@ def matmul_all_rows(i, j, a, w, y, M, K, N,
 
 
 @triton.jit
-def matmul_all_rows_slice(i, j, s, a, w, partial, M, K, N, SPLITS: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
-    """Contraction slice s of SPLITS (cdiv(cdiv(K, BLOCK_K), SPLITS) steps each, the last ones
-    shorter or empty) of tile (i, j) of a[M rows] @ w, into partial[s] ([SPLITS, M, N])."""
-    steps = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(steps, SPLITS)
-    acc = mm_acc_steps(a, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
-                       BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
-    store_tile(acc, partial + s.to(tl.int64) * M * N, N, M, N, i, j, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def sum_slices(i, j, partial, y, M, N, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """y[tile (i, j)] = the sum of partial[0..SPLITS) ([SPLITS, M, N]) over that tile, in fp32."""
-    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    offs = offs_m[:, None] * N + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in range(0, SPLITS):
-        acc += tl.load(partial + s * M * N + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def matmul_scatter_rows_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):

@@ -63,7 +63,6 @@ WHOLE_MIN_N = 64
 # waves on 132 SMs).
 LARGE_NARROW = knobs.read("ETDIST_AG_GEMM_LARGE_NARROW", TileConfig.parse, TileConfig(128, 128, 64, 8, 4))
 NARROW_RATE = 0.94   # LARGE_NARROW's work per SM-second against LARGE's, in full waves
-WHOLE_K_SPLITS = 1   # A/B: the whole-gather GEMM tiles' contraction slices
 _KERNELS: dict = {}
 
 
@@ -104,7 +103,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:
         return cfg, functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab,
-                                      gemm_n=whole_width(M, N, cfg, sms), k_splits=WHOLE_K_SPLITS)
+                                      gemm_n=whole_width(M, N, cfg, sms))
     return cfg, functools.partial(ag_gemm.all_gather_gemm, *args)
 
 

@@ -52,17 +52,13 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
 
 def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                           block_k: int = 128, align: int = 1, group_m: int = 8,
-                          gemm_n: Optional[int] = None, swap_ab: bool = False, k_splits: int = 1) -> et.Graph:
+                          gemm_n: Optional[int] = None, swap_ab: bool = False) -> et.Graph:
     """The small-M variant: the (small) gather completes first, then GEMM tiles run over all M
     rows at once, so the weights are read once (the graph above reads them once per source).
     gemm_n: the GEMM tiles' width (default block_n, which the gather's copy tiles keep): narrower
     where the tiles would be fewer than the SMs. swap_ab: the GEMM tiles computed transposed (the
-    weights on the MMA's M side: gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows.
-    k_splits > 1: each GEMM tile's contraction in that many slices (tasks), each stored to a partial
-    and summed by a task per tile: where the tiles are fewer than the SMs, or leave a ragged last
-    wave, slices spread the weights' stream over more of them."""
+    weights on the MMA's M side: gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows."""
     positive_int("all_gather_gemm_whole", "gemm_n", gemm_n, optional=True)
-    S = positive_int("all_gather_gemm_whole", "k_splits", k_splits)
     gemm_n = block_n if gemm_n is None else gemm_n
     g = et.Graph("ag_gemm_whole")
     M = g.size("M")
@@ -76,35 +72,14 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
     _, all_in = gather_rows(g, x, C, owned, block_m, block_n, "gathered", whole=True)
     tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
 
-    gemm = dict(BLOCK_M=block_m, BLOCK_N=gemm_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SWAP_AB=bool(swap_ab))
-    ij = dict(i=lambda q, *s: tile(q)[0], j=lambda q, *s: tile(q)[1])
-
-    def block(t, q):                                     # tile q's rows and columns
-        return et.block(t(tile(q)[0]), block_m, t.M), et.block(t(tile(q)[1]), gemm_n, t.N)
-
-    if S == 1:
-        @g.task(grid=(m_tiles * n_tiles,), wait=lambda q: all_in[me], triton=gemm_tiles.matmul_all_rows,
-                constexprs=gemm, bind=dict(ij, a="gathered"))
-        def matmul(t, q):
-            rows, cols = block(t, q)
-            t.y[rows, cols] = t.gathered[rows] @ t.w[:, cols]
-    else:
-        g.scratch("partial", (S, M, N), dtype)
-        sliced = g.event("sliced", (m_tiles * n_tiles,), count=S)
-
-        # a tile's slices run side by side (the last index walks fastest)
-        @g.task(grid=(m_tiles * n_tiles, S), wait=lambda q, s: all_in[me], notify=lambda q, s: sliced[q],
-                triton=gemm_tiles.matmul_all_rows_slice, constexprs=dict(gemm, SPLITS=S), bind=dict(ij, a="gathered"))
-        def matmul(t, q, s):
-            rows, cols = block(t, q)
-            ks = et.block(s, t(et.cdiv(K, S * block_k) * block_k), t.K)   # whole steps, as the GPU body
-            t.partial[s, rows, cols] = t.gathered[rows, ks] @ t.w[ks, cols]
-
-        @g.task(grid=(m_tiles * n_tiles,), wait=lambda q: sliced[q], triton=gemm_tiles.sum_slices,
-                constexprs=dict(BLOCK_M=block_m, BLOCK_N=gemm_n, SPLITS=S), bind=ij)
-        def total(t, q):
-            rows, cols = block(t, q)
-            t.y[rows, cols] = t.partial[:, rows, cols].float().sum(0).to(t.y.dtype)
+    @g.task(grid=(m_tiles * n_tiles,), wait=lambda q: all_in[me],
+            triton=gemm_tiles.matmul_all_rows,
+            constexprs=dict(BLOCK_M=block_m, BLOCK_N=gemm_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align),
+                            SWAP_AB=bool(swap_ab)),
+            bind=dict(i=lambda q: tile(q)[0], j=lambda q: tile(q)[1], a="gathered"))
+    def matmul(t, q):
+        rows, cols = et.block(t(tile(q)[0]), block_m, t.M), et.block(t(tile(q)[1]), gemm_n, t.N)
+        t.y[rows, cols] = t.gathered[rows] @ t.w[:, cols]
 
     g.sample(M=5, K=3, N=7)
     g.sample(M=37, K=4, N=33)
