@@ -341,14 +341,16 @@ def _op_kernels():
         yield f"mlp_whole M={M} narrow", functools.partial(mlp.tp_mlp_whole, W.block_m, W.block_n, bf, W.block_k, 16,
                                                            down_splits=4, up_n=ag_op.WHOLE_MIN_N, swap_ab=W.swap_ab), \
             W.num_warps, W.num_stages
-    yield "ag_gemm", lambda: ag_gemm.all_gather_gemm(L.block_m, L.block_n, bf, L.block_k, 16), L.num_warps, L.num_stages
+    own = dict(own_from_x=ag_op.OWN_FROM_X)   # above 128 rows, as the ops build them
+    yield "ag_gemm", lambda: ag_gemm.all_gather_gemm(L.block_m, L.block_n, bf, L.block_k, 16, **own), L.num_warps, \
+        L.num_stages
     A = ag_op.LARGE_NARROW   # above 128 rows where LARGE tiles leave a ragged last wave
-    yield "ag_gemm narrow", lambda: ag_gemm.all_gather_gemm(A.block_m, A.block_n, bf, A.block_k, 16), A.num_warps, \
-        A.num_stages
-    yield "mlp", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N), T.num_warps, \
+    yield "ag_gemm narrow", lambda: ag_gemm.all_gather_gemm(A.block_m, A.block_n, bf, A.block_k, 16, **own), \
+        A.num_warps, A.num_stages
+    yield "mlp", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, **own), T.num_warps, \
         T.num_stages
-    yield "mlp tail", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, tail_splits=3), \
-        T.num_warps, T.num_stages
+    yield "mlp tail", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, tail_splits=3,
+                                         **own), T.num_warps, T.num_stages
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]
     # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the
     # megakernel has one register allocation, the expert GEMM loops spilled too.

@@ -2,6 +2,7 @@
 rank raise before anything launches (a fake mesh stands in for the ranks' host exchange)."""
 import dataclasses
 import math
+import subprocess
 
 import pytest
 import torch
@@ -508,6 +509,28 @@ def test_ag_gemm_takes_narrower_large_tiles_where_they_fill_the_last_wave():
         [128, 128, 256, 256, 256]
     assert pick(1000, 14336, world=2) == 128   # two sources of 500 rows: 2 x 4 row tiles, the same 448
     assert ag_op.large_tile(129, 128, 2, 132) == ag_op.LARGE
+
+
+def test_own_rows_from_x_knob_reaches_both_per_source_graphs():
+    """Above 128 rows, all_gather_gemm's and the MLP's own row tiles read x (ETDIST_AG_GEMM_OWN_FROM_X,
+    default 1): the plans build the graphs with own_from_x, whose gather copies to the peers only
+    ((R - 1) x row tiles x column tiles copy tasks); =0 builds them as before. At or below 128 rows
+    (the whole-gather graphs) nothing changes."""
+    code = ("import torch\nfrom etdist.ops import ag_gemm, mlp\n"
+            "for M in (100, 1000):\n"
+            "    _, b = ag_gemm.kernel_plan(M, 256, 512, torch.bfloat16, 132, 2)\n"
+            "    _, m, _ = mlp.kernel_plan(M, 256, 512, torch.bfloat16, 132, 2)\n"
+            "    sends = [t for t in b().to_ir().tasks if t.name.endswith('_send')][0]\n"
+            "    print(M, b.keywords.get('own_from_x'), m.keywords.get('own_from_x'), sends.grid[0])")
+    on = {int(w[0]): w[1:] for w in _probe_lines(code)}
+    off = {int(w[0]): w[1:] for w in _probe_lines(code, ETDIST_AG_GEMM_OWN_FROM_X="0")}
+    assert on[1000][:2] == ["True", "True"] and off[1000][:2] == ["False", "False"]
+    assert on[100][:2] == off[100][:2] == ["None", "None"]
+    assert on[1000][2] != off[1000][2]        # the send grid's first extent: R - 1 against R
+    bad = "from etdist import knobs\nimport etdist.ops.ag_gemm\nknobs.check('ETDIST_AG_GEMM_')"   # as every op call
+    with pytest.raises(subprocess.CalledProcessError, match="returned non-zero"):
+        _probe_lines(bad, ETDIST_AG_GEMM_OWN_FROM_X="yes")
+    _probe_lines(bad, ETDIST_AG_GEMM_OWN_FROM_X="0")
 
 
 def test_whole_width_narrows_tiles_fewer_than_the_sms(monkeypatch):

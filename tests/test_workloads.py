@@ -6,6 +6,7 @@ import torch
 import etdist as et
 from etdist.fusion.bind import MapTable, bind
 from etdist.workloads import ag_gemm, gemm_rs, mlp, moe
+from etdist.workloads.gather import gather_rows
 
 from conftest import rel_err
 
@@ -114,8 +115,12 @@ def test_gemm_reduce_scatter_skinny(schedule, world, M, reduce_n):
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 3])
-def test_all_gather_gemm(schedule, world, M):
-    kernel = et.compile(ag_gemm.all_gather_gemm(block_m=8, block_n=8), schedule=schedule, programs=3)
+@pytest.mark.parametrize("own_from_x", [False, True])
+def test_all_gather_gemm(schedule, world, M, own_from_x):
+    """own_from_x: a rank's own row tiles read x (their gather elements count 0, nothing waits),
+    the gather copies to the peers only."""
+    kernel = et.compile(ag_gemm.all_gather_gemm(block_m=8, block_n=8, own_from_x=own_from_x), schedule=schedule,
+                        programs=3)
     K, N = 12, 19
     inputs = ag_gemm.make_inputs(world, M, K, N, seed=world * 100 + M)
     want = ag_gemm.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
@@ -127,9 +132,11 @@ def test_all_gather_gemm(schedule, world, M):
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 1])
-def test_tensor_parallel_mlp(schedule, world, M):
-    """All-gather -> gate/up + SwiGLU -> down -> reduce-scatter, as one graph."""
-    kernel = et.compile(mlp.tp_mlp(block_m=8, block_n=8), schedule=schedule, programs=3)
+@pytest.mark.parametrize("own_from_x", [False, True])
+def test_tensor_parallel_mlp(schedule, world, M, own_from_x):
+    """All-gather -> gate/up + SwiGLU -> down -> reduce-scatter, as one graph (own_from_x: a rank's
+    own gate/up tiles read x)."""
+    kernel = et.compile(mlp.tp_mlp(block_m=8, block_n=8, own_from_x=own_from_x), schedule=schedule, programs=3)
     inputs = mlp.make_inputs(world, M, H=12, I=6 * world, seed=world * 10 + M)
     want = mlp.reference([i["x"] for i in inputs], [i["w_gate_up"] for i in inputs], [i["w_down"] for i in inputs])
     for seed in SEEDS:
@@ -145,8 +152,8 @@ def test_tensor_parallel_mlp_slices_the_last_down_tiles(schedule, world, M):
     per rank in 6 steps of 2), TAIL from none to one owner's every tile; each owner sums 3 slices
     from the source whose order ends on its tile and one from the others. Too large a TAIL is
     refused before the launch."""
-    kernel = et.compile(mlp.tp_mlp(block_m=8, block_n=8, block_k=2, down_n=4, tail_splits=3), schedule=schedule,
-                        programs=3)
+    kernel = et.compile(mlp.tp_mlp(block_m=8, block_n=8, block_k=2, down_n=4, tail_splits=3, own_from_x=True),
+                        schedule=schedule, programs=3)
     inputs = mlp.make_inputs(world, M, H=12, I=12 * world, seed=world * 10 + M)
     want = mlp.reference([i["x"] for i in inputs], [i["w_gate_up"] for i in inputs], [i["w_down"] for i in inputs])
     rows = -(-M // world)
@@ -199,6 +206,10 @@ def test_small_m_variants_read_the_whole_gather(schedule, world, M):
         mlp.tp_mlp_whole(up_n=0)
     with pytest.raises(et.GraphError, match="gemm_n must be a positive int"):
         ag_gemm.all_gather_gemm_whole(gemm_n=True)
+    g = et.Graph("peers_only_whole")
+    with pytest.raises(et.GraphError, match="peers_only is for per-source readiness"):
+        gather_rows(g, g.input("x", (4, 4), torch.float32), 4, lambda r: 4, 4, 4, "gathered", whole=True,
+                    peers_only=True)
 
 
 @pytest.mark.parametrize("world", WORLDS)

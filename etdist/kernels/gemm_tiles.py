@@ -294,12 +294,17 @@ def swiglu_rows(a, rows, w_gate_up, h, H, I, i, j,
 
 
 @triton.jit
-def swiglu_tile(s, i, j, ag_out, w_gate_up, h, M, H, I, RANK, WORLD,
+def swiglu_tile(s, i, j, ag_out, x, w_gate_up, h, M, H, I, RANK, WORLD,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                TMA: tl.constexpr, USE_ASM: tl.constexpr):
-    """SwiGLU tile (i, j) of the rows that source rank s sent (gathered at s * C)."""
+                TMA: tl.constexpr, USE_ASM: tl.constexpr, OWN_FROM_X: tl.constexpr = False):
+    """SwiGLU tile (i, j) of the rows that source rank s sent (gathered at s * C); OWN_FROM_X: this
+    rank's own rows read from x (one body for both, so the kernel holds one copy of its code)."""
     C = (M + WORLD - 1) // WORLD
-    swiglu_rows(ag_out + s * C * H, owned_rows(M, WORLD, s), w_gate_up, h + s * C * I, H, I, i, j,
+    a = ag_out + s * C * H
+    if OWN_FROM_X:
+        if s == RANK:
+            a = x
+    swiglu_rows(a, owned_rows(M, WORLD, s), w_gate_up, h + s * C * I, H, I, i, j,
                 BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
 
 
@@ -336,10 +341,15 @@ def matmul_scatter_rows_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RA
 
 
 @triton.jit
-def ag_matmul(s, i, j, gathered, w, y, M, K, N, RANK, WORLD,
+def ag_matmul(s, i, j, gathered, x, w, y, M, K, N, RANK, WORLD,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              TMA: tl.constexpr, USE_ASM: tl.constexpr):
-    """y[rows of source s, tile i; cols tile j] = gathered[same rows] @ w (s: the source rank)."""
+              TMA: tl.constexpr, USE_ASM: tl.constexpr, OWN_FROM_X: tl.constexpr = False):
+    """y[rows of source s, tile i; cols tile j] = gathered[same rows] @ w (s: the source rank);
+    OWN_FROM_X: this rank's own rows read from x."""
     C = (M + WORLD - 1) // WORLD
-    mm_tile(gathered + s * C * K, owned_rows(M, WORLD, s), w, K, N, y + s * C * N, N, i, j,
+    a = gathered + s * C * K
+    if OWN_FROM_X:
+        if s == RANK:
+            a = x
+    mm_tile(a, owned_rows(M, WORLD, s), w, K, N, y + s * C * N, N, i, j,
             BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)

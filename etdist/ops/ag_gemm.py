@@ -63,6 +63,15 @@ WHOLE_MIN_N = 64
 # waves on 132 SMs).
 LARGE_NARROW = knobs.read("ETDIST_AG_GEMM_LARGE_NARROW", TileConfig.parse, TileConfig(128, 128, 64, 8, 4))
 NARROW_RATE = 0.94   # LARGE_NARROW's work per SM-second against LARGE's, in full waves
+# Above WHOLE_MAX_M, this rank's own row tiles read x itself (no wait), and the gather copies rows
+# to the peers only; the MLP's gate/up tiles too (ops.mlp). One GEMM body serves both sources:
+# a second copy of the MLP's two-accumulator body (own rows in a task of their own) made every large
+# MLP cell 1-3% slower (M=2048 / 8192, 5 shapes, twice; records own_from_x_ab, own_from_x_ab2).
+# With one body, on one H200 as a rank of two (launch/ops_ab.py, records own_from_x_ab3, twenty-third
+# session): ag_gemm -3.0% and the MLP -2.4% geomean, every one of 10 cells faster (-5 to -6% on the
+# 8-9B shapes at M=1000). At world 1 the whole gather goes (every row is this rank's); at world 2 half
+# of it stays, so those figures bound the gain from above. Knob: ETDIST_AG_GEMM_OWN_FROM_X=0 (as before).
+OWN_FROM_X = knobs.read("ETDIST_AG_GEMM_OWN_FROM_X", knobs.flag, True)
 _KERNELS: dict = {}
 
 
@@ -104,7 +113,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     if whole:
         return cfg, functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab,
                                       gemm_n=whole_width(M, N, cfg, sms))
-    return cfg, functools.partial(ag_gemm.all_gather_gemm, *args)
+    return cfg, functools.partial(ag_gemm.all_gather_gemm, *args, own_from_x=bool(OWN_FROM_X))
 
 
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Optional[int] = None,

@@ -41,13 +41,14 @@ _KERNELS: dict = {}
 
 @functools.lru_cache(maxsize=4096)
 def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, cfg: TileConfig = TILES,
-              down_n: int = DOWN_N) -> int:
+              down_n: int = DOWN_N, own_from_x: bool = False) -> int:
     """How many of the last down tiles of each rank's order to cut in `splits` slices (at most one
     owner's): the number that makes the static schedule's busiest program least busy, its tasks
     (dealt round-robin: task t to program t % sms) weighed by their work at gemm_rs.SM_TFLOPS, a
     slice SPLIT_COST more per extra slice; the fewest among equals, and none unless that program's
     load falls by MIN_GAIN, nor where every down tile fits in one wave (the model then trades the
-    gate/up tiles' dealing against partials it does not price: llama31_8b lost 8-10% to it)."""
+    gate/up tiles' dealing against partials it does not price: llama31_8b lost 8-10% to it).
+    own_from_x: the graph's (the gather copies rows to the peers only)."""
     rows = -(-M // world)                                # rows per owner
     m = -(-rows // cfg.block_m)                          # row tiles per owner
     i_tiles, h_tiles, k_tiles = -(-I // cfg.block_n), -(-H // down_n), -(-H // cfg.block_n)
@@ -63,8 +64,9 @@ def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, cfg: Ti
     def dealt(start, count, us):                         # each program's share of tasks [start, start + count)
         return us * (count // sms + ((programs - start) % sms < count % sms))
 
-    start = world * m * (k_tiles + i_tiles)             # the gather's copies, then the gate/up tiles
-    load = dealt(0, world * m * k_tiles, SEND_US) + dealt(world * m * k_tiles, world * m * i_tiles, gate_up_us)
+    sends = (world - 1 if own_from_x else world) * m * k_tiles   # the gather's copies, then the gate/up tiles
+    start = sends + world * m * i_tiles
+    load = dealt(0, sends, SEND_US) + dealt(sends, world * m * i_tiles, gate_up_us)
     whole = world * mn - tails
     load = load + dealt(start, whole, down_us) + dealt(start + whole, tails * splits, slice_us)
     load = load + dealt(start + whole + tails * splits, m * h_tiles, REDUCE_US)
@@ -97,8 +99,10 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
                                       up_n=_ag_gemm.whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab), {"M": M}
     # the sliced graph only where its plan slices (its partials take TAIL_SPLITS x the memory)
     splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M, H, world, dtype.itemsize, TAIL_SPLITS)
-    tail = tail_plan(M, H, I, world, sms, splits) if splits > 1 else 0
-    build = functools.partial(mlp_graph.tp_mlp, *args, down_n=DOWN_N, tail_splits=splits if tail else 1)
+    own_from_x = bool(_ag_gemm.OWN_FROM_X)
+    tail = tail_plan(M, H, I, world, sms, splits, own_from_x=own_from_x) if splits > 1 else 0
+    build = functools.partial(mlp_graph.tp_mlp, *args, down_n=DOWN_N, tail_splits=splits if tail else 1,
+                              own_from_x=own_from_x)
     return cfg, build, ({"M": M, "TAIL": tail} if tail else {"M": M})
 
 

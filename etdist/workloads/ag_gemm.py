@@ -19,7 +19,9 @@ from .params import positive_int
 
 
 def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
-                    block_k: int = 64, align: int = 1, group_m: int = 8) -> et.Graph:
+                    block_k: int = 64, align: int = 1, group_m: int = 8, own_from_x: bool = False) -> et.Graph:
+    """own_from_x: this rank's own row tiles read x itself, without a wait, and the gather copies
+    rows to the peers only (otherwise they wait for the copy of x into `gathered`)."""
     g = et.Graph("ag_gemm")
     M = g.size("M")
     K, N = g.size("K", multiple_of=align), g.size("N", multiple_of=align)   # N: this rank's columns
@@ -31,19 +33,22 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
     x = g.input("x", (owned(me), K), dtype)
     g.input("w", (K, N), dtype)
     g.output("y", (M, N), dtype)
-    _, arrived = gather_rows(g, x, C, owned, block_m, block_n, "gathered")
+    # with own_from_x my own rows' elements count 0: their tiles wait for nothing
+    _, arrived = gather_rows(g, x, C, owned, block_m, block_n, "gathered", peers_only=own_from_x)
 
     tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731  (L2 reuse of w)
 
     @g.task(grid=(R, m_tiles * n_tiles), wait=lambda s, q: arrived[me, (me + s) % R, tile(q)[0]],
-            triton=gemm_tiles.ag_matmul, constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align)),
+            triton=gemm_tiles.ag_matmul,
+            constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), OWN_FROM_X=bool(own_from_x)),
             bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: tile(q)[0], j=lambda s, q: tile(q)[1]))
-    def matmul(t, s, q):                                 # rows of source me + s, as they arrive
+    def matmul(t, s, q):                                 # rows of source me + s, as they arrive, mine first
         i, j = t(tile(q)[0]), t(tile(q)[1])
         src = (t.rank + s) % t.world
-        rows = et.shift(et.block(i, block_m, t(owned(src))), src * t(C))
+        rows = et.block(i, block_m, t(owned(src)))
         cols = et.block(j, block_n, t.N)
-        t.y[rows, cols] = t.gathered[rows] @ t.w[:, cols]
+        a = t.x[rows] if own_from_x and s == 0 else t.gathered[et.shift(rows, src * t(C))]
+        t.y[et.shift(rows, src * t(C)), cols] = a @ t.w[:, cols]
 
     g.sample(M=5, K=3, N=7)
     g.sample(M=37, K=4, N=33)

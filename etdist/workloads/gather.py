@@ -5,30 +5,38 @@ import etdist as et
 from etdist.kernels import copy_tiles
 
 
-def gather_rows(g: et.Graph, x, C, owned, block_m: int, block_n: int, name: str, whole: bool = False):
+def gather_rows(g: et.Graph, x, C, owned, block_m: int, block_n: int, name: str, whole: bool = False,
+                peers_only: bool = False):
     """Every rank's rows of x [owned(me), K] land at rank * C in every rank's `name` [R * C, K]
     (so rows 0..M lie back to back). Each rank sends its tiles to every rank, itself first.
 
     Returns (out, ready): ready[holder, source, i] completes when row tile i of `source` is all at
     `holder`; with whole=True, ready[holder] completes when every row is there (for GEMMs whose
-    row tiles span all sources: small M, where reading the weights once matters most)."""
+    row tiles span all sources: small M, where reading the weights once matters most).
+    peers_only: no copy of a rank's rows into its own `out` (nor their ready elements), for
+    graphs whose tasks read a rank's own rows straight from x."""
     R, me = g.world, g.rank
     K = x.shape[1]
     m_tiles, k_tiles = et.cdiv(C, block_m), et.cdiv(K, block_n)
     out = g.scratch(name, (R * C, K), x.dtype, symmetric=True)
+    first = 1 if peers_only else 0       # the first destination, as an offset from me
     if whole:
+        if peers_only:
+            raise et.GraphError("gather_rows: peers_only is for per-source readiness (whole=False)")
         ready = g.event(f"{name}_all", (R,), count=R * m_tiles * k_tiles, distributed=True)
         notify = lambda d, i, c: ready[(me + d) % R]  # noqa: E731
     else:
-        ready = g.event(f"{name}_rows", (R, R, m_tiles), count=k_tiles, distributed=True)
-        notify = lambda d, i, c: ready[(me + d) % R, me, i]  # noqa: E731
+        count = (lambda h, src, i: et.where(et.eq(h, src), 0, k_tiles)) if peers_only else k_tiles  # noqa: E731
+        ready = g.event(f"{name}_rows", (R, R, m_tiles), count=count, distributed=True)
+        notify = lambda d, i, c: ready[(me + first + d) % R, me, i]  # noqa: E731
 
-    @g.task(grid=(R, m_tiles, k_tiles), notify=notify, name=f"{name}_send",
+    @g.task(grid=(R - first, m_tiles, k_tiles), notify=notify, name=f"{name}_send",
             triton=copy_tiles.copy_tile, constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n),
             bind=dict(j="c", src=x.name, src_row0=0, dst=name, dst_peers=f"{name}_peers", N=K,
-                      to_rank=lambda d, i, c: (me + d) % R, dst_row0=me * C, rows=owned(me)))
-    def send(t, d, i, c):                                # my tile (i, c) to rank me + d, myself first
+                      to_rank=lambda d, i, c: (me + first + d) % R, dst_row0=me * C, rows=owned(me)))
+    def send(t, d, i, c):                                # my tile (i, c) to rank me + first + d
         rows, cols = et.block(i, block_m, t(owned(t.rank))), et.block(c, block_n, t(K))
-        getattr(t.peer((t.rank + d) % t.world), name)[et.shift(rows, t.rank * t(C)), cols] = getattr(t, x.name)[rows, cols]
+        to = getattr(t.peer((t.rank + first + d) % t.world), name)
+        to[et.shift(rows, t.rank * t(C)), cols] = getattr(t, x.name)[rows, cols]
 
     return out, ready

@@ -26,12 +26,15 @@ from .params import positive_int
 
 
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
-           align: int = 1, group_m: int = 8, down_n: int | None = None, tail_splits: int = 1) -> et.Graph:
+           align: int = 1, group_m: int = 8, down_n: int | None = None, tail_splits: int = 1,
+           own_from_x: bool = False) -> et.Graph:
     """The graph; gate/up tiles are block_m x block_n of both projections (two accumulators), down
     tiles block_m x down_n (default block_n): one accumulator, so it can be twice as wide.
     tail_splits > 1: the last TAIL down tiles of each rank's order (a size bound at every call, at
     most one owner's tiles) run in that many contraction slices, so that the long down tiles do not
-    leave a ragged last wave (the op plans TAIL from the tasks each program is dealt)."""
+    leave a ragged last wave (the op plans TAIL from the tasks each program is dealt).
+    own_from_x: this rank's own gate/up tiles read x itself, first and without a wait, and the
+    gather copies rows to the peers only."""
     positive_int("tp_mlp", "tail_splits", tail_splits)
     g = et.Graph("mlp")
     M = g.size("M")
@@ -65,21 +68,23 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     arrived = g.event("arrived", (R, m_tiles, h_tiles), distributed=True,
                       count=(lambda d, i, j: R - 1 + tile_parts(i, j)) if S > 1 else R)
 
-    _, rows_in = gather_rows(g, x, C, owned, block_m, block_n, "ag_out")
+    # with own_from_x my own rows' elements count 0: their tiles wait for nothing
+    _, rows_in = gather_rows(g, x, C, owned, block_m, block_n, "ag_out", peers_only=own_from_x)
 
     up_tile = lambda q: et.grouped(q, m_tiles, i_tiles, group_m)    # noqa: E731  (L2 reuse of weights)
     down_tile = lambda q: et.grouped(q, m_tiles, h_tiles, group_m)  # noqa: E731
 
     @g.task(grid=(R, m_tiles * i_tiles), wait=lambda s, q: rows_in[me, (me + s) % R, up_tile(q)[0]],
             notify=lambda s, q: h_ready[(me + s) % R, up_tile(q)[0]],
-            triton=gemm_tiles.swiglu_tile, constexprs=gemm,
+            triton=gemm_tiles.swiglu_tile, constexprs=dict(gemm, OWN_FROM_X=bool(own_from_x)),
             bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: up_tile(q)[0], j=lambda s, q: up_tile(q)[1]))
-    def gate_up(t, s, q):                                   # rows of source me + s, as they arrive
+    def gate_up(t, s, q):                                   # rows of source me + s, as they arrive, mine first
         i, j = t(up_tile(q)[0]), t(up_tile(q)[1])
         src = (t.rank + s) % t.world
-        rows = et.shift(et.block(i, block_m, t(owned(src))), src * t(C))
+        rows = et.block(i, block_m, t(owned(src)))
         cols = et.block(j, block_n, t.I)
-        t.h[rows, cols] = _swiglu(t, t.ag_out[rows], cols)
+        a = t.x[rows] if own_from_x and s == 0 else t.ag_out[et.shift(rows, src * t(C))]
+        t.h[et.shift(rows, src * t(C)), cols] = _swiglu(t, a, cols)
 
     def down_slice(t, v, s, n):          # slice s of n of my partial of rank me + d's tile q (v = d * mn + q)
         d, q = t(v // mn), t(v % mn)
