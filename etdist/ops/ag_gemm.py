@@ -68,7 +68,7 @@ NARROW_RATE = 0.94   # LARGE_NARROW's work per SM-second against LARGE's, in ful
 # a second copy of the MLP's two-accumulator body (own rows in a task of their own) made every large
 # MLP cell 1-3% slower (M=2048 / 8192, 5 shapes, twice; records own_from_x_ab, own_from_x_ab2).
 # With one body, on one H200 as a rank of two (launch/ops_ab.py, records own_from_x_ab3, twenty-third
-# session): ag_gemm -3.0% and the MLP -2.4% geomean, every one of 10 cells faster (-5 to -6% on the
+# session): ag_gemm -3.0% and the MLP -2.4% geomean, every one of 10 cells faster (-3 to -6% on the
 # 8-9B shapes at M=1000). At world 1 the whole gather goes (every row is this rank's); at world 2 half
 # of it stays, so those figures bound the gain from above. Knob: ETDIST_AG_GEMM_OWN_FROM_X=0 (as before).
 OWN_FROM_X = knobs.read("ETDIST_AG_GEMM_OWN_FROM_X", knobs.flag, True)
