@@ -57,6 +57,9 @@
 #   mlptail the fused MLP at M=1000/1024 on the shapes whose plan it changes, its last down tiles
 #          in 3 slices (ETDIST_MLP_TAIL_SPLITS=3, the default since the twenty-first session, one GPU
 #          only so far) against whole (1), alternated twice (~4 min);
+#   ownx   ag_gemm and the fused MLP at M=1000/8192 on three shapes, own row tiles read from x
+#          (ETDIST_AG_GEMM_OWN_FROM_X=1, the default since the twenty-third session, one GPU only so
+#          far) against waiting for the copy of x into the gathered buffer (0) (~5 min);
 #   opsdyn the three fused ops under both schedules at M=16/128/1024 on two shapes: what the ready
 #          queue costs their kernels, where every task exists (never benchmarked before; ~2 min);
 #   moetrace  launch/trace_moe.py at 1 and 1024 tokens (qwen3_30b_a3b-sized, EP=2, both schedules):
@@ -164,6 +167,10 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       echo "== the fused MLP above 128 rows: every down tile whole (splits 1), then the last ones in 3 slices (the default)"
       MODELS_OVERRIDE=llama31_8b,gemma2_9b,gemma2_27b,qwen3_32b,gpt3_175b,llama31_405b WORKLOADS=mlp \
         ab mlptail ETDIST_MLP_TAIL_SPLITS "1 3" 420 'bench.tokens=[1000,1024]' bench.symm_mem=false ;;
+    ownx)
+      echo "== ag_gemm and the MLP above 128 rows: own rows through the gather (0), then straight from x (1, the default)"
+      MODELS_OVERRIDE=qwen3_8b,gemma2_27b,llama31_70b WORKLOADS=ag_gemm,mlp \
+        ab ownx ETDIST_AG_GEMM_OWN_FROM_X "0 1" 540 'bench.tokens=[1000,8192]' bench.symm_mem=false ;;
     opsdyn)
       echo "== gemm_rs, ag_gemm and the MLP, static and dynamic schedules"
       RESULTS=$RESULTS/opsdyn SCHEDULE=both MODELS_OVERRIDE=qwen3_8b,llama31_70b timeout 300 \
@@ -174,7 +181,7 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
         OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_moe.py $tokens \
           2>&1 | quiet | grep -vE 'UserWarning|_warn_once' | tail -32
       done ;;
-    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, chain, moetail, moelarge, rstail, rsown, rsfuse, mlptail, opsdyn, moetrace)"; exit 2 ;;
+    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, chain, moetail, moelarge, rstail, rsown, rsfuse, mlptail, ownx, opsdyn, moetrace)"; exit 2 ;;
   esac
   echo "-- $step done at $((SECONDS - T0)) s"
 done
