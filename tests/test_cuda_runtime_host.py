@@ -376,7 +376,7 @@ def test_whole_tile_plans_reduce_own_tiles_in_their_epilogue():
 
 
 def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
-    """The fused MLP's tail plan (ETDIST_MLP_TAIL_SPLITS=3): gemma2_27b at M=1024 deals 288 copies,
+    """The fused MLP's tail plan (ETDIST_MLP_TAIL_SPLITS=3): gemma2_27b at M=1024 deals 144 copies (to the peer only: own_from_x),
     1152 gate/up tiles and 144 down tiles (each ~4x a gate/up tile's work) round-robin over 132
     programs, so 12 programs get a second down tile: its last 12 down tiles go in slices. qwen3_32b:
     160 down tiles, 36 sliced. Where the busiest program would gain less than MIN_GAIN (qwen3_8b,
@@ -384,14 +384,18 @@ def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
     128 and 112 down tiles; the model had sliced 48 and 32, which lost 3-10% on one H200). At most one
     owner's tiles; none with one slice."""
     from etdist.ops.mlp import tail_plan
-    assert tail_plan(1024, 4608, 18432, 2, 132, 3) == 12
-    assert tail_plan(1024, 4096, 7168, 2, 132, 3) == 0 and tail_plan(1000, 3584, 7168, 2, 132, 3) == 0
-    assert tail_plan(1000, 5120, 12800, 2, 132, 3) == 36
-    assert tail_plan(1024, 4096, 6144, 2, 132, 3) == 0 and tail_plan(1024, 8192, 14336, 2, 132, 3) == 0
-    assert tail_plan(1024, 4608, 18432, 2, 132, 1) == 0
+    assert tail_plan(1024, 4608, 18432, 2, 132, 3, own_from_x=True) == 12
+    assert tail_plan(1024, 4096, 7168, 2, 132, 3, own_from_x=True) == 0 and tail_plan(1000, 3584, 7168, 2, 132, 3, own_from_x=True) == 0
+    assert tail_plan(1000, 5120, 12800, 2, 132, 3, own_from_x=True) == 36
+    assert tail_plan(1024, 4096, 6144, 2, 132, 3, own_from_x=True) == 0 and tail_plan(1024, 8192, 14336, 2, 132, 3, own_from_x=True) == 0
+    assert tail_plan(1024, 4608, 18432, 2, 132, 1, own_from_x=True) == 0
     for M in (129, 300, 1000, 4096):
         rows = -(-M // 2)
-        assert 0 <= tail_plan(M, 4608, 18432, 2, 132, 3) <= -(-rows // 128) * 18
+        assert 0 <= tail_plan(M, 4608, 18432, 2, 132, 3, own_from_x=True) <= -(-rows // 128) * 18
+    # the copies move the dealing: qwen3_8b's shape at M=2600 slices its last 88 down tiles only
+    # with the own rows' copies gone, at M=6700 its last 24 only with them (ETDIST_AG_GEMM_OWN_FROM_X=0)
+    assert [tail_plan(M, 4096, 6144, 2, 132, 3, own_from_x=own) for M in (2600, 6700) for own in (True, False)] == \
+        [88, 0, 0, 24]
 
 
 def test_whole_mlp_slices_its_few_down_tiles():
@@ -516,17 +520,17 @@ def test_own_rows_from_x_knob_reaches_both_per_source_graphs():
     default 1): the plans build the graphs with own_from_x, whose gather copies to the peers only
     ((R - 1) x row tiles x column tiles copy tasks); =0 builds them as before. At or below 128 rows
     (the whole-gather graphs) nothing changes."""
-    code = ("import torch\nfrom etdist.ops import ag_gemm, mlp\n"
+    code = ("import torch\nfrom etdist.ops import ag_gemm, mlp\nfrom etdist.fusion.expr import evaluate\n"
             "for M in (100, 1000):\n"
             "    _, b = ag_gemm.kernel_plan(M, 256, 512, torch.bfloat16, 132, 2)\n"
             "    _, m, _ = mlp.kernel_plan(M, 256, 512, torch.bfloat16, 132, 2)\n"
-            "    sends = [t for t in b().to_ir().tasks if t.name.endswith('_send')][0]\n"
-            "    print(M, b.keywords.get('own_from_x'), m.keywords.get('own_from_x'), sends.grid[0])")
+            "    sends = [[t for t in f().to_ir().tasks if t.name.endswith('_send')][0] for f in (b, m)]\n"
+            "    print(M, b.keywords.get('own_from_x'), m.keywords.get('own_from_x'),\n"
+            "          *(evaluate(t.grid[0], {'WORLD': 2, 'RANK': 0, 'M': M}) for t in sends))")
     on = {int(w[0]): w[1:] for w in _probe_lines(code)}
     off = {int(w[0]): w[1:] for w in _probe_lines(code, ETDIST_AG_GEMM_OWN_FROM_X="0")}
-    assert on[1000][:2] == ["True", "True"] and off[1000][:2] == ["False", "False"]
-    assert on[100][:2] == off[100][:2] == ["None", "None"]
-    assert on[1000][2] != off[1000][2]        # the send grid's first extent: R - 1 against R
+    assert on[1000] == ["True", "True", "1", "1"] and off[1000] == ["False", "False", "2", "2"]   # to R - 1 ranks
+    assert on[100][:2] == off[100][:2] == ["None", "None"]        # the whole-gather graphs: unchanged
     bad = "from etdist import knobs\nimport etdist.ops.ag_gemm\nknobs.check('ETDIST_AG_GEMM_')"   # as every op call
     with pytest.raises(subprocess.CalledProcessError, match="returned non-zero"):
         _probe_lines(bad, ETDIST_AG_GEMM_OWN_FROM_X="yes")

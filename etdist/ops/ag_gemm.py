@@ -63,14 +63,11 @@ WHOLE_MIN_N = 64
 # waves on 132 SMs).
 LARGE_NARROW = knobs.read("ETDIST_AG_GEMM_LARGE_NARROW", TileConfig.parse, TileConfig(128, 128, 64, 8, 4))
 NARROW_RATE = 0.94   # LARGE_NARROW's work per SM-second against LARGE's, in full waves
-# Above WHOLE_MAX_M, this rank's own row tiles read x itself (no wait), and the gather copies rows
-# to the peers only; the MLP's gate/up tiles too (ops.mlp). One GEMM body serves both sources:
-# a second copy of the MLP's two-accumulator body (own rows in a task of their own) made every large
-# MLP cell 1-3% slower (M=2048 / 8192, 5 shapes, twice; records own_from_x_ab, own_from_x_ab2).
-# With one body, on one H200 as a rank of two (launch/ops_ab.py, records own_from_x_ab3, twenty-third
-# session): ag_gemm -3.0% and the MLP -2.4% geomean, every one of 10 cells faster (-3 to -6% on the
-# 8-9B shapes at M=1000). At world 1 the whole gather goes (every row is this rank's); at world 2 half
-# of it stays, so those figures bound the gain from above. Knob: ETDIST_AG_GEMM_OWN_FROM_X=0 (as before).
+# Above WHOLE_MAX_M rows, this rank's own row tiles (here and the MLP's gate/up) read x itself, no
+# wait, and the gather copies rows to the peers only; one GEMM body serves both sources (a second
+# copy of the MLP's, own rows in a task of their own, made large cells 1-3% slower: records
+# own_from_x_ab / _ab2). Records own_from_x_ab3 (one H200 running a world-2 rank's shapes at world 1,
+# where the whole gather goes, so an upper bound): ag_gemm -3.0%, MLP -2.4% geomean, every cell faster.
 OWN_FROM_X = knobs.read("ETDIST_AG_GEMM_OWN_FROM_X", knobs.flag, True)
 _KERNELS: dict = {}
 

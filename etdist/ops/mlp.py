@@ -41,14 +41,15 @@ _KERNELS: dict = {}
 
 @functools.lru_cache(maxsize=4096)
 def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, cfg: TileConfig = TILES,
-              down_n: int = DOWN_N, own_from_x: bool = False) -> int:
+              down_n: int = DOWN_N, *, own_from_x: bool) -> int:
     """How many of the last down tiles of each rank's order to cut in `splits` slices (at most one
     owner's): the number that makes the static schedule's busiest program least busy, its tasks
     (dealt round-robin: task t to program t % sms) weighed by their work at gemm_rs.SM_TFLOPS, a
     slice SPLIT_COST more per extra slice; the fewest among equals, and none unless that program's
     load falls by MIN_GAIN, nor where every down tile fits in one wave (the model then trades the
     gate/up tiles' dealing against partials it does not price: llama31_8b lost 8-10% to it).
-    own_from_x: the graph's (the gather copies rows to the peers only)."""
+    own_from_x: as the graph is built (then the gather deals (world - 1) x row tiles x column tiles
+    copies ahead of the gate/up tiles, not world x)."""
     rows = -(-M // world)                                # rows per owner
     m = -(-rows // cfg.block_m)                          # row tiles per owner
     i_tiles, h_tiles, k_tiles = -(-I // cfg.block_n), -(-H // down_n), -(-H // cfg.block_n)

@@ -8,13 +8,15 @@ from etdist.kernels import copy_tiles
 def gather_rows(g: et.Graph, x, C, owned, block_m: int, block_n: int, name: str, whole: bool = False,
                 peers_only: bool = False):
     """Every rank's rows of x [owned(me), K] land at rank * C in every rank's `name` [R * C, K]
-    (so rows 0..M lie back to back). Each rank sends its tiles to every rank, itself first.
+    (so rows 0..M lie back to back). Each rank sends its tiles to every rank, itself first
+    (with peers_only, to every other rank).
 
     Returns (out, ready): ready[holder, source, i] completes when row tile i of `source` is all at
     `holder`; with whole=True, ready[holder] completes when every row is there (for GEMMs whose
     row tiles span all sources: small M, where reading the weights once matters most).
-    peers_only: no copy of a rank's rows into its own `out` (nor their ready elements), for
-    graphs whose tasks read a rank's own rows straight from x."""
+    peers_only: no copy of a rank's rows into its own `out`, for graphs whose tasks read a rank's
+    own rows straight from x: ready[me, me, i] counts 0 (complete at once) while those rows of
+    `out` stay unwritten, so nothing may read them through `out`."""
     R, me = g.world, g.rank
     K = x.shape[1]
     m_tiles, k_tiles = et.cdiv(C, block_m), et.cdiv(K, block_n)

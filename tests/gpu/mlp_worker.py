@@ -69,12 +69,15 @@ def main():
 
 def check_tail_slices(mesh, mlp, ref):
     """The MLP graph whose last TAIL down tiles run in 3 contraction slices (ETDIST_MLP_TAIL_SPLITS),
-    with the op's tiles, at TAIL = 0, 1 and one owner's every down tile (mn), ragged M too."""
+    with the op's tiles and own rows read from x as the op builds it (ETDIST_AG_GEMM_OWN_FROM_X), at
+    TAIL = 0, 1 and one owner's every down tile (mn), ragged M too."""
+    from etdist.ops import ag_gemm as ag_op
     from etdist.ops import mlp as mlp_op
     from etdist.workloads import mlp as mlp_graph
     R, r, dev, cfg = mesh.world_size, mesh.rank, mesh.device, mlp_op.TILES
     kernel = et.compile(mlp_graph.tp_mlp(cfg.block_m, cfg.block_n, torch.bfloat16, cfg.block_k, 16,
-                                         down_n=mlp_op.DOWN_N, tail_splits=3), target="cuda")
+                                         down_n=mlp_op.DOWN_N, tail_splits=3, own_from_x=ag_op.OWN_FROM_X),
+                        target="cuda")
     kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
     H = mlp.w_down[0].shape[1]
     for M in (1000, 2048):

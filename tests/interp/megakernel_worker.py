@@ -37,8 +37,7 @@ def cases():
         lambda R, M: gemm_rs.make_inputs(R, M, 40, 40, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny", gemm_rs.gemm_reduce_scatter_skinny(T, T, torch.float32, T, splits=2), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 40, 24, seed=M), gemm_rs.reference, ("x", "w")
-    # own_from_x: a rank's own row tiles read x (their gather elements count 0), the gather copies to peers only
-    yield "ag_gemm", ag_gemm.all_gather_gemm(T, T, torch.float32, T, group_m=2, own_from_x=True), \
+    yield "ag_gemm", ag_gemm.all_gather_gemm(T, T, torch.float32, T, group_m=2), \
         lambda R, M: ag_gemm.make_inputs(R, M, 24, 40, seed=M), ag_gemm.reference, ("x", "w")
     yield "ag_gemm_whole", ag_gemm.all_gather_gemm_whole(T, T, torch.float32, T), \
         lambda R, M: ag_gemm.make_inputs(R, M, 24, 40, seed=M), ag_gemm.reference, ("x", "w")
@@ -76,6 +75,10 @@ def cases():
                                      own_from_x=True), \
         lambda R, M: mlp.make_inputs(R, M, 48, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
         {"TAIL": 1}
+    # own_from_x (the ops' default): a rank's own row tiles read x (their gather elements count 0), the
+    # gather copies to the peers only
+    yield "ag_gemm_tma", ag_gemm.all_gather_gemm(T, 2 * T, torch.float32, T, align=16, group_m=2, own_from_x=True), \
+        lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
     yield "ag_gemm_whole_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
     # the whole-gather GEMM tiles half as wide as the copy / down tiles (ops.ag_gemm.whole_width),
