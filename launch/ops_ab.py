@@ -10,7 +10,8 @@ ag_gemm; OPS names the ops) while it runs (`NAME=value`, joined by `+`; `base`: 
 `MAX_SPLITS=1`, `TAIL_SPLITS=1`, `WHOLE_32=32,128,64,4,6,swap`; the plan caches are cleared around it. Each variant's output is
 checked against a float32 reference before any timing. Every round times torch.mm (gemm_rs, ag_gemm:
 x @ w; mlp: both mms, no activation) and each variant once (etdist.measure.timing, 4 rotating weight
-copies), in turn; a time is the median over the rounds. Prints a table with ratios to mm and to the
+copies), in turn, each right after a torch.mm timing, the variants' order turning by one every
+round (a fixed order favoured the later slots by 2-3%); a time is the median over the rounds. Prints a table with ratios to mm and to the
 first variant; records in $OUT/$WORKLOAD.jsonl (default /tmp/ops_ab.jsonl), to be appended to
 bench/results by hand.
 """
@@ -127,21 +128,26 @@ def main():
                     if not err < 2e-2:
                         raise RuntimeError(f"{op} {model} M={M} {name}: rel err {err:.1e}")
                     errs.append(err)
-                steps = [("mm", {}, mm)] + [(n, variant(n), ours) for n in names]
-                times = {n: [] for n, _, _ in steps}
+                # Each variant is timed right after a torch.mm timing, and the variants' order turns
+                # by one every round: with a fixed order the second of two identical kernels measured
+                # 2-3% faster than the first (twenty-third session), a bias this cancels.
+                times = {n: [] for n in ["mm", *names]}
+                mm_before = {n: [] for n in names}    # the torch.mm time taken just before each
                 for r in range(rounds):
-                    for n, values, step in steps:
-                        with patched(modules, values):
-                            times[n].append(time_ranks(B.rotating(step, COPIES), device=mesh.device))
+                    for n in names[r % len(names):] + names[:r % len(names)]:
+                        mm_before[n].append(time_ranks(B.rotating(mm, COPIES), device=mesh.device))
+                        with patched(modules, variant(n)):
+                            times[n].append(time_ranks(B.rotating(ours, COPIES), device=mesh.device))
+                    times["mm"] += [mm_before[n][-1] for n in names]
                 med = {n: statistics.median(t) for n, t in times.items()}
                 for v, n in enumerate(names):
                     for r, t in enumerate(times[n]):
                         records.append(f"{out}/{workload}.jsonl", records.make_record(
                             workload=workload, model=f"{model} {op} {n} run {r + 1}", M=M, world=1,
-                            schedule="static", ours_us=t, baselines={"mm": times["mm"][r]}, floor_us=None,
+                            schedule="static", ours_us=t, baselines={"mm": mm_before[n][r]}, floor_us=None,
                             rel_err=errs[v], env=env, notes=f"{session} launch/ops_ab.py: one GPU as a rank of "
                             f"{shard} (I = intermediate / {shard}), partials local; variants alternated with "
-                            f"torch.mm".strip()))
+                            f"torch.mm, order turning every round".strip()))
                 table.append((op, model, M, med))
                 print(f"{op} {model} M={M}: mm {med['mm']:.1f}  " + "  ".join(
                     f"{n} {med[n]:.1f} ({med[n] / med['mm']:.3f} of mm, {med[n] / med[names[0]]:.3f})"
