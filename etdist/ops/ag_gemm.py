@@ -66,8 +66,9 @@ NARROW_RATE = 0.94   # LARGE_NARROW's work per SM-second against LARGE's, in ful
 # Above WHOLE_MAX_M rows, this rank's own row tiles (here and the MLP's gate/up) read x itself, no
 # wait, and the gather copies rows to the peers only; one GEMM body serves both sources (a second
 # copy of the MLP's, own rows in a task of their own, made large cells 1-3% slower: records
-# own_from_x_ab / _ab2). Records own_from_x_ab3 (one H200 running a world-2 rank's shapes at world 1,
-# where the whole gather goes, so an upper bound): ag_gemm -3.0%, MLP -2.4% geomean, every cell faster.
+# own_from_x_ab / _ab2). Records own_from_x_ab5 (one H200 running a world-2 rank's shapes at world 1,
+# where the whole gather goes, so an upper bound): ag_gemm -2.0% geomean, all 8 cells faster; MLP
+# -1.1%, 7 of 8.
 OWN_FROM_X = knobs.read("ETDIST_AG_GEMM_OWN_FROM_X", knobs.flag, True)
 _KERNELS: dict = {}
 
