@@ -6,7 +6,8 @@
 A variant is moe_layer arguments replacing the layer's own (`key=value`, joined by `+`; `base`: the
 layer as it is), compiled through the layer's own plan (tiles, alignment, early push) with the
 weights packed as nn.MoE packs them. Every round times each variant once (etdist.measure.timing,
-the slowest rank), in turn; a variant's time is its median over the rounds. Each variant's output
+the slowest rank), in turn, the order turning by one every round (with a fixed order, ops_ab.py's
+later slot measured 2-3% faster for identical kernels); a variant's time is its median over the rounds. Each variant's output
 is checked against the float32 loop of the torch layer before any timing. Prints a table, ratios
 to the first variant; records (one per variant and round) in $OUT/$WORKLOAD.jsonl (default
 /tmp/moe_ab.jsonl), to be appended to bench/results by hand.
@@ -70,9 +71,9 @@ def main():
                     calls.append(lambda kernel=kernel, args=args: kernel(mesh, **args))
                     errs.append(err)
                 times = [[] for _ in names]
-                for r in range(rounds):
-                    for v, call in enumerate(calls):
-                        times[v].append(time_ranks(call, device=mesh.device))
+                for r in range(rounds):   # the order turns by one every round (ops_ab.py found a fixed one biased)
+                    for v in [*range(r % len(calls), len(calls)), *range(r % len(calls))]:
+                        times[v].append(time_ranks(calls[v], device=mesh.device))
                         if mesh.rank == 0:
                             records.append(f"{out}/{workload}.jsonl", records.make_record(
                                 workload=workload, model=f"{model}-zipf{skew:g} {names[v]} run {r + 1}", M=T,
