@@ -7,8 +7,9 @@ A variant is moe_layer arguments replacing the layer's own (`key=value`, joined 
 layer as it is), compiled through the layer's own plan (tiles, alignment, early push) with the
 weights packed as nn.MoE packs them. Every round times each variant once (etdist.measure.timing,
 the slowest rank), in turn, the order turning by one every round (with a fixed order, ops_ab.py's
-later slot measured 2-3% faster for identical kernels); a variant's time is its median over the rounds. Each variant's output
-is checked against the float32 loop of the torch layer before any timing. Prints a table, ratios
+later slot measured 2-3% faster for identical kernels); a variant's time is its median over the
+rounds. Each variant's output is checked against the float32 loop of the torch layer before any
+timing. Prints a table, ratios
 to the first variant; records (one per variant and round) in $OUT/$WORKLOAD.jsonl (default
 /tmp/moe_ab.jsonl), to be appended to bench/results by hand.
 """

@@ -5,15 +5,15 @@ with the partials stored and summed locally), alternated in one process against 
     VARIANTS="base;SPLIT_TAIL=0" OPS=gemm_rs MODELS=gemma2_27b,qwen3_32b MS=1000,1024,8192 \
         torchrun --nproc_per_node=1 launch/ops_ab.py
 
-A variant sets module attributes of the op's plan modules (etdist.ops.gemm_rs, ag_gemm, or mlp and
-ag_gemm; OPS names the ops) while it runs (`NAME=value`, joined by `+`; `base`: the op as it is), e.g. `SPLIT_TAIL=0`,
-`MAX_SPLITS=1`, `TAIL_SPLITS=1`, `WHOLE_32=32,128,64,4,6,swap`; the plan caches are cleared around it. Each variant's output is
-checked against a float32 reference before any timing. Every round times torch.mm (gemm_rs, ag_gemm:
-x @ w; mlp: both mms, no activation) and each variant once (etdist.measure.timing, 4 rotating weight
-copies), in turn, each right after a torch.mm timing, the variants' order turning by one every
-round (a fixed order favoured the later slots by 2-3%); a time is the median over the rounds. Prints a table with ratios to mm and to the
-first variant; records in $OUT/$WORKLOAD.jsonl (default /tmp/ops_ab.jsonl), to be appended to
-bench/results by hand.
+A variant sets module attributes of the op's plan modules (etdist.ops.gemm_rs, ag_gemm, or mlp
+and ag_gemm; OPS names the ops) while it runs (`NAME=value`, joined by `+`; `base`: the op as it
+is), e.g. `SPLIT_TAIL=0`, `MAX_SPLITS=1`, `TAIL_SPLITS=1`, `WHOLE_32=32,128,64,4,6,swap`; the plan
+caches are cleared around it. Each variant's output is checked against a float32 reference before
+any timing. Every round times each variant once (etdist.measure.timing, 4 rotating weight copies),
+each right after a torch.mm timing (gemm_rs, ag_gemm: x @ w; mlp: both mms, no activation), the
+variants' order turning by one every round (a fixed order favoured the later slots by 2-3%); a time
+is the median over the rounds. Prints a table with ratios to mm and to the first variant; records
+in $OUT/$WORKLOAD.jsonl (default /tmp/ops_ab.jsonl), to be appended to bench/results by hand.
 """
 import functools
 import math
@@ -131,15 +131,15 @@ def main():
                 # Each variant is timed right after a torch.mm timing, and the variants' order turns
                 # by one every round: with a fixed order the second of two identical kernels measured
                 # 2-3% faster than the first (twenty-third session), a bias this cancels.
-                times = {n: [] for n in ["mm", *names]}
+                times = {n: [] for n in names}
                 mm_before = {n: [] for n in names}    # the torch.mm time taken just before each
                 for r in range(rounds):
                     for n in names[r % len(names):] + names[:r % len(names)]:
                         mm_before[n].append(time_ranks(B.rotating(mm, COPIES), device=mesh.device))
                         with patched(modules, variant(n)):
                             times[n].append(time_ranks(B.rotating(ours, COPIES), device=mesh.device))
-                    times["mm"] += [mm_before[n][-1] for n in names]
                 med = {n: statistics.median(t) for n, t in times.items()}
+                med["mm"] = statistics.median(t for ts in mm_before.values() for t in ts)
                 for v, n in enumerate(names):
                     for r, t in enumerate(times[n]):
                         records.append(f"{out}/{workload}.jsonl", records.make_record(

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
+from etdist.bench_gpu import _chunk
 from etdist.fusion import trace as tr
 from etdist.measure.timing import time_ranks
 from etdist.ops import mlp as mlp_op
@@ -22,9 +23,8 @@ dist.init_process_group("cpu:gloo,cuda:nccl")
 mesh = et.init_mesh()
 R, dev, bf16 = mesh.world_size, mesh.device, torch.bfloat16
 I = IF // R
-C = -(-M // R)
-own = max(0, min(C, M - mesh.rank * C))   # this rank's rows of x
-x = torch.randn(own, H, device=dev, dtype=bf16)
+lo, hi = _chunk(M, R, mesh.rank)   # this rank's rows of x
+x = torch.randn(hi - lo, H, device=dev, dtype=bf16)
 wgu = torch.randn(H, 2 * I, device=dev, dtype=bf16) / H ** 0.5
 wd = torch.randn(I, H, device=dev, dtype=bf16) / I ** 0.5
 xa, h = torch.randn(M, H, device=dev, dtype=bf16), torch.randn(M, I, device=dev, dtype=bf16)
