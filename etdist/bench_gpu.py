@@ -2,7 +2,8 @@
 
 A cell is (workload, model shape, M). Every rank takes part in every cell: our fused op and the
 baselines run in the same process on the same operands (weights rotated over 4 copies so they
-stream from HBM), each timed as batches of back-to-back calls, the slowest rank reported. Before
+stream from HBM), each timed as batches of back-to-back calls in rounds of turning order
+(`timing.time_alternated`: no contender keeps the same slot), the slowest rank reported. Before
 timing, our output (written over NaN-poisoned memory) is checked against a float32 reference of
 the whole layer: the relative error goes into the record.
 
@@ -24,7 +25,7 @@ import torch.distributed as dist
 import etdist as et
 
 from .measure import baselines as B
-from .measure.timing import time_ranks
+from .measure.timing import time_alternated
 from .report import best_baseline
 
 GPU_WORKLOADS = ("gemm_rs", "ag_gemm", "mlp", "moe")
@@ -73,11 +74,13 @@ def _gather_rows(x_mine: torch.Tensor, M: int, world: int) -> torch.Tensor:
     return full[:M]
 
 
-def _time(fn: Callable[[], object], mesh) -> float:
-    return time_ranks(fn, device=mesh.device)
+def _timed(fns: dict[str, Callable[[], object]], mesh, rounds: int) -> dict[str, float]:
+    """Every contender of a cell (name -> zero-arg call), timed in `rounds` rounds of turning order,
+    3 batches of 20 calls each a round (slowest rank, us). rounds=1 is a fixed order, ours first."""
+    return time_alternated(fns, rounds=rounds, device=mesh.device)
 
 
-def _time_graphed(step: Callable[[int], object], mesh, copies: int = 4) -> float:
+def _graphed_checked(step: Callable[[int], object], mesh, copies: int = 4) -> Callable[[], object]:
     """Our op with weight copy i captured in a CUDA graph per copy, replayed like the `graph`
     baseline: what a server that captures its decode step gets (no host time per call). The first
     replay is checked against an eager call on the same operands before anything is timed."""
@@ -86,7 +89,14 @@ def _time_graphed(step: Callable[[int], object], mesh, copies: int = 4) -> float
     err = _max_over_ranks(_rel_err(got, step(0).float()), mesh.device)
     if not err < 1e-3:
         raise RuntimeError(f"our op replayed from a CUDA graph differs from the eager call (rel err {err:.1e})")
-    return _time(replay, mesh)
+    return replay
+
+
+def _result(times: dict[str, float], floor: float, err: float, notes, extra=None) -> CellResult:
+    """A cell from its timings: `ours` and `ours_graph` are ours, every other name a baseline."""
+    times = dict(times)
+    ours, graph = times.pop("ours"), times.pop("ours_graph")
+    return CellResult(ours, times, floor, err, notes, graph, extra)
 
 
 def _poisoned(rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
@@ -95,7 +105,8 @@ def _poisoned(rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------- cells
 
-def gemm_rs_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
+def gemm_rs_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static",
+                 rounds: int = 3) -> CellResult:
     R, H, I = mesh.world_size, model.hidden, model.intermediate
     K, N = I // R, H
     ops = B.gemm_rs_operands(M, K, N, copies=4, device=mesh.device)
@@ -109,13 +120,14 @@ def gemm_rs_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule
     def ours(i):   # weight copy i
         return et.ops.gemm_reduce_scatter(x, ops.weights[i], mesh=mesh, schedule=schedule)
 
-    ours_us, graph_us = _time(B.rotating(ours, 4), mesh), _time_graphed(ours, mesh)
-    base = B.measure_baselines("gemm_rs", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
+    base = B.baseline_fns("gemm_rs", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
+    times = _timed({"ours": B.rotating(ours, 4), "ours_graph": _graphed_checked(ours, mesh), **base.fns}, mesh, rounds)
     floor = B.floor_us(M, I, H, R, ceil.copy_TBps, ceil.mm_TFps, workload="gemm_rs")
-    return CellResult(ours_us, base.baselines, floor, err, base.notes(), graph_us)
+    return _result(times, floor, err, base.notes())
 
 
-def ag_gemm_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
+def ag_gemm_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static",
+                 rounds: int = 3) -> CellResult:
     R, H, I = mesh.world_size, model.hidden, model.intermediate
     K, N = H, 2 * I // R
     ops = B.ag_gemm_operands(M, K, N, copies=4, device=mesh.device)
@@ -127,13 +139,14 @@ def ag_gemm_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule
     def ours(i):
         return et.ops.all_gather_gemm(x, ops.weights[i], mesh=mesh, total_rows=M, schedule=schedule)
 
-    ours_us, graph_us = _time(B.rotating(ours, 4), mesh), _time_graphed(ours, mesh)
-    base = B.measure_baselines("ag_gemm", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
+    base = B.baseline_fns("ag_gemm", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
+    times = _timed({"ours": B.rotating(ours, 4), "ours_graph": _graphed_checked(ours, mesh), **base.fns}, mesh, rounds)
     floor = B.floor_us(M, K, 2 * I, R, ceil.copy_TBps, ceil.mm_TFps, workload="ag_gemm")
-    return CellResult(ours_us, base.baselines, floor, err, base.notes(), graph_us)
+    return _result(times, floor, err, base.notes())
 
 
-def mlp_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static") -> CellResult:
+def mlp_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static",
+             rounds: int = 3) -> CellResult:
     R, H, I = mesh.world_size, model.hidden, model.intermediate
     ops = B.mlp_operands(M, H, I // R, copies=4, device=mesh.device)
     lo, hi = _chunk(M, R, mesh.rank)
@@ -151,12 +164,11 @@ def mlp_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
         h = et.ops.all_gather_gemm(x, ops.gate_up[i], mesh=mesh, total_rows=M, schedule=schedule)
         return et.ops.gemm_reduce_scatter(B.swiglu(h), ops.down[i], mesh=mesh, schedule=schedule)
 
-    ours_us, graph_us = _time(B.rotating(ours, 4), mesh), _time_graphed(ours, mesh)
-    separate_us = _time(B.rotating(separate, 4), mesh)
-    base = B.measure_baselines("mlp", M, H, I // R, copies=4, device=mesh.device, symm_mem=symm_mem,
-                               operands=ops)
+    base = B.baseline_fns("mlp", M, H, I // R, copies=4, device=mesh.device, symm_mem=symm_mem, operands=ops)
+    times = _timed({"ours": B.rotating(ours, 4), "ours_graph": _graphed_checked(ours, mesh), **base.fns,
+                    "separate": B.rotating(separate, 4)}, mesh, rounds)
     floor = B.floor_us(M, H, I, R, ceil.copy_TBps, ceil.mm_TFps, workload="mlp")
-    return CellResult(ours_us, {**base.baselines, "separate": separate_us}, floor, err, base.notes(), graph_us)
+    return _result(times, floor, err, base.notes())
 
 
 def moe_operands(mesh, H: int, I: int, E: int, M: int, skew: float, copies: int = 2):
@@ -177,7 +189,8 @@ def moe_operands(mesh, H: int, I: int, E: int, M: int, skew: float, copies: int 
     return x, router.to(bf16), wgu, wd
 
 
-def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "dynamic") -> CellResult:
+def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "dynamic",
+             rounds: int = 3) -> CellResult:
     """M tokens per rank through et.nn.MoE vs the torch layer (etdist.measure.moe_baseline): `eager`
     = grouped experts (torch._grouped_mm) with exchanged split sizes, `graph` = grouped experts with
     fixed padded all_to_all blocks captured in a CUDA graph, `loop` = one mm pair per expert, `fused`
@@ -205,28 +218,26 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     if not base_err < REL_ERR_LIMIT["moe"]:
         raise RuntimeError(f"the grouped torch MoE baseline is off its float32 loop (rel err {base_err:.1e})")
     ours = lambda i: layers[i](x)  # noqa: E731
-    ours_us, ours_graph_us = _time(B.rotating(ours, 2), mesh), _time_graphed(ours, mesh, copies=2)
-    baselines = {"eager": _time(B.rotating(grouped, 2), mesh), "loop": _time(B.rotating(torch_layer("loop"), 2), mesh)}
-    replay = B.graphed(padded, 2, dev)
-    graph_err = _max_over_ranks(_rel_err(replay(), want), dev)   # graph 0: weight copy 0
+    fns = {"ours": B.rotating(ours, 2), "ours_graph": _graphed_checked(ours, mesh, copies=2),
+           "eager": B.rotating(grouped, 2), "loop": B.rotating(torch_layer("loop"), 2)}
+    fns["graph"] = B.graphed(padded, 2, dev)
+    graph_err = _max_over_ranks(_rel_err(fns["graph"](), want), dev)   # graph 0: weight copy 0
     if not graph_err < REL_ERR_LIMIT["moe"]:
         raise RuntimeError(f"the torch MoE baseline replayed from a CUDA graph is off (rel err {graph_err:.1e})")
-    baselines["graph"] = _time(replay, mesh)
-    replay = B.graphed(torch_layer("fused", "padded"), 2, dev)   # its warm-up tunes it, before the capture
+    fns["fused"] = B.graphed(torch_layer("fused", "padded"), 2, dev)   # its warm-up tunes it, before the capture
     # the config it picked: one rank's slots, or expert-parallel the padded rows of every rank, one slot each
     picked = F.tuned(H, I, el, *((k, M * k) if R == 1 else (1, R * M * k)), bf16, dev)
-    fused_err = _max_over_ranks(_rel_err(replay(), want), dev)
+    fused_err = _max_over_ranks(_rel_err(fns["fused"](), want), dev)
     if not fused_err < REL_ERR_LIMIT["moe"]:
         raise RuntimeError(f"the fused MoE baseline is off its float32 loop (rel err {fused_err:.1e})")
-    baselines["fused"] = _time(replay, mesh)
     floor = _moe_floor_us(x, router, k, el, H, I, ceil, dev)
-    return CellResult(ours_us, baselines, floor, err,
-                      "ours graph: the layer captured in a CUDA graph (routing runs in the kernel); "
-                      "torch layer: eager = torch._grouped_mm experts + exact all_to_all; graph = the same with "
-                      "padded all_to_all blocks in a CUDA graph; loop = one mm pair per expert; fused = a serving "
-                      "engine's fused MoE (Triton, slots aligned per expert, tuned per M) in a CUDA graph; floor: on the "
-                      "busiest rank, the weights of the experts this routing reaches read once, or the FLOPs of "
-                      "the slots routed to them", ours_graph_us, {"fused_config": picked.label})
+    return _result(_timed(fns, mesh, rounds), floor, err,
+                   "ours graph: the layer captured in a CUDA graph (routing runs in the kernel); "
+                   "torch layer: eager = torch._grouped_mm experts + exact all_to_all; graph = the same with "
+                   "padded all_to_all blocks in a CUDA graph; loop = one mm pair per expert; fused = a serving "
+                   "engine's fused MoE (Triton, slots aligned per expert, tuned per M) in a CUDA graph; floor: on the "
+                   "busiest rank, the weights of the experts this routing reaches read once, or the FLOPs of "
+                   "the slots routed to them", {"fused_config": picked.label})
 
 
 def _moe_floor_us(x, router, k: int, el: int, H: int, I: int, ceil: B.Ceilings, dev) -> float:
@@ -305,6 +316,8 @@ def process_mesh():
 
 def plan(cfg) -> tuple[list[tuple[str, str, int]], list[str]]:
     """The (workload, schedule, M) cells a GPU run does for `cfg`, and a line per thing it leaves out."""
+    if cfg.bench.rounds < 1:
+        raise ValueError(f"bench.rounds={cfg.bench.rounds}: a cell needs at least one round of timings")
     names = [_value(w) for w in cfg.workload.names]
     schedules = [_value(s) for s in cfg.schedule.names]
     left_out = [f"workload {w}: not here (python -m etdist.bench_collectives)" for w in names
@@ -347,13 +360,13 @@ def run_sweep(cfg, console, folder) -> list:
             console.print(f"[yellow]workload moe: {cfg.model.num_experts} experts do not split over "
                           f"{mesh.world_size} ranks[/]")
     for n, (workload, schedule, M) in enumerate(cells, 1):
-        res = CELLS[workload](mesh, cfg.model, M, ceil, cfg.bench.symm_mem, schedule)
+        res = CELLS[workload](mesh, cfg.model, M, ceil, cfg.bench.symm_mem, schedule, rounds=cfg.bench.rounds)
         if not lead:
             continue
         rec = records.make_record(workload=workload, model=name, M=M, world=mesh.world_size,
                                   schedule=schedule, ours_us=res.ours_us, baselines=res.baselines,
                                   floor_us=res.floor_us, rel_err=res.rel_err, notes=res.notes, env=env,
-                                  extra=res.record_extra())
+                                  extra={**(res.record_extra() or {}), "timing_rounds": cfg.bench.rounds})
         for where in filter(None, (pathlib.Path(folder) / "results", cfg.bench.results_dir)):
             records.append(pathlib.Path(where) / f"{workload}.jsonl", rec)
         best = best_baseline(rec)

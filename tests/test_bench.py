@@ -126,6 +126,8 @@ def test_gpu_plan_runs_what_gpus_have_and_names_the_rest():
     assert cells == [("moe", s, M) for s in ("static", "dynamic") for M in (1, 16, 128, 1024, 4096)]
     cells, left_out = bench_gpu.plan(cfg("workload=gemm_rs", "schedule=dynamic"))
     assert cells == [("gemm_rs", "dynamic", 37)] and left_out == ["gemm_rs/ag_gemm/mlp: model tiny is an MoE; its dense MLP shape is used"]
+    with pytest.raises(ValueError, match="at least one round"):
+        bench_gpu.plan(cfg("workload=gemm_rs", "bench=gpu", "bench.rounds=0"))
 
 
 def test_mesh_nvshmem_without_gpus_is_a_clear_error(monkeypatch):

@@ -10,7 +10,7 @@ import yaml
 from etdist.measure import baselines as B
 from etdist.measure import records as R
 from etdist.measure.shapes import ALL_M, MLP_SHAPES, MOE_SHAPES, ag_gemm_dims, gemm_rs_dims
-from etdist.measure.timing import slowest_rank, time_batched, time_ranks, time_single
+from etdist.measure.timing import slowest_rank, time_alternated, time_batched, time_ranks, time_single
 
 CONF = pathlib.Path(__file__).resolve().parents[1] / "conf" / "model"
 
@@ -41,6 +41,31 @@ def test_median_not_mean():
     assert us < 20_000
 
 
+def test_time_alternated_turns_the_order_every_round():
+    called = []
+    fns = {n: (lambda n=n: called.append(n)) for n in "abc"}
+    us = time_alternated(fns, rounds=4, calls=1, batches=1, warmup=0, device="cpu")
+    assert list(us) == ["a", "b", "c"] and all(v > 0 for v in us.values())
+    assert "".join(called) == "abc" "bca" "cab" "abc"     # no name keeps its slot
+    called.clear()
+    time_alternated(fns, rounds=2, calls=3, batches=2, warmup=1, device="cpu")
+    assert called.count("a") == 2 * (1 + 3 * 2)           # per round: warm-up + batches x calls
+    called.clear()
+    time_alternated(fns, rounds=2, single=True, repeats=3, warmup=0, device="cpu")
+    assert called.count("b") == 2 * 3
+
+
+def test_time_alternated_medians_over_every_round():
+    import time
+    slow = iter([0.05])                        # the first call of "a" only is slow
+    us = time_alternated({"a": lambda: time.sleep(next(slow, 0.0)), "b": lambda: None},
+                         rounds=5, calls=1, batches=1, warmup=0, device="cpu")
+    assert us["a"] < 20_000
+    assert time_alternated({}, device="cpu") == {}
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        time_alternated({"a": lambda: None}, rounds=0)
+
+
 def test_slowest_rank_without_distributed():
     assert not dist.is_initialized()
     assert slowest_rank(3.5) == 3.5
@@ -57,6 +82,10 @@ def gloo(tmp_path):
 def test_slowest_rank_and_time_ranks_with_gloo(gloo):
     assert slowest_rank(2.25) == 2.25
     assert time_ranks(lambda: None, calls=2, batches=2, warmup=1) > 0
+    seen = []
+    us = time_alternated({"a": lambda: seen.append(dist.get_world_size()), "b": lambda: None},
+                         rounds=2, calls=1, batches=2, warmup=0, device="cpu")
+    assert set(us) == {"a", "b"} and seen == [1] * 4
 
 
 # ---------------------------------------------------------------------------------------- records
@@ -235,6 +264,10 @@ def test_measure_baselines_on_cpu(gloo):
     res = B.measure_baselines("gemm_rs", 16, 32, 24, device="cpu", graph=False, calls=2,
                               batches=2, warmup=1)
     assert set(res.baselines) == {"mm", "eager"} and all(v > 0 for v in res.baselines.values())
+    assert list(res.fns) == ["mm", "eager"] and res.fns["mm"]().shape == (16, 24)
+    fns = B.baseline_fns("gemm_rs", 16, 32, 24, device="cpu", graph=False, symm_mem=False)
+    assert list(fns.fns) == ["mm", "eager"] and not fns.baselines       # built, not timed
+    assert fns.skipped == {"graph": "graph=False", "symm_mem": "symm_mem=False"}
     assert set(res.skipped) == {"graph", "symm_mem"} and "symm_mem skipped" in res.notes()
     res = B.measure_baselines("ag_gemm", 16, 32, 24, device="cpu", graph=False, symm_mem=False,
                               single=True, repeats=2, warmup=1)

@@ -42,7 +42,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .timing import time_batched, time_ranks
+from .timing import time_alternated, time_batched
 
 Fn = Callable[[], torch.Tensor]
 
@@ -447,6 +447,7 @@ BUILDERS = {
 @dataclass
 class Measured:
     baselines: dict[str, float] = field(default_factory=dict)   # name -> us, the slowest rank
+    fns: dict[str, Fn] = field(default_factory=dict)            # name -> the zero-arg call timed
     skipped: dict[str, str] = field(default_factory=dict)       # name -> why it did not run
 
     def notes(self) -> Optional[str]:
@@ -454,28 +455,24 @@ class Measured:
         return "; ".join(f"{k} skipped: {v}" for k, v in self.skipped.items()) or None
 
 
-def measure_baselines(workload: str, M: int, K: int, N: int, *, group=None, copies: int = 4,
-                      device=None, symm_mem: bool = True, graph: bool = True, single: bool = False,
-                      operands=None, **timer_kwargs) -> Measured:
-    """Time mm, eager, graph and symm_mem for `workload` ("gemm_rs": K is K_local; "ag_gemm": N is
-    N_local; "mlp": K is H, N is I_local) with timing.time_ranks (barrier, batches of back-to-back
-    calls or single calls if single=True, the slowest rank). Collective. symm_mem=False keeps
-    torch's symmetric memory out of the process; graph=False where there is no CUDA. `operands`
-    (the workload's *_operands) are shared by eager, graph and symm_mem instead of fresh ones."""
+def baseline_fns(workload: str, M: int, K: int, N: int, *, group=None, copies: int = 4, device=None,
+                 symm_mem: bool = True, graph: bool = True, operands=None) -> Measured:
+    """The callables of mm, eager, graph and symm_mem for `workload` ("gemm_rs": K is K_local;
+    "ag_gemm": N is N_local; "mlp": K is H, N is I_local), untimed: `Measured.fns`, and the reasons
+    for those left out in `skipped`. symm_mem=False keeps torch's symmetric memory out of the
+    process; graph=False where there is no CUDA. `operands` (the workload's *_operands) are shared
+    by eager, graph and symm_mem instead of fresh ones. Collective (the graph's warm-up, symm_mem's
+    rendezvous)."""
     if workload not in BUILDERS:
         raise ValueError(f"unknown workload {workload!r}; baselines exist for {sorted(BUILDERS)}")
     mm_only, eager, graphed, fused = BUILDERS[workload]
-
-    def t(fn: Fn) -> float:
-        return time_ranks(fn, group=group, single=single, device=device, **timer_kwargs)
-
     res = Measured()
     kw = dict(copies=copies, device=device)
-    res.baselines["mm"] = t(mm_only(M, K, N, **kw))
+    res.fns["mm"] = mm_only(M, K, N, **kw)
     kw["operands"] = operands
-    res.baselines["eager"] = t(eager(M, K, N, group=group, **kw))
+    res.fns["eager"] = eager(M, K, N, group=group, **kw)
     if graph:
-        res.baselines["graph"] = t(graphed(M, K, N, group=group, **kw))
+        res.fns["graph"] = graphed(M, K, N, group=group, **kw)
     else:
         res.skipped["graph"] = "graph=False"
     if not symm_mem:
@@ -485,7 +482,19 @@ def measure_baselines(workload: str, M: int, K: int, N: int, *, group=None, copi
         if fn is None:
             res.skipped["symm_mem"] = why
         else:
-            res.baselines["symm_mem"] = t(fn)
+            res.fns["symm_mem"] = fn
+    return res
+
+
+def measure_baselines(workload: str, M: int, K: int, N: int, *, group=None, copies: int = 4,
+                      device=None, symm_mem: bool = True, graph: bool = True, single: bool = False,
+                      operands=None, **timer_kwargs) -> Measured:
+    """`baseline_fns` timed with timing.time_alternated (rounds of turning order, a barrier before
+    each timing, batches of back-to-back calls or single calls if single=True, the slowest rank):
+    their times in `baselines`. Collective."""
+    res = baseline_fns(workload, M, K, N, group=group, copies=copies, device=device,
+                       symm_mem=symm_mem, graph=graph, operands=operands)
+    res.baselines = time_alternated(res.fns, group=group, single=single, device=device, **timer_kwargs)
     return res
 
 

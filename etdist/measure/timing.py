@@ -2,7 +2,8 @@
 
 A batch of `calls` calls between two CUDA events hides host launch latency as a real forward pass
 does; per-call time = batch time / calls; the result is the median over `batches` batches. Across
-ranks report `slowest_rank(t)`. Without CUDA the same structure runs on `time.perf_counter`, so the
+ranks report `slowest_rank(t)`. `time_alternated` times several contenders in rounds of turning
+order, so that none keeps the same slot. Without CUDA the same structure runs on `time.perf_counter`, so the
 protocol is testable on CPU (the numbers then include host overhead).
 """
 from __future__ import annotations
@@ -39,7 +40,8 @@ def _elapsed_us(fn: Callable[[], object], calls: int, cuda: bool) -> float:
     return (time.perf_counter() - t0) * 1e6
 
 
-def _median_per_call(fn, *, calls, batches, warmup, barrier, device) -> float:
+def _per_call(fn, *, calls, batches, warmup, barrier, device) -> list[float]:
+    """Microseconds per call of each of `batches` batches (after the warm-up and the barrier)."""
     if calls < 1 or batches < 1 or warmup < 0:
         raise ValueError(f"need calls >= 1, batches >= 1, warmup >= 0; "
                          f"got {calls}, {batches}, {warmup}")
@@ -52,8 +54,7 @@ def _median_per_call(fn, *, calls, batches, warmup, barrier, device) -> float:
             torch.cuda.synchronize()
         if barrier is not None:
             barrier()
-        per_call = [_elapsed_us(fn, calls, cuda) / calls for _ in range(batches)]
-    return statistics.median(per_call)
+        return [_elapsed_us(fn, calls, cuda) / calls for _ in range(batches)]
 
 
 def time_batched(fn: Callable[[], object], *, calls: int = 20, batches: int = 7, warmup: int = 5,
@@ -64,15 +65,15 @@ def time_batched(fn: Callable[[], object], *, calls: int = 20, batches: int = 7,
     the warm-up has finished on the device and before the first batch. `device`: a CUDA device to
     time on with events (default: the current one if CUDA is available), or "cpu" for perf_counter.
     """
-    return _median_per_call(fn, calls=calls, batches=batches, warmup=warmup, barrier=barrier,
-                            device=device)
+    return statistics.median(_per_call(fn, calls=calls, batches=batches, warmup=warmup,
+                                       barrier=barrier, device=device))
 
 
 def time_single(fn: Callable[[], object], *, repeats: int = 7, warmup: int = 5,
                 barrier: Optional[Callable[[], object]] = None, device=None) -> float:
     """Microseconds of one call between two events (launch latency included), median of `repeats`."""
-    return _median_per_call(fn, calls=1, batches=repeats, warmup=warmup, barrier=barrier,
-                            device=device)
+    return statistics.median(_per_call(fn, calls=1, batches=repeats, warmup=warmup,
+                                       barrier=barrier, device=device))
 
 
 def slowest_rank(value: float, group=None) -> float:
@@ -95,3 +96,30 @@ def time_ranks(fn: Callable[[], object], *, group=None, single: bool = False, **
         kwargs.setdefault("barrier", lambda: dist.barrier(group=group))
     t = (time_single if single else time_batched)(fn, **kwargs)
     return slowest_rank(t, group)
+
+
+def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 3, group=None,
+                    single: bool = False, calls: int = 20, batches: int = 3, repeats: int = 3,
+                    warmup: int = 5, device=None) -> dict[str, float]:
+    """Microseconds per call of each of `fns` (name -> fn), timed alternately: every round times each
+    fn once (warm-up, a barrier over `group` when torch.distributed is initialised, then `batches`
+    batches of `calls` calls, or `repeats` single calls if single=True), the order turning by one
+    every round. Per name: the median over all its rounds' batches, then the slowest rank.
+    Collective: every rank of `group` must pass the same names in the same order.
+
+    Why alternate: timed in a fixed order, the later of two identical kernels measured 2-3% faster
+    (launch/ops_ab.py, twenty-third session); turning the order spreads that over every contender.
+    """
+    if rounds < 1:
+        raise ValueError(f"need rounds >= 1, got {rounds}")
+    barrier = (lambda: dist.barrier(group=group)) if dist.is_available() and dist.is_initialized() else None
+    names = list(fns)
+    if not names:
+        return {}
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            samples[n] += _per_call(fns[n], calls=1 if single else calls,
+                                    batches=repeats if single else batches, warmup=warmup,
+                                    barrier=barrier, device=device)
+    return {n: slowest_rank(statistics.median(samples[n]), group) for n in names}
