@@ -279,6 +279,28 @@ def test_measure_baselines_on_cpu(gloo):
 # ------------------------------------------------------------------------------- baselines (GPU)
 
 @pytest.mark.gpu
+def test_graph_baseline_keeps_its_operands_alive(tmp_path):
+    """gemm_rs_graph makes operands of its own. It let them go once built: the next capture's
+    empty_cache() unmapped them, and the bench's replays faulted (illegal address) once it timed
+    its contenders alternately (twenty-fourth session)."""
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        M, K, N = 256, 512, 384
+        graph = B.gemm_rs_graph(M, K, N, copies=2)            # its own operands (seed 0)
+        a = torch.randn(64, 64, device="cuda")
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):        # empty_cache() on entry
+            a.mul_(2)
+        junk = [torch.full((1 << 22,), float("nan"), device="cuda") for _ in range(16)]  # noqa: F841
+        ops = B.gemm_rs_operands(M, K, N, copies=2)           # the same seed: the same values
+        for i in range(4):
+            torch.testing.assert_close(graph(), ops.x @ ops.weights[i % 2])
+        torch.cuda.synchronize()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
 def test_graph_baselines_match_eager_on_gpu(tmp_path):
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)

@@ -69,6 +69,21 @@ def test_nvshmem4py_missing_names_the_package(monkeypatch):
         import_nvshmem()
 
 
+def test_nvshmem_settings_default_to_one_node_without_the_proxy_thread():
+    from etdist.mesh.nvshmem_backend import env_defaults
+    env = {}
+    env_defaults(env, one_node=True)
+    assert env["NVSHMEM_REMOTE_TRANSPORT"] == "none" and env["NVSHMEM_DISABLE_LOCAL_ONLY_PROXY"] == "1"
+    assert env["NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"] == "lo" and env["NVSHMEM_DISABLE_NVLS"] == "1"
+    env = {"NVSHMEM_REMOTE_TRANSPORT": "ibrc", "ETDIST_SYMMETRIC_SIZE": "8G"}
+    env_defaults(env, one_node=True)
+    assert env["NVSHMEM_REMOTE_TRANSPORT"] == "ibrc" and env["NVSHMEM_SYMMETRIC_SIZE"] == "8G"   # the user's win
+    env = {}
+    env_defaults(env, one_node=False)          # across nodes the proxy carries remote traffic
+    assert "NVSHMEM_REMOTE_TRANSPORT" not in env and "NVSHMEM_DISABLE_LOCAL_ONLY_PROXY" not in env
+    assert "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME" not in env
+
+
 def test_symmetric_copies_must_be_256_byte_congruent(monkeypatch):
     """The kernels address a peer's copy as a 256-byte multiple from their own (aligned_peer): a
     backend whose copies are not congruent must be refused at allocation, not read wrong later."""

@@ -120,8 +120,9 @@ def rotating(step: Callable[[int], torch.Tensor], copies: int) -> Fn:
 
 
 def graphed(step: Callable[[int], torch.Tensor], copies: int, device: torch.device) -> Fn:
-    """step(i) captured in one CUDA graph per weight copy i; a call replays the next graph.
-    Also how etdist's own ops are timed in a graph (their launches replay correctly)."""
+    """step(i) captured in one CUDA graph per weight copy i; a call replays the next graph. The
+    callable keeps step (and so its operands) alive. Also how etdist's own ops are timed in a graph
+    (their launches replay correctly)."""
     if device.type != "cuda":
         raise RuntimeError("the CUDA-graph baseline needs a CUDA device")
     with torch.cuda.device(device):
@@ -145,6 +146,10 @@ def graphed(step: Callable[[int], torch.Tensor], copies: int, device: torch.devi
         i = next(turn)
         graphs[i].replay()
         return outs[i]
+    # The graphs read and write what step's closure holds (operands, outputs), by address: it must
+    # live as long as they do. Freed, the next capture's empty_cache() unmapped it, and a replay then
+    # faulted (an illegal address) or, before that, read and wrote memory that was no longer its own.
+    replay.step = step
     return replay
 
 

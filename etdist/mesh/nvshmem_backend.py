@@ -53,6 +53,20 @@ class _Deadline:
         self.timer.cancel()
 
 
+def env_defaults(env, *, one_node: bool) -> None:
+    """NVSHMEM's settings for our machines, where the user has not set them (read at init)."""
+    if one_node:
+        env.setdefault("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo")  # init hangs without it
+        # Peers through NVLink only: NVSHMEM's proxy thread has no work, yet it spins a whole core,
+        # and where it shared the main thread's core an eager op call took ~50 us instead of ~24
+        # (twenty-fourth session). Off, it takes device-side global exit and NVSHMEM's own wait
+        # timeouts with it: we use neither (our watchdog is our own).
+        env.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
+        env.setdefault("NVSHMEM_DISABLE_LOCAL_ONLY_PROXY", "1")
+    env.setdefault("NVSHMEM_DISABLE_NVLS", "1")  # no NVLink multicast on our machines
+    env.setdefault("NVSHMEM_SYMMETRIC_SIZE", env.get("ETDIST_SYMMETRIC_SIZE", "4G"))
+
+
 class NvshmemBackend:
     name = "nvshmem"
 
@@ -62,10 +76,7 @@ class NvshmemBackend:
         self.nvshmem = nvshmem = import_nvshmem()
         from cuda.core import Device
 
-        if local_world_size == world_size:
-            os.environ.setdefault("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo")  # init hangs without it
-        os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")  # no NVLink multicast on our machines
-        os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", os.environ.get("ETDIST_SYMMETRIC_SIZE", "4G"))
+        env_defaults(os.environ, one_node=local_world_size == world_size)
         torch.cuda.set_device(device)
         self.cu_device = Device(device.index)
         self.cu_device.set_current()

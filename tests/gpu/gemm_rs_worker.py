@@ -75,6 +75,32 @@ def check_ok(mesh):
         else:
             raise AssertionError(f"no error for {msg}")
     print(f"OK bad-input rank {mesh.rank}", flush=True)
+    check_idle_threads(mesh)
+
+
+def check_idle_threads(mesh):
+    """Idle, no thread of the process keeps a core busy (NVSHMEM's proxy thread spun one whole core
+    and doubled the host time of an eager call where it shared the main thread's core)."""
+    import time
+
+    def ticks():   # utime + stime of every thread, in clock ticks
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue   # the thread ended
+            out[tid] = int(fields[11]) + int(fields[12])
+        return out
+
+    torch.cuda.synchronize()
+    before, t0 = ticks(), time.perf_counter()
+    time.sleep(1.0)
+    after, hz = ticks(), os.sysconf("SC_CLK_TCK")
+    busy = {tid: (t - before.get(tid, 0)) / hz / (time.perf_counter() - t0) for tid, t in after.items()}
+    spinning = {tid: f"{b:.0%}" for tid, b in busy.items() if b > 0.5}
+    assert not spinning, f"threads busy while idle (share of a core): {spinning}"
+    print(f"OK idle-threads rank {mesh.rank} ({len(after)} threads)", flush=True)
 
 
 def check_peer_skips(mesh):

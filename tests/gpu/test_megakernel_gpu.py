@@ -25,7 +25,7 @@ def test_gemm_reduce_scatter_matches_reference(world):
         pytest.skip(f"needs {world} GPUs")
     rc, out = torchrun(world)
     assert rc == 0, out[-5000:]
-    for check in ("correctness", "no-recompile", "bad-input"):
+    for check in ("correctness", "no-recompile", "bad-input", "idle-threads"):
         assert out.count(f"OK {check}") == world, out[-5000:]
 
 
