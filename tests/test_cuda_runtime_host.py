@@ -242,6 +242,48 @@ def test_argument_layout_is_built_once_per_shape(monkeypatch):
     assert all(a is b or a == b for a, b in zip(rec.jit[-1], rec.jit[-2]))   # the same arguments again
 
 
+def test_a_shape_captured_in_a_cuda_graph_keeps_its_state(monkeypatch):
+    """Graphs captured at several M of one kernel (a server's per-batch-size decode graphs), or one
+    graph and then calls at other M: sharing one state, each new shape re-laid the counters and grew
+    (freed) the buffers the earlier graphs launch with, so their replays read garbage or hung (one
+    H200, twenty-fourth session). A captured shape now pins its state: later calls at other shapes
+    prepare their own, calls at the captured shape use it, and nothing of it is freed."""
+    kernel, rec = _recorded_gemm_rs(monkeypatch)
+
+    class Mesh(PreparingMesh):
+        freed = []
+
+        def free(self, t):
+            self.freed.append(t.data_ptr())
+
+    mesh, capturing = Mesh(), [False]
+    from etdist.fusion import cuda_runtime as cr
+    monkeypatch.setattr(cr, "_capturing", lambda device: capturing[0])
+    w = torch.randn(32, 48, dtype=torch.bfloat16)
+    xs = {M: torch.randn(M, 32, dtype=torch.bfloat16) for M in (8, 16, 512)}
+    captured = {}
+    for M in (8, 16):
+        kernel(mesh, x=xs[M], w=w)                     # warm-up: prepares the shape
+        capturing[0] = True
+        y = kernel(mesh, x=xs[M], w=w)["y"]            # "captured"
+        capturing[0] = False
+        captured[M] = (rec.direct[-1], y)
+    pins = mesh.cache[kernel._pins_key]
+    assert len(pins) == 2 and len({id(st) for st in pins.values()}) == 2 and kernel._key not in mesh.cache
+    kernel(mesh, x=xs[512], w=w)                       # a larger shape: a state of its own
+    assert len(kernel._states(mesh)) == 3
+    held = {a for st in pins.values() for t in (*st.buffers.values(), st.arena) for a in [t.data_ptr()]}
+    assert not held & set(mesh.freed)
+    for M in (8, 16):                                  # eager at a captured shape: its pinned state, same launch
+        kernel(mesh, x=xs[M], w=w, out={"y": captured[M][1]})
+        assert rec.direct[-1] == captured[M][0]
+        assert mesh.cache[kernel._last_key] is next(st for k, st in pins.items() if k[0][0][1][0] == M)
+    capturing[0] = True
+    with pytest.raises(et.InputError, match="call it once at this shape outside the capture first"):
+        kernel(mesh, x=torch.randn(24, 32, dtype=torch.bfloat16), w=w)
+    capturing[0] = False
+
+
 def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
     """slices x column tiles ~ tasks_per_sm x SMs, at least 1 slice and at most 8; the op's plan
     takes the size class by M and the knob's tasks per SM."""
@@ -687,6 +729,9 @@ def test_an_op_refused_on_one_rank_stops_the_peers_launches():
     class Kernel:
         def __init__(self, key):
             self._key = key
+
+        def _states(self, mesh):   # as CudaKernel's: here only the shared state, no pinned ones
+            return [st for st in (mesh.cache.get(self._key),) if st is not None]
 
         def _post_refusal(self, mesh, st):
             posted.append(self._key)

@@ -7,7 +7,11 @@ the event counters, checks that every rank agrees on the sizes, compiles, and en
 barrier, so no rank's kernel spins on a peer that is still compiling. Calls at a known shape
 do none of that: counters re-arm by growing (`counter >= epoch x count`), and the epochs are the
 kernel's own (arena words it bumps), so every argument but the inputs' and outputs' addresses stays
-the same from call to call: a call captured in a CUDA graph replays correctly.
+the same from call to call: a call captured in a CUDA graph replays correctly. A shape captured in a
+graph keeps the state it was captured with (arena, buffers, epochs) for the mesh's life, and later
+calls at that shape use it too; calls at other shapes prepare a state of their own. Sharing one
+state, a call at another shape re-laid the counters and grew (moved) the buffers under the graph:
+replays read garbage or waited forever (twenty-fourth session).
 
 Watchdog: a wait that expires records the stalled event in the arena's error record (on every
 rank) and the kernel drains. The host sees it at the next call or at `check()`, and raises an
@@ -55,6 +59,11 @@ _KERNEL_IDS = itertools.count()
 # Error record kinds in a kernel's arena: 1 and 2 are the kernel's own (kernels/sync.py: a wait
 # timed out, a shape disagreed); 3 is the host's, posted by a rank that refused its call (below).
 ERR_REFUSED = 3
+
+
+def _capturing(device) -> bool:
+    """Whether the current stream is being captured into a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _sync(mesh) -> None:
@@ -170,9 +179,9 @@ def post_refusal(mesh, kernels) -> None:
     every kernel prepared on this mesh (CudaKernel._post_refusal): every rank raises instead of
     pairing with our next call."""
     for k in kernels:
-        st = mesh.cache.get(k._key)
-        if st is not None and st.shape is not None:
-            k._post_refusal(mesh, st)
+        for st in k._states(mesh):
+            if st.shape is not None:
+                k._post_refusal(mesh, st)
 
 
 class CudaKernel:
@@ -222,6 +231,7 @@ class CudaKernel:
         self.params = kernel_params(self.ir, trace, self.dynamic)
         self.output_names = frozenset(s.name for s in self.ir.tensors if s.role is Role.OUTPUT)
         self._key = ("megakernel", next(_KERNEL_IDS))
+        self._pins_key, self._last_key = (*self._key, "pinned"), (*self._key, "last")
 
     def __repr__(self) -> str:
         return f"CudaKernel({self.ir.name!r}, schedule={self.schedule!r}{', trace=True' if self.trace_on else ''})"
@@ -240,13 +250,10 @@ class CudaKernel:
         unknown = set(out) - self.output_names if out else None
         if unknown:
             raise InputError(f"graph {self.ir.name!r}: out= names {sorted(unknown)}, which are no outputs")
-        # state lives in the mesh (closing it drops the state with the memory it points into)
-        st = mesh.cache.get(self._key)
-        if st is None:
-            st = mesh.cache[self._key] = self._new_state(mesh)
-        self._check_pending(mesh, st)
         key = (tuple((n, t.shape, t.dtype) if isinstance(t, torch.Tensor) else (n, None, None)
                      for n, t in inputs.items()), tuple(sorted(sizes.items())) if sizes else ())
+        st = mesh.cache[self._last_key] = self._state(mesh, key)
+        self._check_pending(mesh, st)
         if key != st.bind_key:  # a new shape: check everything, agree across ranks, prepare, remember
             # a failed launch may not have reached the pinned word yet: a peer that raised on it
             # would leave us waiting in the agreement
@@ -291,6 +298,31 @@ class CudaKernel:
             st.error_word.copy_(st.arena[:1], non_blocking=True)
         return outs
 
+    def _state(self, mesh, key: tuple) -> _MeshState:
+        """The state this call at `key` (input shapes, dtypes, sizes) launches with. State lives in the
+        mesh (closing it drops the state with the memory it points into). A shape captured in a CUDA
+        graph pins the state it was captured with; other shapes share one, prepared anew per shape."""
+        pins = mesh.cache.get(self._pins_key)
+        st = pins.get(key) if pins else None
+        if st is not None:
+            return st
+        st = mesh.cache.get(self._key)
+        if st is None:
+            st = mesh.cache[self._key] = self._new_state(mesh)
+        if not self.interpreted and _capturing(mesh.device):
+            if key != st.bind_key:   # preparing synchronises, allocates and talks to the peers
+                raise InputError(f"graph {self.ir.name!r}: captured in a CUDA graph at a shape it has not "
+                                 f"run at just before: call it once at this shape outside the capture first "
+                                 f"(as a warm-up), on every rank")
+            mesh.cache.setdefault(self._pins_key, {})[key] = st
+            del mesh.cache[self._key]    # the next call at another shape prepares a state of its own
+        return st
+
+    def _states(self, mesh) -> list:
+        """Every state of this kernel on `mesh`: the shared one and the pinned ones."""
+        return [st for st in (mesh.cache.get(self._key), *mesh.cache.get(self._pins_key, {}).values())
+                if st is not None]
+
     def _launch_direct(self, mesh, st: _MeshState, values: dict) -> bool:
         """Launch the already compiled kernel without Triton's per-call dispatch (which costs tens
         of microseconds for a kernel with this many arguments). Only where the binary is known to
@@ -315,7 +347,7 @@ class CudaKernel:
 
     def check(self, mesh) -> None:
         """Wait for the last launch and raise if any of its waits timed out (on any rank)."""
-        st = mesh.cache.get(self._key)
+        st = mesh.cache.get(self._last_key)
         if st is None or st.arena is None:
             return
         _sync(mesh)
@@ -327,7 +359,7 @@ class CudaKernel:
         compile(..., trace=True). Write them with et.fusion.trace.write_chrome(rows, path, track="SM")."""
         if not self.trace_on:
             raise GraphError(f"graph {self.ir.name!r} was compiled without trace=True: nothing was recorded")
-        st = mesh.cache.get(self._key)
+        st = mesh.cache.get(self._last_key)
         if st is None or st.shape is None:
             raise GraphError(f"graph {self.ir.name!r} has not been launched on this mesh yet")
         self.check(mesh)  # waits for the launch and raises if it failed

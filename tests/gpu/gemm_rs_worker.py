@@ -252,7 +252,60 @@ def check_graph(mesh):
                     eager = op()                      # an eager call between replays: epochs stay in step
                     err = ((eager.float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item() if want.numel() else 0
                     assert err < 2e-2, (schedule, M, name, rep, "eager", err)
+    check_graphs_per_size(mesh)
     print(f"OK graph rank {r}", flush=True)
+
+
+def check_graphs_per_size(mesh):
+    """A server's CUDA graphs, one per batch size: gemm_rs and ag_gemm captured at several M of one
+    size class, replayed interleaved, then again after an eager call at a larger M of the class.
+    Sharing one state per kernel, the earlier graphs replayed garbage (rel err ~1.5) or hung."""
+    R, r = mesh.world_size, mesh.rank
+    K, N = 1536, 1024
+    w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16) / K ** 0.5
+    for Ms, big in (((8, 16, 24), 32), ((200, 300), 4000)):
+        for name in ("gemm_rs", "ag_gemm"):
+            def call(x, M):
+                if name == "gemm_rs":
+                    return et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+                return et.ops.all_gather_gemm(x, w, mesh=mesh, total_rows=M)
+
+            def rows(M):   # gemm_rs: every row, partial sums; ag_gemm: this rank's chunk
+                C = -(-M // R)
+                return M if name == "gemm_rs" else min(M, (r + 1) * C) - min(M, r * C)
+
+            def check(x, y, M, what):
+                if name == "gemm_rs":
+                    want = reference(x, w, mesh)
+                else:
+                    C = -(-M // R)
+                    pad = torch.zeros(C, K, device=mesh.device, dtype=x.dtype)
+                    pad[:x.shape[0]] = x
+                    xs = [torch.empty_like(pad) for _ in range(R)]
+                    dist.all_gather(xs, pad)
+                    want = torch.cat(xs)[:M].float() @ w.float()
+                err = ((y.float() - want).abs().max() / want.abs().max()).item()
+                assert err < 2e-2, (name, M, what, err)
+
+            graphs = {}
+            for M in Ms:
+                x = torch.randn(rows(M), K, device=mesh.device, dtype=torch.bfloat16)
+                call(x, M)                                 # warm-up at this shape, outside the capture
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    y = call(x, M)
+                graphs[M] = (g, x, y)
+            for what in ("interleaved", "after an eager call at a larger M"):
+                if what != "interleaved":
+                    xb = torch.randn(rows(big), K, device=mesh.device, dtype=torch.bfloat16)
+                    check(xb, call(xb, big), big, "eager")
+                for M in (*Ms, *Ms):
+                    g, x, y = graphs[M]
+                    x.copy_(torch.randn_like(x))
+                    g.replay()
+                    check(x, y, M, what)
+    print(f"OK graphs-per-size rank {r}", flush=True)
 
 
 def check_refusal(mesh):
