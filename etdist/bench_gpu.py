@@ -2,8 +2,9 @@
 
 A cell is (workload, model shape, M). Every rank takes part in every cell: our fused op and the
 baselines run in the same process on the same operands (weights rotated over 4 copies so they
-stream from HBM), each timed as batches of back-to-back calls in rounds of turning order
-(`timing.time_alternated`: no contender keeps the same slot), the slowest rank reported. Before
+stream from HBM; the baselines take the same operands as ours), each timed as batches of
+back-to-back calls in rounds of turning order (`timing.time_alternated`: no contender keeps the
+same slot), the slowest rank reported. Before
 timing, our output (written over NaN-poisoned memory) is checked against a float32 reference of
 the whole layer: the relative error goes into the record.
 
@@ -75,8 +76,9 @@ def _gather_rows(x_mine: torch.Tensor, M: int, world: int) -> torch.Tensor:
 
 
 def _timed(fns: dict[str, Callable[[], object]], mesh, rounds: int) -> dict[str, float]:
-    """Every contender of a cell (name -> zero-arg call), timed in `rounds` rounds of turning order,
-    3 batches of 20 calls each a round (slowest rank, us). rounds=1 is a fixed order, ours first."""
+    """Every contender of a cell (name -> zero-arg call), timed in `rounds` rounds of turning order
+    (timing.turns), 2 batches of 20 calls each a round (slowest rank, us). rounds=1 is a fixed order,
+    ours first."""
     return time_alternated(fns, rounds=rounds, device=mesh.device)
 
 
@@ -106,7 +108,7 @@ def _poisoned(rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------- cells
 
 def gemm_rs_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static",
-                 rounds: int = 3) -> CellResult:
+                 rounds: int = 4) -> CellResult:
     R, H, I = mesh.world_size, model.hidden, model.intermediate
     K, N = I // R, H
     ops = B.gemm_rs_operands(M, K, N, copies=4, device=mesh.device)
@@ -120,14 +122,14 @@ def gemm_rs_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule
     def ours(i):   # weight copy i
         return et.ops.gemm_reduce_scatter(x, ops.weights[i], mesh=mesh, schedule=schedule)
 
-    base = B.baseline_fns("gemm_rs", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
+    base = B.baseline_fns("gemm_rs", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem, operands=ops)
     times = _timed({"ours": B.rotating(ours, 4), "ours_graph": _graphed_checked(ours, mesh), **base.fns}, mesh, rounds)
     floor = B.floor_us(M, I, H, R, ceil.copy_TBps, ceil.mm_TFps, workload="gemm_rs")
     return _result(times, floor, err, base.notes())
 
 
 def ag_gemm_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static",
-                 rounds: int = 3) -> CellResult:
+                 rounds: int = 4) -> CellResult:
     R, H, I = mesh.world_size, model.hidden, model.intermediate
     K, N = H, 2 * I // R
     ops = B.ag_gemm_operands(M, K, N, copies=4, device=mesh.device)
@@ -139,14 +141,14 @@ def ag_gemm_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule
     def ours(i):
         return et.ops.all_gather_gemm(x, ops.weights[i], mesh=mesh, total_rows=M, schedule=schedule)
 
-    base = B.baseline_fns("ag_gemm", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem)
+    base = B.baseline_fns("ag_gemm", M, K, N, copies=4, device=mesh.device, symm_mem=symm_mem, operands=ops)
     times = _timed({"ours": B.rotating(ours, 4), "ours_graph": _graphed_checked(ours, mesh), **base.fns}, mesh, rounds)
     floor = B.floor_us(M, K, 2 * I, R, ceil.copy_TBps, ceil.mm_TFps, workload="ag_gemm")
     return _result(times, floor, err, base.notes())
 
 
 def mlp_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static",
-             rounds: int = 3) -> CellResult:
+             rounds: int = 4) -> CellResult:
     R, H, I = mesh.world_size, model.hidden, model.intermediate
     ops = B.mlp_operands(M, H, I // R, copies=4, device=mesh.device)
     lo, hi = _chunk(M, R, mesh.rank)
@@ -190,7 +192,7 @@ def moe_operands(mesh, H: int, I: int, E: int, M: int, skew: float, copies: int 
 
 
 def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "dynamic",
-             rounds: int = 3) -> CellResult:
+             rounds: int = 4) -> CellResult:
     """M tokens per rank through et.nn.MoE vs the torch layer (etdist.measure.moe_baseline): `eager`
     = grouped experts (torch._grouped_mm) with exchanged split sizes, `graph` = grouped experts with
     fixed padded all_to_all blocks captured in a CUDA graph, `loop` = one mm pair per expert, `fused`

@@ -69,7 +69,7 @@ class BenchConfig:
     # GPU runs
     symm_mem: bool = True            # also time torch's fused symm_mem ops (PyTorch async-TP)
     startup: bool = False            # time cold compile / unseen M / 50 graph captures first
-    rounds: int = 3                  # rounds per cell, each timing every contender once in turning order
+    rounds: int = 4                  # rounds per cell, each timing every contender once (timing.turns)
     results_dir: Optional[str] = None  # also append records here (e.g. bench/results), not only the run folder
 
 

@@ -56,19 +56,23 @@ def per_call_us(fn, calls: int = 300, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def pin(main: int, spinners: list, shared: bool) -> None:
-    """shared: the main thread and the busy threads on core 0, the rest elsewhere; else the main
-    thread alone on core 0. Every thread may run anywhere afterwards (pin(..., None))."""
-    every = set(range(os.cpu_count()))
+ALLOWED = frozenset(os.sched_getaffinity(0))   # the cores this process may use (a cpuset may limit them)
+
+
+def pin(main: int, spinners: list, shared) -> None:
+    """shared: the main thread and the busy threads on the first allowed core, the rest on the
+    others; False: the main thread alone on that core; None: every thread on every allowed core."""
+    every = ALLOWED
+    core = min(every)
     for tid in thread_ticks():
         try:
             if shared is None:
                 os.sched_setaffinity(tid, every)
             elif tid == main or (shared and tid in spinners):
-                os.sched_setaffinity(tid, {0})
+                os.sched_setaffinity(tid, {core})
             else:
-                os.sched_setaffinity(tid, every - {0})
-        except OSError:
+                os.sched_setaffinity(tid, every - {core})
+        except ProcessLookupError:
             pass   # the thread ended
 
 
@@ -76,6 +80,8 @@ def main():
     label, out = os.environ.get("LABEL", "default"), os.environ.get("OUT", "/tmp")
     dist.init_process_group("cpu:gloo,cuda:nccl")
     mesh = et.init_mesh()
+    if mesh.world_size != 1 or len(ALLOWED) < 2:
+        raise SystemExit("launch/host_path.py runs as one process (--nproc_per_node=1) with 2+ cores")
     dev, bf16 = mesh.device, torch.bfloat16
     x, w = torch.randn(64, 512, device=dev, dtype=bf16), torch.randn(512, 1024, device=dev, dtype=bf16)
     xa, wa = torch.randn(64, 1024, device=dev, dtype=bf16), torch.randn(1024, 1024, device=dev, dtype=bf16)

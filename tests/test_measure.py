@@ -46,13 +46,36 @@ def test_time_alternated_turns_the_order_every_round():
     fns = {n: (lambda n=n: called.append(n)) for n in "abc"}
     us = time_alternated(fns, rounds=4, calls=1, batches=1, warmup=0, device="cpu")
     assert list(us) == ["a", "b", "c"] and all(v > 0 for v in us.values())
-    assert "".join(called) == "abc" "bca" "cab" "abc"     # no name keeps its slot
+    assert "".join(called) == "abc" "cba" "bca" "acb"     # turned every two rounds, every second reversed
     called.clear()
     time_alternated(fns, rounds=2, calls=3, batches=2, warmup=1, device="cpu")
     assert called.count("a") == 2 * (1 + 3 * 2)           # per round: warm-up + batches x calls
     called.clear()
     time_alternated(fns, rounds=2, single=True, repeats=3, warmup=0, device="cpu")
     assert called.count("b") == 2 * 3
+
+
+def test_turns_balance_every_pair_over_an_even_number_of_rounds():
+    from etdist.measure.timing import turns
+    for n in range(1, 8):
+        names = list(range(n))
+        for rounds in (2, 4, 6):
+            orders = turns(names, rounds)
+            assert all(sorted(o) == names for o in orders)
+            for a in names:
+                slots = [o.index(a) for o in orders]
+                assert sum(slots) * 2 == (n - 1) * rounds            # mean slot: the middle one
+                for b in names[a + 1:]:
+                    first = sum(o.index(a) < o.index(b) for o in orders)
+                    assert first * 2 == rounds                       # before b as often as after
+
+
+def test_time_alternated_takes_the_median_of_every_batch(monkeypatch):
+    from etdist.measure import timing
+    given = {"a": iter([[1.0], [2.0], [100.0]]), "b": iter([[5.0, 7.0], [6.0, 900.0], [8.0, 9.0]])}
+    monkeypatch.setattr(timing, "_per_call", lambda fn, **kw: next(given[fn()]))
+    us = time_alternated({"a": lambda: "a", "b": lambda: "b"}, rounds=3, device="cpu")
+    assert us == {"a": 2.0, "b": 7.5}     # not a mean (34.3, 155.8), nor one round's
 
 
 def test_time_alternated_medians_over_every_round():
@@ -204,6 +227,14 @@ def test_mm_only_rotates_weights():
                                    rtol=2e-2, atol=2e-2)
     assert fn().shape == (5, 12)
     assert B.ag_gemm_mm_only(7, 16, 12, copies=2, device="cpu")().shape == (7, 12)
+    chunk = B.random_operands(4, 16, 12, copies=3, device="cpu")   # ag_gemm's: one rank's rows of M = 8
+    fn = B.ag_gemm_mm_only(8, 16, 12, operands=chunk)
+    assert fn().shape == (8, 12)                                   # over M rows (random ones)
+    for w in chunk.weights:
+        w.zero_()
+    assert all(not fn().any() for _ in range(3))                   # with the given weights
+    with pytest.raises(ValueError, match="do not hold"):
+        B.ag_gemm_mm_only(8, 20, 12, operands=chunk)
 
 
 def test_padded_rows():
@@ -291,11 +322,12 @@ def test_graph_baseline_keeps_its_operands_alive(tmp_path):
         a = torch.randn(64, 64, device="cuda")
         with torch.cuda.graph(torch.cuda.CUDAGraph()):        # empty_cache() on entry
             a.mul_(2)
-        junk = [torch.full((1 << 22,), float("nan"), device="cuda") for _ in range(16)]  # noqa: F841
+        junk = [torch.full((1 << 22,), float("nan"), device="cuda") for _ in range(16)]
         ops = B.gemm_rs_operands(M, K, N, copies=2)           # the same seed: the same values
         for i in range(4):
             torch.testing.assert_close(graph(), ops.x @ ops.weights[i % 2])
         torch.cuda.synchronize()
+        del junk                                              # held until the replays are done
     finally:
         dist.destroy_process_group()
 
@@ -339,6 +371,11 @@ def _two_ranks(rank, store):
                   for r in range(2)]
         x = torch.cat([s.x for s in shards])
         torch.testing.assert_close(fn(), x @ shards[rank].weights[0])
+        us = time_alternated({"a": lambda: None, "b": lambda: None}, rounds=2, calls=1, batches=1,
+                             warmup=0, device="cpu")
+        assert list(us) == ["a", "b"]
+        with pytest.raises(RuntimeError, match="time different contenders"):   # on both ranks
+            time_alternated({f"only on rank {rank}": lambda: None}, device="cpu")
     finally:
         dist.destroy_process_group()
 

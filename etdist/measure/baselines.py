@@ -213,10 +213,12 @@ def _gemm_rs_ops(M, K_local, N, group, copies, device, dtype, operands) -> Opera
 def _mm_only(M, K, N, copies, device, dtype, operands) -> Fn:
     if operands is None:
         operands = random_operands(M, K, N, copies=copies, device=device, dtype=dtype)
-    elif operands.x.shape[0] < M or operands.weights[0].shape != (K, N):
+    elif operands.x.shape[1] != K or operands.weights[0].shape != (K, N):
         raise ValueError(f"mm_only: operands x {tuple(operands.x.shape)}, w "
                          f"{tuple(operands.weights[0].shape)} do not hold [{M}, {K}] @ [{K}, {N}]")
-    x = operands.x[:M]
+    # ag_gemm's operands hold one rank's chunk of rows: the mm alone runs over M random rows
+    x = operands.x[:M] if operands.x.shape[0] >= M else torch.randn(M, K, device=operands.x.device,
+                                                                    dtype=operands.x.dtype)
     out = torch.empty(M, N, device=x.device, dtype=x.dtype)
     return rotating(lambda i: torch.mm(x, operands.weights[i], out=out), len(operands.weights))
 
@@ -293,8 +295,8 @@ def _ag_gemm_ops(M, K, N_local, group, copies, device, dtype, operands) -> Opera
 
 def ag_gemm_mm_only(M: int, K: int, N_local: int, *, copies: int = 4, device=None,
                     dtype: torch.dtype = torch.bfloat16, operands: Optional[Operands] = None) -> Fn:
-    """torch.mm of the gathered x [M, K] @ w [K, N_local] alone, no communication (operands, if
-    given, hold the gathered x)."""
+    """torch.mm of the gathered x [M, K] @ w [K, N_local] alone, no communication (operands' weights
+    if given, and their x if it has M rows; random rows otherwise)."""
     return _mm_only(M, K, N_local, copies, device, dtype, operands)
 
 
@@ -388,7 +390,7 @@ def mlp_mm_only(M: int, H: int, I_local: int, *, copies: int = 4, device=None,
     device = _default_device(device)
     ops = operands or MlpOperands(None, *(random_operands(1, k, n, copies=copies, device=device, dtype=dtype).weights
                                           for k, n in ((H, 2 * I_local), (I_local, H))))
-    x = torch.randn(M, H, device=device, dtype=dtype)
+    x = torch.randn(M, H, device=ops.gate_up[0].device, dtype=ops.gate_up[0].dtype)
     return rotating(lambda i: swiglu(x @ ops.gate_up[i]) @ ops.down[i], len(ops.gate_up))
 
 
@@ -466,15 +468,14 @@ def baseline_fns(workload: str, M: int, K: int, N: int, *, group=None, copies: i
     "ag_gemm": N is N_local; "mlp": K is H, N is I_local), untimed: `Measured.fns`, and the reasons
     for those left out in `skipped`. symm_mem=False keeps torch's symmetric memory out of the
     process; graph=False where there is no CUDA. `operands` (the workload's *_operands) are shared
-    by eager, graph and symm_mem instead of fresh ones. Collective (the graph's warm-up, symm_mem's
-    rendezvous)."""
+    by all four instead of fresh ones each (mm takes the first M rows' weights, for the MLP its
+    weights). Collective (the graph's warm-up, symm_mem's rendezvous)."""
     if workload not in BUILDERS:
         raise ValueError(f"unknown workload {workload!r}; baselines exist for {sorted(BUILDERS)}")
     mm_only, eager, graphed, fused = BUILDERS[workload]
     res = Measured()
-    kw = dict(copies=copies, device=device)
+    kw = dict(copies=copies, device=device, operands=operands)
     res.fns["mm"] = mm_only(M, K, N, **kw)
-    kw["operands"] = operands
     res.fns["eager"] = eager(M, K, N, group=group, **kw)
     if graph:
         res.fns["graph"] = graphed(M, K, N, group=group, **kw)

@@ -3,7 +3,7 @@
 A batch of `calls` calls between two CUDA events hides host launch latency as a real forward pass
 does; per-call time = batch time / calls; the result is the median over `batches` batches. Across
 ranks report `slowest_rank(t)`. `time_alternated` times several contenders in rounds of turning
-order, so that none keeps the same slot. Without CUDA the same structure runs on `time.perf_counter`, so the
+order (`turns`), so that none keeps the same slot. Without CUDA the same structure runs on `time.perf_counter`, so the
 protocol is testable on CPU (the numbers then include host overhead).
 """
 from __future__ import annotations
@@ -98,27 +98,47 @@ def time_ranks(fn: Callable[[], object], *, group=None, single: bool = False, **
     return slowest_rank(t, group)
 
 
-def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 3, group=None,
-                    single: bool = False, calls: int = 20, batches: int = 3, repeats: int = 3,
+def turns(names: list, rounds: int) -> list[list]:
+    """The order of each round: rotated by one every two rounds, and every second round reversed,
+    so that over an even number of rounds each name runs before each other name as often as after
+    it and every name's mean slot is the middle one."""
+    n = len(names)
+    out = []
+    for r in range(rounds):
+        k = (r // 2) % n if n else 0
+        order = names[k:] + names[:k]
+        out.append(order[::-1] if r % 2 else order)
+    return out
+
+
+def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 4, group=None,
+                    single: bool = False, calls: int = 20, batches: int = 2, repeats: int = 2,
                     warmup: int = 5, device=None) -> dict[str, float]:
     """Microseconds per call of each of `fns` (name -> fn), timed alternately: every round times each
     fn once (warm-up, a barrier over `group` when torch.distributed is initialised, then `batches`
-    batches of `calls` calls, or `repeats` single calls if single=True), the order turning by one
-    every round. Per name: the median over all its rounds' batches, then the slowest rank.
-    Collective: every rank of `group` must pass the same names in the same order.
+    batches of `calls` calls, or `repeats` single calls if single=True), in the orders of `turns`.
+    Per name: the median over all its rounds' batches, then the slowest rank. Collective: the ranks
+    of `group` must pass the same names in the same order (checked).
 
     Why alternate: timed in a fixed order, the later of two identical kernels measured 2-3% faster
-    (launch/ops_ab.py, twenty-third session); turning the order spreads that over every contender.
+    (launch/ops_ab.py, twenty-third session), and the bench's first contender ~6% faster at large M
+    (twenty-fourth session). An even number of rounds balances every pair's order.
     """
     if rounds < 1:
         raise ValueError(f"need rounds >= 1, got {rounds}")
-    barrier = (lambda: dist.barrier(group=group)) if dist.is_available() and dist.is_initialized() else None
+    distributed = dist.is_available() and dist.is_initialized()
     names = list(fns)
+    if distributed and dist.get_world_size(group) > 1:
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, names, group=group)
+        if any(theirs != names for theirs in everyone):
+            raise RuntimeError(f"time_alternated: the ranks time different contenders: {everyone}")
     if not names:
         return {}
+    barrier = (lambda: dist.barrier(group=group)) if distributed else None
     samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
+    for order in turns(names, rounds):
+        for n in order:
             samples[n] += _per_call(fns[n], calls=1 if single else calls,
                                     batches=repeats if single else batches, warmup=warmup,
                                     barrier=barrier, device=device)
