@@ -114,6 +114,29 @@ def test_op_operand_checks_before_launch():
         check_operands("op", "g", x, w, mesh)
 
 
+def test_no_rows_at_all_launches_nothing(monkeypatch):
+    """M = 0 (an empty batch): each op returns its empty result without a kernel. It raised
+    MeshError (a zero-size view is not in symmetric memory) or ZeroDivisionError before (one H200)."""
+    import etdist.ops.ag_gemm as ag_op
+    import etdist.ops.gemm_rs as rs_op
+    import etdist.ops.mlp as mlp_op
+    for mod in (rs_op, ag_op, mlp_op):
+        monkeypatch.setattr(mod, "cached_kernel", lambda *a: pytest.fail("built a kernel for no rows"))
+    mesh, bf = FakeMesh([]), torch.bfloat16
+    none, w, wd = torch.randn(0, 16, dtype=bf), torch.randn(16, 64, dtype=bf), torch.randn(32, 16, dtype=bf)
+    assert et.ops.gemm_reduce_scatter(none, w, mesh=mesh).shape == (0, 64)
+    assert et.ops.all_gather_gemm(none, w, mesh=mesh, total_rows=0).shape == (0, 64)
+    assert et.ops.all_gather_gemm(none, w, mesh=mesh).shape == (0, 64)          # total_rows 0 x world
+    y = et.ops.tensor_parallel_mlp(none, w, wd, mesh=mesh, total_rows=0)
+    assert y.shape == (0, 16) and y.dtype == bf
+    out = torch.empty(0, 64, dtype=bf)
+    assert et.ops.gemm_reduce_scatter(none, w, mesh=mesh, out=out) is out
+    with pytest.raises(et.InputError, match=r"out must be an empty torch.bfloat16 tensor \[0, 64\]"):
+        et.ops.gemm_reduce_scatter(none, w, mesh=mesh, out=torch.empty(1, 64, dtype=bf))
+    with pytest.raises(et.InputError, match="total_rows is 0 but x has 8 rows"):
+        et.ops.all_gather_gemm(torch.randn(8, 16, dtype=bf), w, mesh=mesh, total_rows=0)
+
+
 def test_op_arguments_beyond_x_and_w_are_checked_before_launch(monkeypatch):
     """w_down, total_rows and mesh of the wrong kind: AttributeError / IndexError / TypeError from
     inside the ops before; now an InputError naming the argument, before any kernel is built."""

@@ -9,7 +9,7 @@ import torch
 from .. import knobs
 from ..workloads import ag_gemm
 from .gemm_rs import (LARGE, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands, fp32_config,
-                      refusal_reaches_peers, total_rows_of)
+                      no_rows, refusal_reaches_peers, total_rows_of)
 
 # Up to WHOLE_MAX_M rows the gather (tiny) completes first and GEMM tiles span every row, so the
 # weights are read once; above, row tiles start per source as its rows arrive (overlap).
@@ -126,6 +126,9 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)
         M = total_rows_of("all_gather_gemm", total_rows, x, mesh.world_size)
+        empty = no_rows("all_gather_gemm", x, M, w.shape[1], out)
+    if empty is not None:
+        return empty
     cfg, build = kernel_plan(M, x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index), mesh.world_size)
     # keyed by the graph and every argument it is built with, and by the tile's warps and stages
     key = (cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items())))

@@ -264,6 +264,9 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
+        empty = no_rows("gemm_reduce_scatter", x, x.shape[0], w.shape[1], out)
+    if empty is not None:
+        return empty
     cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index),
                                             mesh.world_size)
     # keyed by the graph and every argument it is built with (a knob may give a skinny class the large
@@ -329,6 +332,22 @@ def check_operands(op: str, graph: str, x, w, mesh):
     if x.shape[1] != w.shape[0]:
         raise InputError(f"{op}: x is [rows, {x.shape[1]}] but w is [{w.shape[0]}, N]: the contraction dims differ")
     return mesh
+
+
+def no_rows(op: str, x: torch.Tensor, M: int, cols: int, out) -> Optional[torch.Tensor]:
+    """M = 0 (every rank's batch empty, as every rank is told alike): nothing to launch, so the empty
+    [0, cols] result (`out` itself, checked, if given); None when there are rows to compute."""
+    if M:
+        return None
+    if x.shape[0]:
+        raise InputError(f"{op}: total_rows is 0 but x has {x.shape[0]} rows")
+    if out is None:
+        return x.new_empty((0, cols))
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (0, cols) or out.dtype != x.dtype \
+            or out.device != x.device:
+        raise InputError(f"{op}: out must be an empty {x.dtype} tensor [0, {cols}] on {x.device} (no rows), got "
+                         f"{getattr(out, 'shape', type(out).__name__)}")
+    return out
 
 
 def total_rows_of(op: str, total_rows, x: torch.Tensor, world: int) -> int:

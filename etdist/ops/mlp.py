@@ -13,7 +13,7 @@ from ..fusion.errors import InputError
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
 from .gemm_rs import (SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands,
-                      fp32_config, refusal_reaches_peers, slices_that_fit, total_rows_of)
+                      fp32_config, no_rows, refusal_reaches_peers, slices_that_fit, total_rows_of)
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 # The down projection's tiles are twice as wide (one accumulator): traced at M=1024 (llama31_405b,
@@ -131,6 +131,9 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
             raise InputError(f"tensor_parallel_mlp: w_down must be a contiguous {x.dtype} tensor on {x.device}, got "
                              f"{w_down.dtype} on {w_down.device}{'' if w_down.is_contiguous() else ', not contiguous'}")
         M = total_rows_of("tensor_parallel_mlp", total_rows, x, mesh.world_size)
+        empty = no_rows("tensor_parallel_mlp", x, M, H, out)
+    if empty is not None:
+        return empty
     cfg, build, sizes = kernel_plan(M, H, I, x.dtype, _sm_count(mesh.device.index), mesh.world_size)
     # keyed by the graph and every argument it is built with, and by the tile's warps and stages
     key = (cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items())))
