@@ -44,7 +44,7 @@ for sched in ("static", "dynamic"):
     for _ in range(3):
         kernel(mesh, **args)
     rows = kernel.trace(mesh)
-    binary = mesh.cache[kernel._key].compiled    # the traced kernel's registers, spills, shared memory
+    binary = kernel.state(mesh).compiled    # the traced kernel's registers, spills, shared memory
     if mesh.rank == 0:
         print(f"   traced binary: {binary.n_regs} registers, {binary.n_spills} bytes spilled, "
               f"{binary.metadata.shared} B shared", flush=True)

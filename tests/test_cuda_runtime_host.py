@@ -126,7 +126,19 @@ def test_no_rows_at_all_launches_nothing(monkeypatch):
     none, w, wd = torch.randn(0, 16, dtype=bf), torch.randn(16, 64, dtype=bf), torch.randn(32, 16, dtype=bf)
     assert et.ops.gemm_reduce_scatter(none, w, mesh=mesh).shape == (0, 64)
     assert et.ops.all_gather_gemm(none, w, mesh=mesh, total_rows=0).shape == (0, 64)
-    assert et.ops.all_gather_gemm(none, w, mesh=mesh).shape == (0, 64)          # total_rows 0 x world
+    one = FakeMesh([])
+    one.world_size = 1
+    assert et.ops.all_gather_gemm(none, w, mesh=one).shape == (0, 64)           # one rank: M = 0 x 1
+
+    class Planned(Exception):
+        pass
+
+    def planned(*a):
+        raise Planned
+    monkeypatch.setattr(ag_op, "kernel_plan", planned)
+    monkeypatch.setattr(ag_op, "_sm_count", lambda index: 132)
+    with pytest.raises(Planned):   # 2 ranks, no total_rows: 0 rows here may be a ragged M < 2, the kernel's agreement decides
+        et.ops.all_gather_gemm(none, w, mesh=mesh)
     y = et.ops.tensor_parallel_mlp(none, w, wd, mesh=mesh, total_rows=0)
     assert y.shape == (0, 16) and y.dtype == bf
     out = torch.empty(0, 64, dtype=bf)
@@ -241,7 +253,7 @@ def test_argument_layout_is_built_once_per_shape(monkeypatch):
     for call in range(3):
         x, w = torch.randn(24, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
         y = kernel(mesh, x=x, w=w)["y"]
-        st = mesh.cache[kernel._key]
+        st = kernel.state(mesh)
         values = {**st.shape.fixed, "x": x, "w": w, "y": y}   # no epochs: the kernel keeps its own
         want = [values[p].data_ptr() if isinstance(values[p], torch.Tensor) else values[p] for p in kernel.params]
         assert rec.direct[-1] == want
@@ -269,8 +281,9 @@ def test_a_shape_captured_in_a_cuda_graph_keeps_its_state(monkeypatch):
     """Graphs captured at several M of one kernel (a server's per-batch-size decode graphs), or one
     graph and then calls at other M: sharing one state, each new shape re-laid the counters and grew
     (freed) the buffers the earlier graphs launch with, so their replays read garbage or hung (one
-    H200, twenty-fourth session). A captured shape now pins its state: later calls at other shapes
-    prepare their own, calls at the captured shape use it, and nothing of it is freed."""
+    H200, twenty-fourth session). Each shape now has its own state; the captured ones are pinned at
+    the next new shape (agreed by the ranks) and never re-laid, and calls at them launch the same."""
+    from etdist.fusion import cuda_runtime as cr
     kernel, rec = _recorded_gemm_rs(monkeypatch)
 
     class Mesh(PreparingMesh):
@@ -280,31 +293,47 @@ def test_a_shape_captured_in_a_cuda_graph_keeps_its_state(monkeypatch):
             self.freed.append(t.data_ptr())
 
     mesh, capturing = Mesh(), [False]
-    from etdist.fusion import cuda_runtime as cr
+    mesh.comm = RecordingComm([])
     monkeypatch.setattr(cr, "_capturing", lambda device: capturing[0])
     w = torch.randn(32, 48, dtype=torch.bfloat16)
-    xs = {M: torch.randn(M, 32, dtype=torch.bfloat16) for M in (8, 16, 512)}
+    xs = {M: torch.randn(M, 32, dtype=torch.bfloat16) for M in (8, 16, 24, 512, 600, 700)}
     captured = {}
     for M in (8, 16):
         kernel(mesh, x=xs[M], w=w)                     # warm-up: prepares the shape
         capturing[0] = True
         y = kernel(mesh, x=xs[M], w=w)["y"]            # "captured"
         capturing[0] = False
-        captured[M] = (rec.direct[-1], y)
-    pins = mesh.cache[kernel._pins_key]
-    assert len(pins) == 2 and len({id(st) for st in pins.values()}) == 2 and kernel._key not in mesh.cache
-    kernel(mesh, x=xs[512], w=w)                       # a larger shape: a state of its own
-    assert len(kernel._states(mesh)) == 3
-    held = {a for st in pins.values() for t in (*st.buffers.values(), st.arena) for a in [t.data_ptr()]}
+        captured[M] = (rec.direct[-1], y, kernel.state(mesh))
+    assert captured[16][2].pinned is False             # pinned at the next agreement, not during the capture
+    for M in (24, 512, 600, 700, 512):                 # more shapes than STATES_KEPT: unpinned ones re-laid
+        kernel(mesh, x=xs[M], w=w)
+    assert mesh.comm.seen[-1]["captured"] == [] and any(e["captured"] for e in mesh.comm.seen[1:])
+    pinned = [st for st in kernel._states(mesh) if st.pinned]
+    assert {id(st) for st in pinned} == {id(captured[M][2]) for M in (8, 16)}
+    assert len(kernel._states(mesh)) == 2 + cr.STATES_KEPT
+    held = {t.data_ptr() for st in pinned for t in (*st.buffers.values(), st.arena)}
     assert not held & set(mesh.freed)
-    for M in (8, 16):                                  # eager at a captured shape: its pinned state, same launch
+    for M in (8, 16):                                  # eager at a captured shape: its state, the same launch
         kernel(mesh, x=xs[M], w=w, out={"y": captured[M][1]})
-        assert rec.direct[-1] == captured[M][0]
-        assert mesh.cache[kernel._last_key] is next(st for k, st in pins.items() if k[0][0][1][0] == M)
+        assert rec.direct[-1] == captured[M][0] and kernel.state(mesh) is captured[M][2]
     capturing[0] = True
-    with pytest.raises(et.InputError, match="call it once at this shape outside the capture first"):
-        kernel(mesh, x=torch.randn(24, 32, dtype=torch.bfloat16), w=w)
+    with pytest.raises(et.InputError, match="call it once at this shape outside the capture first, just before"):
+        kernel(mesh, x=torch.randn(40, 32, dtype=torch.bfloat16), w=w)
     capturing[0] = False
+
+
+def test_a_kernel_called_at_two_shapes_in_turn_prepares_each_once(monkeypatch):
+    """A layer's o_proj and down projection can share one gemm_rs kernel (same size class, other K):
+    with one state they re-agreed and re-laid every call (a host collective and a barrier each)."""
+    kernel, rec = _recorded_gemm_rs(monkeypatch)
+    mesh = PreparingMesh()
+    mesh.comm = RecordingComm([])
+    a, b = (torch.randn(24, k, dtype=torch.bfloat16) for k in (32, 64))
+    wa, wb = (torch.randn(k, 48, dtype=torch.bfloat16) for k in (32, 64))
+    for _ in range(5):
+        kernel(mesh, x=a, w=wa)
+        kernel(mesh, x=b, w=wb)
+    assert len(mesh.comm.seen) == 2 and len(rec.direct) == 10
 
 
 def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
@@ -706,8 +735,9 @@ def test_a_failed_growth_leaves_no_layout_over_freed_buffers(monkeypatch):
 
     mesh = Exhausting()
     w = torch.randn(32, 48, dtype=torch.bfloat16)
-    small, big = torch.randn(24, 32, dtype=torch.bfloat16), torch.randn(512, 32, dtype=torch.bfloat16)
+    small, mid, big = (torch.randn(m, 32, dtype=torch.bfloat16) for m in (24, 16, 512))
     kernel(mesh, x=small, w=w)
+    kernel(mesh, x=mid, w=w)      # STATES_KEPT states held: the next new shape re-lays small's
     mesh.limit = 24 * 48 + 1     # room for the small shape's partial buffer, not for the big one's
     with pytest.raises(RuntimeError, match="exhausted"):
         kernel(mesh, x=big, w=w)
@@ -753,14 +783,15 @@ def test_an_op_refused_on_one_rank_stops_the_peers_launches():
         def __init__(self, key):
             self._key = key
 
-        def _states(self, mesh):   # as CudaKernel's: here only the shared state, no pinned ones
-            return [st for st in (mesh.cache.get(self._key),) if st is not None]
+        def _states(self, mesh):   # as CudaKernel's: every state of the kernel on the mesh
+            return mesh.cache.get(self._key, [])
 
         def _post_refusal(self, mesh, st):
             posted.append(self._key)
 
     mesh = FakeMesh([])
-    mesh.cache = {"a": SimpleNamespace(shape="prepared"), "b": SimpleNamespace(shape=None)}
+    mesh.cache = {"a": [SimpleNamespace(shape="prepared"), SimpleNamespace(shape=None)],
+                  "b": [SimpleNamespace(shape=None)]}
     kernels = {1: Kernel("a"), 2: Kernel("b"), 3: Kernel("never launched here")}
     x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.float32)
     with pytest.raises(et.InputError, match="must share a dtype"):

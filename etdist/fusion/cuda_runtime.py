@@ -7,11 +7,15 @@ the event counters, checks that every rank agrees on the sizes, compiles, and en
 barrier, so no rank's kernel spins on a peer that is still compiling. Calls at a known shape
 do none of that: counters re-arm by growing (`counter >= epoch x count`), and the epochs are the
 kernel's own (arena words it bumps), so every argument but the inputs' and outputs' addresses stays
-the same from call to call: a call captured in a CUDA graph replays correctly. A shape captured in a
-graph keeps the state it was captured with (arena, buffers, epochs) for the mesh's life, and later
-calls at that shape use it too; calls at other shapes prepare a state of their own. Sharing one
-state, a call at another shape re-laid the counters and grew (moved) the buffers under the graph:
-replays read garbage or waited forever (twenty-fourth session).
+the same from call to call: a call captured in a CUDA graph replays correctly.
+
+States: a kernel keeps one state (arena, buffers, epochs) per input shape on a mesh, the
+STATES_KEPT most recently used ones prepared (so a layer's two calls of one kernel at different K
+do not re-prepare each other), plus every state a CUDA graph captured: those are pinned for the
+mesh's life, never re-laid or moved. Sharing one state, a call at another shape re-laid the counters
+and grew (moved) the buffers under a captured graph: replays read garbage or waited forever
+(twenty-fourth session). Which states are pinned is agreed by every rank at the next new shape, so
+their allocations stay in step even where only some ranks captured.
 
 Watchdog: a wait that expires records the stalled event in the arena's error record (on every
 rank) and the kernel drains. The host sees it at the next call or at `check()`, and raises an
@@ -32,6 +36,7 @@ import math
 import os
 import pathlib
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
@@ -149,6 +154,9 @@ class _Shape:
 
 @dataclass
 class _MeshState:
+    serial: int = -1                 # creation order on this mesh, the same on every rank
+    captured: bool = False           # this rank captured a launch of it in a CUDA graph
+    pinned: bool = False             # every rank agreed it is captured: never re-laid nor freed
     arena: Optional[torch.Tensor] = None
     arena_peers: Optional[torch.Tensor] = None
     buffers: dict = field(default_factory=dict)  # name -> (flat symmetric/non-symmetric buffer)
@@ -171,6 +179,17 @@ class _MeshState:
         if self.scratch is None or self.scratch.numel() < size:
             self.scratch = torch.empty(max(size, 1), dtype=torch.int8, device=self.device)
         return self.scratch
+
+
+STATES_KEPT = 2   # unpinned states per kernel and mesh (each holds its own buffers)
+
+
+@dataclass
+class _KernelStates:
+    """A kernel's states on one mesh: one per input shape (bind key), least recently used first."""
+    by_key: "OrderedDict[tuple, _MeshState]" = field(default_factory=OrderedDict)
+    serials: "itertools.count" = field(default_factory=itertools.count)
+    last: Optional[_MeshState] = None   # the state of the last call
 
 
 def post_refusal(mesh, kernels) -> None:
@@ -231,7 +250,6 @@ class CudaKernel:
         self.params = kernel_params(self.ir, trace, self.dynamic)
         self.output_names = frozenset(s.name for s in self.ir.tensors if s.role is Role.OUTPUT)
         self._key = ("megakernel", next(_KERNEL_IDS))
-        self._pins_key, self._last_key = (*self._key, "pinned"), (*self._key, "last")
 
     def __repr__(self) -> str:
         return f"CudaKernel({self.ir.name!r}, schedule={self.schedule!r}{', trace=True' if self.trace_on else ''})"
@@ -252,16 +270,29 @@ class CudaKernel:
             raise InputError(f"graph {self.ir.name!r}: out= names {sorted(unknown)}, which are no outputs")
         key = (tuple((n, t.shape, t.dtype) if isinstance(t, torch.Tensor) else (n, None, None)
                      for n, t in inputs.items()), tuple(sorted(sizes.items())) if sizes else ())
-        st = mesh.cache[self._last_key] = self._state(mesh, key)
-        self._check_pending(mesh, st)
-        if key != st.bind_key:  # a new shape: check everything, agree across ranks, prepare, remember
-            # a failed launch may not have reached the pinned word yet: a peer that raised on it
-            # would leave us waiting in the agreement
-            self._check_pending(mesh, st, now=True)
-            bound = self._agree(mesh, inputs, sizes, out)
-            if st.shape is None or st.shape.sizes != bound:
-                self._prepare(mesh, st, bound)
-            st.bind_key = key
+        # state lives in the mesh (closing it drops the state with the memory it points into)
+        states = mesh.cache.get(self._key)
+        if states is None:
+            states = mesh.cache[self._key] = _KernelStates()
+        st = states.by_key.get(key)
+        capturing = not self.interpreted and _capturing(mesh.device)
+        if st is None:   # a new shape: check everything, agree across ranks, prepare, remember
+            if capturing:   # preparing synchronises, allocates and talks to the peers
+                raise InputError(f"graph {self.ir.name!r}: captured in a CUDA graph at a shape it is not prepared "
+                                 f"for: call it once at this shape outside the capture first, just before (a "
+                                 f"warm-up, on every rank; only the {STATES_KEPT} shapes used last stay prepared)")
+            st = self._new_shape(mesh, states, key, inputs, sizes, out)
+        elif capturing:   # no checks that may synchronise: the next call outside the capture makes them
+            st.captured = True
+            if states.last is not st:
+                states.by_key.move_to_end(key)
+        else:
+            if states.last is not st:
+                states.by_key.move_to_end(key)
+                if states.last is not None:
+                    self._check_pending(mesh, states.last)   # the previous call's launch, if it failed
+            self._check_pending(mesh, st)
+        states.last = st
         try:   # cheap checks that shapes cannot cover (a new shape passed them in the agreement)
             for name, t in inputs.items():
                 if t.device != mesh.device or not t.is_contiguous():
@@ -272,7 +303,7 @@ class CudaKernel:
         except InputError:
             # At a shape every rank has prepared, the peers exchange nothing with us and launch:
             # refused here alone, their launch would wait for our next call and take its data
-            self._post_refusal(mesh, st)
+            post_refusal(mesh, [self])
             raise
         outs = {}
         for name, (shape, dtype) in st.shape.outputs.items():
@@ -298,30 +329,47 @@ class CudaKernel:
             st.error_word.copy_(st.arena[:1], non_blocking=True)
         return outs
 
-    def _state(self, mesh, key: tuple) -> _MeshState:
-        """The state this call at `key` (input shapes, dtypes, sizes) launches with. State lives in the
-        mesh (closing it drops the state with the memory it points into). A shape captured in a CUDA
-        graph pins the state it was captured with; other shapes share one, prepared anew per shape."""
-        pins = mesh.cache.get(self._pins_key)
-        st = pins.get(key) if pins else None
-        if st is not None:
-            return st
-        st = mesh.cache.get(self._key)
-        if st is None:
-            st = mesh.cache[self._key] = self._new_state(mesh)
-        if not self.interpreted and _capturing(mesh.device):
-            if key != st.bind_key:   # preparing synchronises, allocates and talks to the peers
-                raise InputError(f"graph {self.ir.name!r}: captured in a CUDA graph at a shape it has not "
-                                 f"run at just before: call it once at this shape outside the capture first "
-                                 f"(as a warm-up), on every rank")
-            mesh.cache.setdefault(self._pins_key, {})[key] = st
-            del mesh.cache[self._key]    # the next call at another shape prepares a state of its own
+    def _new_shape(self, mesh, states: _KernelStates, key: tuple, inputs, sizes, out) -> _MeshState:
+        """A state prepared for a shape this kernel has no state for (collective): the ranks agree on
+        the sizes and on which states CUDA graphs captured (pinned from now on, on every rank); then
+        a fresh state, or the least recently used unpinned one once STATES_KEPT are held, re-laid."""
+        # a failed launch may not have reached the pinned word yet: a peer that raised on it
+        # would leave us waiting in the agreement
+        for old in states.by_key.values():
+            self._check_pending(mesh, old, now=old is states.last)
+        captured = sorted(st.serial for st in states.by_key.values() if st.captured and not st.pinned)
+        bound, pins = self._agree(mesh, inputs, sizes, out, captured)
+        for st in states.by_key.values():
+            st.pinned = st.pinned or st.serial in pins
+        unpinned = [k for k, st in states.by_key.items() if not st.pinned]   # least recently used first
+        if len(unpinned) >= STATES_KEPT:
+            st = states.by_key.pop(unpinned[0])
+        else:
+            st = self._new_state(mesh)
+            st.serial = next(states.serials)
+        if st.shape is None or st.shape.sizes != bound:
+            try:
+                self._prepare(mesh, st, bound)
+            except BaseException:
+                # e.g. the symmetric heap exhausted: kept without a layout (under a key no call has),
+                # to be re-laid first; no call can launch over what it freed
+                spare = ("unprepared", st.serial)
+                states.by_key[spare] = st
+                states.by_key.move_to_end(spare, last=False)
+                raise
+        st.bind_key = key
+        states.by_key[key] = st
         return st
 
     def _states(self, mesh) -> list:
-        """Every state of this kernel on `mesh`: the shared one and the pinned ones."""
-        return [st for st in (mesh.cache.get(self._key), *mesh.cache.get(self._pins_key, {}).values())
-                if st is not None]
+        """Every state of this kernel on `mesh`."""
+        states = mesh.cache.get(self._key)
+        return list(states.by_key.values()) if states is not None else []
+
+    def state(self, mesh) -> Optional[_MeshState]:
+        """The state of this kernel's last call on `mesh` (its buffers, its compiled binary), or None."""
+        states = mesh.cache.get(self._key)
+        return states.last if states is not None else None
 
     def _launch_direct(self, mesh, st: _MeshState, values: dict) -> bool:
         """Launch the already compiled kernel without Triton's per-call dispatch (which costs tens
@@ -346,12 +394,14 @@ class CudaKernel:
                           device=mesh.device)
 
     def check(self, mesh) -> None:
-        """Wait for the last launch and raise if any of its waits timed out (on any rank)."""
-        st = mesh.cache.get(self._last_key)
-        if st is None or st.arena is None:
+        """Wait for the launches so far and raise if any of their waits timed out (on any rank), in
+        any state (graph replays included)."""
+        states = [st for st in self._states(mesh) if st.arena is not None]
+        if not states:
             return
         _sync(mesh)
-        self._raise_if_this_call_failed(mesh, st)
+        for st in states:
+            self._raise_if_this_call_failed(mesh, st)
 
     def trace(self, mesh, gather: bool = True) -> list[tuple]:
         """The last launch's tasks as (rank, SM, label, start us, end us) rows, every rank's when
@@ -359,7 +409,7 @@ class CudaKernel:
         compile(..., trace=True). Write them with et.fusion.trace.write_chrome(rows, path, track="SM")."""
         if not self.trace_on:
             raise GraphError(f"graph {self.ir.name!r} was compiled without trace=True: nothing was recorded")
-        st = mesh.cache.get(self._last_key)
+        st = self.state(mesh)
         if st is None or st.shape is None:
             raise GraphError(f"graph {self.ir.name!r} has not been launched on this mesh yet")
         self.check(mesh)  # waits for the launch and raises if it failed
@@ -400,25 +450,28 @@ class CudaKernel:
                 raise InputError(f"out[{name!r}]: need a contiguous {dtype} tensor "
                                  f"of shape {list(shape)} on {mesh.device}, got {got}")
 
-    def _agree(self, mesh, inputs, sizes, out=None) -> dict:
+    def _agree(self, mesh, inputs, sizes, out=None, captured=()) -> tuple[dict, set]:
         """Bind this rank's inputs (and check its `out` tensors) and swap the outcome with every rank
         before anything launches: a rank whose inputs are refused makes every rank raise (rather than
-        leaving peers waiting, or pairing their launch with its next call)."""
+        leaving peers waiting, or pairing their launch with its next call). Also swaps the serials
+        of the states this rank captured in CUDA graphs: returns (sizes, every rank's serials)."""
         try:
             bound, mine = self._bind(mesh, inputs, sizes), None
             self._check_out(mesh, out, self._output_shapes(bound, mesh.rank))
         except InputError as e:
             bound, mine = None, str(e)
-        everyone = mesh.comm.allgather(mine if mine is not None else sorted(bound.items()))
+        everyone = mesh.comm.allgather(mine if mine is not None else
+                                       {"sizes": sorted(bound.items()), "captured": list(captured)})
         if mine is not None:
             raise InputError(mine)
         refused = [(r, e) for r, e in enumerate(everyone) if isinstance(e, str)]
         if refused:
             raise InputError(f"graph {self.ir.name!r}: rank {refused[0][0]} refused its inputs: {refused[0][1]}")
-        if any(e != everyone[0] for e in everyone):
-            listing = "; ".join(f"rank {r}: {dict(e)}" for r, e in enumerate(everyone))
+        agreed = [e["sizes"] if isinstance(e, dict) else e for e in everyone]
+        if any(e != agreed[0] for e in agreed):
+            listing = "; ".join(f"rank {r}: {dict(e)}" for r, e in enumerate(agreed))
             raise InputError(f"graph {self.ir.name!r}: ranks disagree on sizes ({listing})")
-        return bound
+        return bound, {serial for e in everyone if isinstance(e, dict) for serial in e["captured"]}
 
     def _prepare(self, mesh, st: _MeshState, bound: dict) -> None:
         """New sizes (agreed by every rank): (re)allocate, zero the counters, barrier."""

@@ -335,8 +335,9 @@ def check_operands(op: str, graph: str, x, w, mesh):
 
 
 def no_rows(op: str, x: torch.Tensor, M: int, cols: int, out) -> Optional[torch.Tensor]:
-    """M = 0 (every rank's batch empty, as every rank is told alike): nothing to launch, so the empty
-    [0, cols] result (`out` itself, checked, if given); None when there are rows to compute."""
+    """M = 0 (every rank's batch empty: every rank must be told so alike, as it returns without a
+    word to the peers): nothing to launch, so the empty [0, cols] result (`out` itself, checked, if
+    given); None when there are rows to compute."""
     if M:
         return None
     if x.shape[0]:

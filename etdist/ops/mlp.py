@@ -131,7 +131,10 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
             raise InputError(f"tensor_parallel_mlp: w_down must be a contiguous {x.dtype} tensor on {x.device}, got "
                              f"{w_down.dtype} on {w_down.device}{'' if w_down.is_contiguous() else ', not contiguous'}")
         M = total_rows_of("tensor_parallel_mlp", total_rows, x, mesh.world_size)
-        empty = no_rows("tensor_parallel_mlp", x, M, H, out)
+        # without total_rows a rank with no rows cannot tell M = 0 from a ragged M < world: the
+        # kernel's agreement with the peers decides
+        empty = (None if total_rows is None and mesh.world_size > 1
+                 else no_rows("tensor_parallel_mlp", x, M, H, out))
     if empty is not None:
         return empty
     cfg, build, sizes = kernel_plan(M, H, I, x.dtype, _sm_count(mesh.device.index), mesh.world_size)

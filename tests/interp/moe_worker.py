@@ -91,10 +91,13 @@ def main(args):
     assert rel_err(three(mesh, **mine)["y"], want) < 1e-4, ("top-3", schedule)
     if one:
         # `fill` (route's per-expert places) is zeroed by the runtime when its memory is (re)laid
-        # out, and left zero by each launch: garbage there before a new shape must not matter
-        mesh.cache[kernel._key].buffers["fill"].fill_(5)
-        mine, _, want = case(11, 24, 20, seed=10, skew=1.0)
-        assert rel_err(kernel(mesh, **mine)["y"], want) < 1e-4, ("fill zeroed at a new shape", schedule)
+        # out, and left zero by each launch: garbage there before a new shape must not matter (two
+        # new shapes: the second re-lays the least recently used state, poisoned here)
+        for st in kernel._states(mesh):
+            st.buffers["fill"].fill_(5)
+        for T in (11, 10, 12):
+            mine, _, want = case(T, 24, 20, seed=10, skew=1.0)
+            assert rel_err(kernel(mesh, **mine)["y"], want) < 1e-4, ("fill zeroed at a new shape", T, schedule)
     # the user-facing module on the same kernel path (the GPU codegen, here interpreted)
     mine, (wg, w1, w2), want = case(3, 24, 20, seed=3)
     layer = et.nn.MoE(24, 20, 4 * R, 2, mesh=mesh, schedule=schedule, dtype=torch.float32)
