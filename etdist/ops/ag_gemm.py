@@ -128,7 +128,7 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
         M = total_rows_of("all_gather_gemm", total_rows, x, mesh.world_size)
         # without total_rows a rank with no rows cannot tell M = 0 from a ragged M < world: the
         # kernel's agreement with the peers decides
-        empty = (None if total_rows is None and mesh.world_size > 1
+        empty = (None if M or (total_rows is None and mesh.world_size > 1)
                  else no_rows("all_gather_gemm", x, M, w.shape[1], out))
     if empty is not None:
         return empty

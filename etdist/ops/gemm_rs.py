@@ -264,7 +264,7 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
-        empty = no_rows("gemm_reduce_scatter", x, x.shape[0], w.shape[1], out)
+        empty = None if x.shape[0] else no_rows("gemm_reduce_scatter", x, 0, w.shape[1], out)
     if empty is not None:
         return empty
     cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index),

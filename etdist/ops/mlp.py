@@ -133,7 +133,7 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
         M = total_rows_of("tensor_parallel_mlp", total_rows, x, mesh.world_size)
         # without total_rows a rank with no rows cannot tell M = 0 from a ragged M < world: the
         # kernel's agreement with the peers decides
-        empty = (None if total_rows is None and mesh.world_size > 1
+        empty = (None if M or (total_rows is None and mesh.world_size > 1)
                  else no_rows("tensor_parallel_mlp", x, M, H, out))
     if empty is not None:
         return empty
