@@ -17,29 +17,7 @@ import torch.distributed as dist
 
 import etdist as et
 from etdist.measure import records
-
-
-def thread_ticks() -> dict:
-    """tid -> (name, utime + stime in clock ticks) of every thread of this process."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
-            name = open(f"/proc/self/task/{tid}/comm").read().strip()
-        except OSError:
-            continue   # the thread ended
-        out[int(tid)] = (name, int(fields[11]) + int(fields[12]))
-    return out
-
-
-def busy_threads(seconds: float = 1.0) -> dict:
-    """tid -> (name, share of a core) of the threads busy over `seconds` while this one sleeps."""
-    torch.cuda.synchronize()
-    before = thread_ticks()
-    time.sleep(seconds)
-    hz = os.sysconf("SC_CLK_TCK")
-    return {tid: (name, (t - before.get(tid, (name, t))[1]) / hz / seconds)
-            for tid, (name, t) in thread_ticks().items()}
+from etdist.measure.threads import busy_threads, thread_ticks
 
 
 def per_call_us(fn, calls: int = 300, repeats: int = 5) -> float:
@@ -94,6 +72,7 @@ def main():
     for _, fn in calls.values():
         fn()
     main_tid = os.getpid()
+    torch.cuda.synchronize()
     busy = busy_threads()
     spinners = [tid for tid, (_, b) in busy.items() if b > 0.5 and tid != main_tid]
     print(f"{label}: {len(busy)} threads; busy while idle: "

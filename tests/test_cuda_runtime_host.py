@@ -33,6 +33,11 @@ class RecordingComm(FakeComm):
         return super().allgather(obj)
 
 
+def peer_sizes(sizes):
+    """What a peer that accepted its inputs sends in the agreement (CudaKernel._agree)."""
+    return {"sizes": sizes, "captured": []}
+
+
 class FakeMesh:
     backend, rank, world_size, device = "nvshmem", 0, 2, torch.device("cpu")
 
@@ -55,13 +60,13 @@ def test_peer_refusal_raises_here(kernel):
 
 def test_sizes_that_differ_across_ranks(kernel):
     x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
-    mesh = FakeMesh([[("K", 16), ("M", 9), ("N", 32), ("WORLD", 2)]])
+    mesh = FakeMesh([peer_sizes([("K", 16), ("M", 9), ("N", 32), ("WORLD", 2)])])
     with pytest.raises(et.InputError, match="ranks disagree on sizes"):
         kernel._agree(mesh, {"x": x, "w": w}, None)
 
 
 def test_own_refusal_is_shared_before_raising(kernel):
-    mesh = FakeMesh([[("K", 16), ("M", 8), ("N", 32), ("WORLD", 2)]])
+    mesh = FakeMesh([peer_sizes([("K", 16), ("M", 8), ("N", 32), ("WORLD", 2)])])
     mesh.comm = RecordingComm(mesh.comm.others)
     seen = mesh.comm.seen
     x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.float32)
@@ -75,7 +80,7 @@ def test_wrong_out_is_refused_on_every_rank_before_launch(kernel, monkeypatch):
     the agreement, the peers launched anyway and their launch waited for (and took) this rank's next
     call's data (seen under TRITON_INTERPRET=1 with 2 ranks)."""
     from etdist.fusion.cuda_runtime import _MeshState
-    mesh = FakeMesh([[("K", 16), ("M", 8), ("N", 32), ("WORLD", 2)]])
+    mesh = FakeMesh([peer_sizes([("K", 16), ("M", 8), ("N", 32), ("WORLD", 2)])])
     mesh.comm = RecordingComm(mesh.comm.others)
     seen = mesh.comm.seen
     monkeypatch.setattr(kernel, "_new_state", lambda m: _MeshState(programs=1, device=m.device))

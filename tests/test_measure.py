@@ -382,3 +382,30 @@ def _two_ranks(rank, store):
 
 def test_eager_baselines_two_ranks_ragged(tmp_path):
     torch.multiprocessing.spawn(_two_ranks, args=(str(tmp_path / "store"),), nprocs=2)
+
+
+# ---------------------------------------------------------------------------------------- threads
+
+def test_busy_threads_names_a_spinning_thread():
+    import threading
+
+    from etdist.measure.threads import busy_threads
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    def idle():
+        stop.wait()
+
+    spinner, sleeper = threading.Thread(target=spin), threading.Thread(target=idle)
+    spinner.start()
+    sleeper.start()
+    try:
+        busy = busy_threads(0.5)
+    finally:
+        stop.set()
+        spinner.join()
+        sleeper.join()
+    assert busy[spinner.native_id][1] > 0.3 and busy[sleeper.native_id][1] < 0.1

@@ -471,11 +471,10 @@ class CudaKernel:
         refused = [(r, e) for r, e in enumerate(everyone) if isinstance(e, str)]
         if refused:
             raise InputError(f"graph {self.ir.name!r}: rank {refused[0][0]} refused its inputs: {refused[0][1]}")
-        agreed = [e["sizes"] if isinstance(e, dict) else e for e in everyone]
-        if any(e != agreed[0] for e in agreed):
-            listing = "; ".join(f"rank {r}: {dict(e)}" for r, e in enumerate(agreed))
+        if any(e["sizes"] != everyone[0]["sizes"] for e in everyone):
+            listing = "; ".join(f"rank {r}: {dict(e['sizes'])}" for r, e in enumerate(everyone))
             raise InputError(f"graph {self.ir.name!r}: ranks disagree on sizes ({listing})")
-        return bound, {serial for e in everyone if isinstance(e, dict) for serial in e["captured"]}
+        return bound, {serial for e in everyone for serial in e["captured"]}
 
     def _prepare(self, mesh, st: _MeshState, bound: dict) -> None:
         """New sizes (agreed by every rank): (re)allocate, zero the counters, barrier."""

@@ -129,7 +129,7 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
         # without total_rows a rank with no rows cannot tell M = 0 from a ragged M < world: the
         # kernel's agreement with the peers decides
         empty = (None if M or (total_rows is None and mesh.world_size > 1)
-                 else no_rows("all_gather_gemm", x, M, w.shape[1], out))
+                 else no_rows("all_gather_gemm", x, w.shape[1], out))
     if empty is not None:
         return empty
     cfg, build = kernel_plan(M, x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index), mesh.world_size)

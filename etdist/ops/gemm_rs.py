@@ -264,7 +264,7 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
-        empty = None if x.shape[0] else no_rows("gemm_reduce_scatter", x, 0, w.shape[1], out)
+        empty = None if x.shape[0] else no_rows("gemm_reduce_scatter", x, w.shape[1], out)
     if empty is not None:
         return empty
     cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index),
@@ -334,12 +334,10 @@ def check_operands(op: str, graph: str, x, w, mesh):
     return mesh
 
 
-def no_rows(op: str, x: torch.Tensor, M: int, cols: int, out) -> Optional[torch.Tensor]:
-    """M = 0 (every rank's batch empty: every rank must be told so alike, as it returns without a
-    word to the peers): nothing to launch, so the empty [0, cols] result (`out` itself, checked, if
-    given); None when there are rows to compute."""
-    if M:
-        return None
+def no_rows(op: str, x: torch.Tensor, cols: int, out) -> torch.Tensor:
+    """The result at M = 0 (every rank's batch empty: every rank must be told so alike, as the op
+    returns without a word to the peers): nothing to launch, so the empty [0, cols] (`out` itself,
+    checked, if given)."""
     if x.shape[0]:
         raise InputError(f"{op}: total_rows is 0 but x has {x.shape[0]} rows")
     if out is None:

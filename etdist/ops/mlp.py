@@ -134,7 +134,7 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
         # without total_rows a rank with no rows cannot tell M = 0 from a ragged M < world: the
         # kernel's agreement with the peers decides
         empty = (None if M or (total_rows is None and mesh.world_size > 1)
-                 else no_rows("tensor_parallel_mlp", x, M, H, out))
+                 else no_rows("tensor_parallel_mlp", x, H, out))
     if empty is not None:
         return empty
     cfg, build, sizes = kernel_plan(M, H, I, x.dtype, _sm_count(mesh.device.index), mesh.world_size)

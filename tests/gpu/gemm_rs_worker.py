@@ -15,6 +15,16 @@ import etdist as et
 from etdist.ops import gemm_rs as op_module
 
 
+def gathered(x, M, mesh):
+    """float32 [M, K]: every rank's rows x (chunks of cdiv(M, world), ragged at the end)."""
+    C = -(-M // mesh.world_size)
+    pad = torch.zeros(C, x.shape[1], device=mesh.device, dtype=x.dtype)
+    pad[:x.shape[0]] = x
+    xs = [torch.empty_like(pad) for _ in range(mesh.world_size)]
+    dist.all_gather(xs, pad)
+    return torch.cat(xs)[:M].float()
+
+
 def reference(x, w, mesh):
     """float32 reference: all ranks' x and w gathered, summed, this rank's rows."""
     xs = [torch.empty_like(x) for _ in range(mesh.world_size)]
@@ -81,26 +91,12 @@ def check_ok(mesh):
 def check_idle_threads(mesh):
     """Idle, no thread of the process keeps a core busy (NVSHMEM's proxy thread spun one whole core
     and doubled the host time of an eager call where it shared the main thread's core)."""
-    import time
-
-    def ticks():   # utime + stime of every thread, in clock ticks
-        out = {}
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue   # the thread ended
-            out[tid] = int(fields[11]) + int(fields[12])
-        return out
-
+    from etdist.measure.threads import busy_threads
     torch.cuda.synchronize()
-    before, t0 = ticks(), time.perf_counter()
-    time.sleep(1.0)
-    after, hz = ticks(), os.sysconf("SC_CLK_TCK")
-    busy = {tid: (t - before.get(tid, 0)) / hz / (time.perf_counter() - t0) for tid, t in after.items()}
-    spinning = {tid: f"{b:.0%}" for tid, b in busy.items() if b > 0.5}
+    busy = busy_threads(1.0)
+    spinning = {tid: f"{b:.0%}" for tid, (_, b) in busy.items() if b > 0.5}
     assert not spinning, f"threads busy while idle (share of a core): {spinning}"
-    print(f"OK idle-threads rank {mesh.rank} ({len(after)} threads)", flush=True)
+    print(f"OK idle-threads rank {mesh.rank} ({len(busy)} threads)", flush=True)
 
 
 def check_peer_skips(mesh):
@@ -224,11 +220,7 @@ def check_graph(mesh):
             def ref(name):
                 if name == "gemm_rs":
                     return reference(h, w_dn, mesh)
-                xs = [torch.zeros(C, H, device=mesh.device, dtype=torch.bfloat16) for _ in range(R)]
-                pad = torch.zeros(C, H, device=mesh.device, dtype=torch.bfloat16)
-                pad[:hi - lo] = x
-                dist.all_gather(xs, pad)
-                full = torch.cat(xs)[:M].float()
+                full = gathered(x, M, mesh)
                 if name == "ag_gemm":
                     return full @ w_gu.float()
                 gu = full @ w_gu.float()
@@ -275,15 +267,7 @@ def check_graphs_per_size(mesh):
                 return M if name == "gemm_rs" else min(M, (r + 1) * C) - min(M, r * C)
 
             def check(x, y, M, what):
-                if name == "gemm_rs":
-                    want = reference(x, w, mesh)
-                else:
-                    C = -(-M // R)
-                    pad = torch.zeros(C, K, device=mesh.device, dtype=x.dtype)
-                    pad[:x.shape[0]] = x
-                    xs = [torch.empty_like(pad) for _ in range(R)]
-                    dist.all_gather(xs, pad)
-                    want = torch.cat(xs)[:M].float() @ w.float()
+                want = reference(x, w, mesh) if name == "gemm_rs" else gathered(x, M, mesh) @ w.float()
                 err = ((y.float() - want).abs().max() / want.abs().max()).item()
                 assert err < 2e-2, (name, M, what, err)
 
