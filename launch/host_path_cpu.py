@@ -13,6 +13,7 @@ import types
 import torch
 import etdist as et
 from etdist.fusion import cuda_runtime as cr
+from etdist.mesh.stream_order import StreamOrder
 from etdist.ops import ag_gemm as ag_op
 from etdist.ops import gemm_rs as rs_op
 from etdist.ops import mlp as mlp_op
@@ -20,7 +21,9 @@ from etdist.ops import mlp as mlp_op
 class FakeMesh:
     backend, rank, world_size = "nvshmem", 0, 1
     device = torch.device("cpu")
-    def __init__(self): self.cache = {}; self.comm = types.SimpleNamespace(allgather=lambda x: [x])
+    def __init__(self):   # a real StreamOrder: one stream, as a real call's host path
+        self.cache, self.comm = {}, types.SimpleNamespace(allgather=lambda x: [x])
+        self.stream_order = StreamOrder(self.device)
     def empty(self, shape, dtype): return torch.zeros(shape, dtype=dtype)
     def free(self, t): pass
     def peer_ptrs(self, t): return torch.tensor([t.data_ptr()], dtype=torch.int64)

@@ -10,6 +10,7 @@ import torch
 import etdist as et
 from etdist.fusion.bind import MapTable
 from etdist.fusion.cuda_runtime import CudaKernel
+from etdist.mesh.stream_order import StreamOrder
 from etdist.workloads import gemm_rs
 
 
@@ -43,6 +44,7 @@ class FakeMesh:
 
     def __init__(self, others):
         self.comm, self.cache = FakeComm(others), {}
+        self.stream_order = StreamOrder(self.device)
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +227,8 @@ class PreparingMesh(FakeMesh):
     def peer_ptrs(self, t):
         return torch.tensor([t.data_ptr()], dtype=torch.int64)
 
+    watchdog_s = 1.0
+
     def watchdog_spins(self):
         return 1 << 20
 
@@ -299,7 +303,7 @@ def test_a_shape_captured_in_a_cuda_graph_keeps_its_state(monkeypatch):
 
     mesh, capturing = Mesh(), [False]
     mesh.comm = RecordingComm([])
-    monkeypatch.setattr(cr, "_capturing", lambda device: capturing[0])
+    monkeypatch.setattr(cr, "stream_capturing", lambda device: capturing[0])
     w = torch.randn(32, 48, dtype=torch.bfloat16)
     xs = {M: torch.randn(M, 32, dtype=torch.bfloat16) for M in (8, 16, 24, 512, 600, 700)}
     captured = {}
@@ -820,3 +824,122 @@ def test_host_path_script_runs_without_a_gpu():
                        text=True, timeout=300, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("us per call") == 3, p.stdout
+
+
+def test_launches_on_another_stream_wait_for_the_last_launch(monkeypatch):
+    """Launches of one mesh on two streams ran unordered: two launches of a kernel share its
+    counters, and two ranks running two calls in opposite orders wait on each other (each holds the
+    SMs). One stream costs nothing; the first switch waits for the old stream's queue; from then on
+    each launch records an event behind itself, so a switch waits for that launch, not for later work."""
+    from etdist.mesh import stream_order
+
+    log = []
+
+    class Stream:
+        def __init__(self, raw, device=None):
+            self.raw = raw
+
+        def wait_event(self, ev):
+            log.append(("wait", self.raw, ev.at))
+
+    class Event:
+        at = None
+
+        def record(self, s):
+            self.at = s.raw
+            log.append(("record", s.raw))
+
+    monkeypatch.setattr(torch.cuda, "ExternalStream", Stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    order = stream_order.StreamOrder(torch.device("cuda", 0))
+
+    def launch(stream):
+        order.before(stream)
+        log.append(("launch", stream))
+        order.after()
+
+    for _ in range(3):
+        launch(7)
+    assert log == [("launch", 7)] * 3            # one stream: no events at all
+    log.clear()
+    launch(9)                                    # first switch: 9 waits for everything queued on 7
+    assert log == [("record", 7), ("wait", 9, 7), ("launch", 9), ("record", 9)]
+    log.clear()
+    launch(9)
+    launch(7)                                    # 7 waits for the event recorded just after 9's launch
+    assert log == [("launch", 9), ("record", 9), ("wait", 7, 9), ("launch", 7), ("record", 7)]
+
+
+def test_kernel_launches_go_through_the_mesh_stream_order(monkeypatch):
+    """Eager launches are ordered on the stream they go to; launches captured in a CUDA graph are not
+    (a capture cannot wait on an event recorded outside it)."""
+    from etdist.fusion import cuda_runtime as cr
+    kernel, rec = _recorded_gemm_rs(monkeypatch)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 5, raising=False)
+    capturing = [False]
+    monkeypatch.setattr(cr, "stream_capturing", lambda device: capturing[0])
+    mesh = PreparingMesh()
+    x, w = torch.randn(24, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
+    kernel(mesh, x=x, w=w)
+    assert mesh.stream_order.last == 5 and len(rec.direct) == 1
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 6, raising=False)
+    capturing[0] = True
+    kernel(mesh, x=x, w=w)                       # captured on stream 6: not ordered, not the last
+    assert mesh.stream_order.last == 5 and len(rec.direct) == 2
+
+
+def test_a_call_refused_while_capturing_posts_at_the_next_call(monkeypatch):
+    """A refusal posts an error record into every rank's arena, which synchronises: inside a CUDA
+    graph capture that broke the capture with a CUDA error instead of the InputError. Now the
+    InputError is raised, nothing synchronises, and this rank's next call posts the refusal (the
+    peers' captured launch stops) and raises RuntimeFault."""
+    from etdist.fusion import cuda_runtime as cr
+    kernel, rec = _recorded_gemm_rs(monkeypatch)
+    capturing, posted = [False], []
+    monkeypatch.setattr(cr, "stream_capturing", lambda device: capturing[0])
+
+    def post(mesh, st):
+        assert not capturing[0], "posted (synchronised) inside a capture"
+        posted.append(st)
+    monkeypatch.setattr(kernel, "_post_refusal", post)
+    mesh = PreparingMesh()
+    x, w = torch.randn(24, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
+    kernel(mesh, x=x, w=w)
+    capturing[0] = True
+    with pytest.raises(et.InputError, match=r"out\['y'\]"):
+        kernel(mesh, x=x, w=w, out={"y": torch.empty(3, 3, dtype=torch.bfloat16)})
+    assert not posted and len(rec.direct) == 1
+    capturing[0] = False
+    with pytest.raises(et.RuntimeFault, match="refused a call while a CUDA graph captured it"):
+        kernel(mesh, x=x, w=w)
+    assert posted == [kernel.state(mesh)] and len(rec.direct) == 1
+
+
+def test_a_failed_graph_replay_is_raised_at_calls_at_other_shapes(monkeypatch):
+    """A launch replayed from a CUDA graph leaves its error word in its own state: eager calls at
+    other shapes read only theirs, so the failure showed only at check(). The captured states'
+    words are now read every call."""
+    from etdist.fusion import cuda_runtime as cr
+    kernel, rec = _recorded_gemm_rs(monkeypatch)
+
+    def new_state(mesh):
+        word = torch.zeros(1, dtype=torch.int32)
+        return cr._MeshState(programs=4, error_word=word, error_np=word.numpy(), compiled=rec)
+    monkeypatch.setattr(kernel, "_new_state", new_state)
+    capturing = [False]
+    monkeypatch.setattr(cr, "stream_capturing", lambda device: capturing[0])
+    mesh = PreparingMesh()
+    w = torch.randn(32, 48, dtype=torch.bfloat16)
+    small, big = torch.randn(8, 32, dtype=torch.bfloat16), torch.randn(600, 32, dtype=torch.bfloat16)
+    kernel(mesh, x=small, w=w)
+    capturing[0] = True
+    kernel(mesh, x=small, w=w)                       # "captured"
+    capturing[0] = False
+    graphed = kernel.state(mesh)
+    kernel(mesh, x=big, w=w)
+    kernel(mesh, x=big, w=w)                         # fine: nothing failed
+    # a replay timed out: the kernel's record in the arena, its word in the pinned copy
+    graphed.arena[:8] = torch.tensor([1, 0, 0, 3, 4, -1, 2, 0], dtype=torch.int32)
+    graphed.error_np[0] = 1
+    with pytest.raises(et.RuntimeFault, match="counter 3, needed 4"):
+        kernel(mesh, x=big, w=w)

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..mesh import Mesh, MeshError, current_mesh
+from ..mesh.stream_order import capturing as stream_capturing
 from . import plan as plans
 from .cpu_exchange import exchange_cpu
 from .gpu_exchange import exchange_interpreted, prepare_gpu
@@ -91,8 +92,14 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
             if len(cache) > 1024:
                 cache.clear()
             cache[full_key] = launches
+        # in call order with the mesh's other launches, whatever the stream (mesh/stream_order.py)
+        order = None if stream_capturing(mesh.device) else mesh.stream_order
+        if order is not None:
+            order.before(torch._C._cuda_getCurrentRawStream(mesh.device.index))
         for launch in launches:
             launch()
+        if order is not None:
+            order.after()
         if check:
             mesh.impl.synchronize()
             mesh.check(OP_NAMES)

@@ -24,7 +24,12 @@ error naming the graph, event, coordinate and counter value.
 Refusals: at a new shape the ranks agree first, so one rank's bad input makes every rank raise
 before anything launches. At a prepared shape they launch without asking each other, so a rank
 that refuses its call posts an error record into every rank's arena instead: the peers' launch
-stops at its next wait, and every rank raises (the kernel then stays failed on that mesh).
+stops at its next wait, and every rank raises (the kernel then stays failed on that mesh). Posting
+synchronises, which a CUDA graph capture forbids: a call refused while capturing raises its
+InputError and posts at this rank's next call of the kernel (or check()), which raises RuntimeFault.
+
+Streams: launches on one mesh run in call order whatever stream each goes to (mesh/stream_order.py);
+launches captured in CUDA graphs are not ordered by us.
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ from triton.runtime import _allocation as triton_allocation
 
 from .. import knobs
 from ..kernels.launch_hooks import hooks_active
+from ..mesh.stream_order import capturing as stream_capturing, capturing_current
 from .bind import MapTable, bind, bind_inputs
 from .schedule_dynamic import release_plan
 from .codegen_triton import ERR_WORDS, TRACE_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
@@ -64,14 +70,6 @@ _KERNEL_IDS = itertools.count()
 # Error record kinds in a kernel's arena: 1 and 2 are the kernel's own (kernels/sync.py: a wait
 # timed out, a shape disagreed); 3 is the host's, posted by a rank that refused its call (below).
 ERR_REFUSED = 3
-
-
-_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)   # None on CPU-only torch
-
-
-def _capturing(device) -> bool:
-    """Whether the current stream is being captured into a CUDA graph (~0.3 us: asked every call)."""
-    return device.type == "cuda" and _stream_capturing()
 
 
 def _sync(mesh) -> None:
@@ -192,14 +190,24 @@ class _KernelStates:
     """A kernel's states on one mesh: one per input shape (bind key), least recently used first."""
     by_key: "OrderedDict[tuple, _MeshState]" = field(default_factory=OrderedDict)
     serials: "itertools.count" = field(default_factory=itertools.count)
+    gpu: Optional[int] = None           # the mesh's CUDA device index (None: a CPU mesh, the interpreter)
     last: Optional[_MeshState] = None   # the state of the last call
+    watched: tuple = ()      # states captured in CUDA graphs: their replays' errors are read every call
+    owed: bool = False       # a call was refused while capturing: post the refusal at the next call
 
 
 def post_refusal(mesh, kernels) -> None:
     """This rank refused a call before choosing which of `kernels` to launch (an op's own argument
     checks): the peers, at a shape they have prepared, launch without asking us, so stop the launch of
     every kernel prepared on this mesh (CudaKernel._post_refusal): every rank raises instead of
-    pairing with our next call."""
+    pairing with our next call. While a CUDA graph captures (posting synchronises): at each kernel's
+    next call or check() on this rank instead."""
+    if stream_capturing(mesh.device):
+        for k in kernels:
+            states = mesh.cache.get(k._key)
+            if states is not None and any(st.shape is not None for st in states.by_key.values()):
+                states.owed = True
+        return
     for k in kernels:
         for st in k._states(mesh):
             if st.shape is not None:
@@ -271,16 +279,30 @@ class CudaKernel:
         unknown = set(out) - self.output_names if out else None
         if unknown:
             raise InputError(f"graph {self.ir.name!r}: out= names {sorted(unknown)}, which are no outputs")
-        key = (tuple((n, t.shape, t.dtype) if isinstance(t, torch.Tensor) else (n, None, None)
-                     for n, t in inputs.items()), tuple(sorted(sizes.items())) if sizes else ())
         # state lives in the mesh (closing it drops the state with the memory it points into)
         states = mesh.cache.get(self._key)
         if states is None:
-            states = mesh.cache[self._key] = _KernelStates()
+            states = mesh.cache[self._key] = _KernelStates(
+                gpu=mesh.device.index if mesh.device.type == "cuda" and not self.interpreted else None)
+        gpu = states.gpu
+        if gpu is None:
+            capturing = stream_capturing(mesh.device)   # False but for tests' stand-ins
+        elif torch._C._cuda_getDevice() != gpu:
+            with torch.cuda.device(gpu):   # the stream we launch on and its capture are the mesh GPU's
+                return self(mesh, sizes, out, **inputs)
+        else:
+            capturing = capturing_current()
+        key = (tuple((n, t.shape, t.dtype) if isinstance(t, torch.Tensor) else (n, None, None)
+                     for n, t in inputs.items()), tuple(sorted(sizes.items())) if sizes else ())
         last = states.last
         # the same shape as the last call (the common case) needs no lookup: keys compare cheaper than they hash
         st = last if last is not None and last.bind_key == key else states.by_key.get(key)
-        capturing = not self.interpreted and _capturing(mesh.device)
+        if not capturing:
+            if states.owed:
+                self._pay_refusal(mesh, states)
+            for seen in states.watched:   # a graph replay's launch that failed (its error word is set)
+                if seen.error_np[0] != 0 and seen is not st:
+                    self._check_pending(mesh, seen)
         if st is None:   # a new shape: check everything, agree across ranks, prepare, remember
             if capturing:   # preparing synchronises, allocates and talks to the peers
                 raise InputError(f"graph {self.ir.name!r}: captured in a CUDA graph at a shape it is not prepared "
@@ -294,7 +316,9 @@ class CudaKernel:
                 if not capturing and last is not None:
                     self._check_pending(mesh, last)   # the previous call's launch, if it failed
             if capturing:   # no checks that may synchronise: the next call outside the capture makes them
-                st.captured = True
+                if not st.captured:
+                    st.captured = True
+                    states.watched += (st,)
             else:
                 self._check_pending(mesh, st)
         try:   # cheap checks that shapes cannot cover (a new shape passed them in the agreement)
@@ -323,10 +347,16 @@ class CudaKernel:
                                                        USE_ASM=False)
                 self._raise_if_this_call_failed(mesh, st)
                 return outs
-            if not self._launch_direct(mesh, st, values):
+            stream = torch._C._cuda_getCurrentRawStream(gpu)
+            order = mesh.stream_order   # launches in call order across streams (eager ones: not captures)
+            if not capturing and stream != order.last:
+                order.before(stream)
+            if not self._launch_direct(mesh, st, values, stream):
                 st.compiled = self.module.megakernel[(st.programs,)](
                     *st.shape.args(values), NUM_PROGRAMS=st.programs, USE_ASM=True, num_warps=self.num_warps,
                     num_stages=self.num_stages, launch_cooperative_grid=True)
+            if not capturing and order.event is not None:
+                order.after()
         finally:
             triton_allocation._allocator.reset(scratch)
         if ERROR_WORD_COPY:   # the A/B switch: the copy the kernel's own store replaced
@@ -375,7 +405,7 @@ class CudaKernel:
         states = mesh.cache.get(self._key)
         return states.last if states is not None else None
 
-    def _launch_direct(self, mesh, st: _MeshState, values: dict) -> bool:
+    def _launch_direct(self, mesh, st: _MeshState, values: dict, stream: int) -> bool:
         """Launch the already compiled kernel without Triton's per-call dispatch (which costs tens
         of microseconds for a kernel with this many arguments). Only where the binary is known to
         fit: every pointer 16-byte aligned as when it was compiled, and no profiler hook set."""
@@ -385,7 +415,7 @@ class CudaKernel:
         flat = st.shape.direct_args(values)
         if flat is None:
             return False
-        k.run(st.programs, 1, 1, torch._C._cuda_getCurrentRawStream(mesh.device.index), k.function,
+        k.run(st.programs, 1, 1, stream, k.function,
               k.packed_metadata, None, None, None, *flat, st.programs, True)
         return True
 
@@ -397,9 +427,20 @@ class CudaKernel:
         return _MeshState(programs=min(self.programs or sms, sms), error_word=word, error_np=word.numpy(),
                           device=mesh.device)
 
+    def _pay_refusal(self, mesh, states: _KernelStates) -> None:
+        """Post the refusal owed since a call was refused while capturing (post_refusal), then raise."""
+        states.owed = False
+        post_refusal(mesh, [self])
+        raise RuntimeFault(f"graph {self.ir.name!r}: this rank refused a call while a CUDA graph captured it (its "
+                           f"InputError said why); that call was stopped on every rank, including the peers' "
+                           f"captured launch, and this kernel cannot run on this mesh again")
+
     def check(self, mesh) -> None:
         """Wait for the launches so far and raise if any of their waits timed out (on any rank), in
         any state (graph replays included)."""
+        kept = mesh.cache.get(self._key)
+        if kept is not None and kept.owed and not stream_capturing(mesh.device):
+            self._pay_refusal(mesh, kept)
         states = [st for st in self._states(mesh) if st.arena is not None]
         if not states:
             return

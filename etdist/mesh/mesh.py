@@ -21,6 +21,7 @@ from .control import ERR_WORDS, ControlLayout, ErrorKind, ErrorRecord, Event
 from .errors import MeshError, PeerTimeoutError, ShapeMismatchError
 from .hostcomm import HostComm, make_host_comm
 from .launch import Launch, Launcher, detect_launch, resolve_launch
+from .stream_order import StreamOrder
 
 _CURRENT: Optional["Mesh"] = None
 _ALIGN = 256  # bytes; every symmetric allocation starts aligned for 16-byte vector access
@@ -54,6 +55,7 @@ class Mesh:
         self._epochs: Dict[str, int] = {}
         self._failed: Optional[MeshError] = None
         self.cache: Dict[str, object] = {}  # per-mesh state of the layers above (e.g. collective workspaces)
+        self.stream_order = StreamOrder(device)   # launches run in call order across streams
         self._closed = False
         # Test hook: the rank named here skips its data notifies in collectives (fault injection).
         self.fault_skip_notify_rank: Optional[int] = None

@@ -1,12 +1,14 @@
 """GPU checks of the fused GEMM+RS megakernel, one process per GPU:
 
-    torchrun --nproc_per_node=N tests/gpu/gemm_rs_worker.py [--case ok|trace|dynamic|graph|peer-skips|refusal]
+    torchrun --nproc_per_node=N tests/gpu/gemm_rs_worker.py [--case ok|trace|dynamic|graph|streams|peer-skips|
+                                                              refusal|capture-refusal]
 
 Prints 'OK <check>' lines that tests/gpu/test_megakernel_gpu.py counts.
 """
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -318,16 +320,100 @@ def check_refusal(mesh):
     print(f"OK refusal rank {mesh.rank}", flush=True)
 
 
+def check_streams(mesh):
+    """Launches on two streams run in call order (mesh/stream_order.py). The first switch: a call on
+    s2 waits for s1's queue (a long sleep, then a call). After it, a call on s2 waits only for the
+    last launch, not for work queued behind it on s1. Every output matches the reference."""
+    K, N, M = 1536, 1024, 64
+    w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16) / K ** 0.5
+    xs = [torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16) for _ in range(4)]
+    op = lambda x: et.ops.gemm_reduce_scatter(x, w, mesh=mesh)   # noqa: E731
+    op(xs[0])
+    torch.cuda.synchronize()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    long = int(1.5e9)   # cycles: ~0.75-1 s at the H200's clocks
+    with torch.cuda.stream(s1):
+        torch.cuda._sleep(long)
+        y1 = op(xs[1])
+    with torch.cuda.stream(s2):
+        y2 = op(xs[2])
+        done2 = torch.cuda.Event()
+        done2.record()
+    time.sleep(0.2)
+    assert not done2.query(), "the call on s2 ran before the call on s1 issued ahead of it"
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s1):
+        y3 = op(xs[3])
+        torch.cuda._sleep(long)   # queued behind the launch: s2 need not wait for it
+        slept = torch.cuda.Event()
+        slept.record()
+    with torch.cuda.stream(s2):
+        y4 = op(xs[1])
+        done4 = torch.cuda.Event()
+        done4.record()
+    t0 = time.time()
+    while not done4.query() and time.time() - t0 < 0.5:
+        time.sleep(0.001)
+    assert done4.query() and not slept.query(), "the call on s2 waited for work queued behind s1's launch"
+    torch.cuda.synchronize()
+    for x, y in ((xs[1], y1), (xs[2], y2), (xs[3], y3), (xs[1], y4)):
+        want = reference(x, w, mesh)
+        err = ((y.float() - want).abs().max() / want.abs().max()).item()
+        assert err < 2e-2, err
+    for k in op_module._KERNELS.values():
+        k.check(mesh)
+    print(f"OK streams rank {mesh.rank}", flush=True)
+
+
+def check_capture_refusal(mesh):
+    """A call refused while a CUDA graph captures it (x fp16, w bf16; rank 1, or the only rank)
+    raises its InputError, not a CUDA error from a synchronise inside the capture; that rank's next
+    call posts the refusal and raises RuntimeFault; a peer's replay of its own captured call stops
+    and its check() raises, naming the refusing rank."""
+    K, N, M = 1536, 1024, 16
+    w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16)
+    x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
+    et.ops.gemm_reduce_scatter(x, w, mesh=mesh)           # prepared on every rank
+    torch.cuda.synchronize()
+    refuser = mesh.world_size - 1
+    g = torch.cuda.CUDAGraph()
+    if mesh.rank == refuser:
+        try:
+            with torch.cuda.graph(g):
+                et.ops.gemm_reduce_scatter(x.half(), w, mesh=mesh)
+            raise AssertionError("the call was accepted")
+        except et.InputError:
+            pass
+        try:
+            et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+            raise AssertionError("the call after a refusal in a capture was accepted")
+        except et.RuntimeFault as e:
+            assert "while a CUDA graph captured it" in str(e), e
+    else:
+        with torch.cuda.graph(g):
+            et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+        g.replay()
+        try:
+            for k in op_module._KERNELS.values():
+                k.check(mesh)
+            raise AssertionError("the replay finished without the refusing rank")
+        except et.RuntimeFault as e:
+            assert f"rank {refuser} refused" in str(e), e
+    print(f"OK capture-refusal rank {mesh.rank}", flush=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", default="ok")
     args = ap.parse_args()
     dist.init_process_group("cpu:gloo,cuda:nccl")  # NCCL for the reference; the mesh reuses the group
     mesh = et.init_mesh(watchdog_s=3 if args.case == "peer-skips" else None)
-    if args.case in ("ok", "trace", "dynamic", "graph"):
-        {"ok": check_ok, "trace": check_trace, "dynamic": check_dynamic, "graph": check_graph}[args.case](mesh)
+    if args.case in ("ok", "trace", "dynamic", "graph", "streams"):
+        {"ok": check_ok, "trace": check_trace, "dynamic": check_dynamic, "graph": check_graph,
+         "streams": check_streams}[args.case](mesh)
         mesh.close()
     else:  # the mesh is broken on purpose: leave without the collective teardown
-        {"peer-skips": check_peer_skips, "refusal": check_refusal}[args.case](mesh)
+        {"peer-skips": check_peer_skips, "refusal": check_refusal,
+         "capture-refusal": check_capture_refusal}[args.case](mesh)
         sys.stdout.flush()
         os._exit(0)

@@ -67,6 +67,22 @@ def test_ops_replay_from_cuda_graphs(world):
     assert out.count("OK graph rank") == world and out.count("OK graphs-per-size") == world, out[-5000:]
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_launches_on_two_streams_run_in_call_order(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    rc, out = torchrun(world, "--case", "streams")
+    assert rc == 0 and out.count("OK streams") == world, out[-5000:]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_call_refused_while_capturing_stops_every_rank(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    rc, out = torchrun(world, "--case", "capture-refusal", timeout=120)
+    assert out.count("OK capture-refusal") == world, out[-5000:]
+
+
 def test_missing_peer_raises_within_watchdog():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
