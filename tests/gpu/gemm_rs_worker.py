@@ -322,39 +322,46 @@ def check_refusal(mesh):
 
 def check_streams(mesh):
     """Launches on two streams run in call order (mesh/stream_order.py). The first switch: a call on
-    s2 waits for s1's queue (a long sleep, then a call). After it, a call on s2 waits only for the
-    last launch, not for work queued behind it on s1. Every output matches the reference."""
+    s2 waits for s1's queue (a long copy, then a call). After it, a call on s2 waits only for the
+    last launch, not for work queued behind it on s1. Every output matches the reference. The work
+    on s1 is a host-to-device copy (the copy engines, no SM): a kernel there would hold SM room
+    that our cooperative launch needs, delaying it whatever the order."""
     K, N, M = 1536, 1024, 64
     w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16) / K ** 0.5
     xs = [torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16) for _ in range(4)]
     op = lambda x: et.ops.gemm_reduce_scatter(x, w, mesh=mesh)   # noqa: E731
+    host = torch.empty(4 << 30, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty_like(host, device=mesh.device)
     op(xs[0])
     torch.cuda.synchronize()
+    t0 = time.time()
+    dev.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    copy_s = time.time() - t0
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
-    long = int(1.5e9)   # cycles: ~0.75-1 s at the H200's clocks
     with torch.cuda.stream(s1):
-        torch.cuda._sleep(long)
+        dev.copy_(host, non_blocking=True)
         y1 = op(xs[1])
     with torch.cuda.stream(s2):
         y2 = op(xs[2])
         done2 = torch.cuda.Event()
         done2.record()
-    time.sleep(0.2)
+    time.sleep(copy_s / 4)
     assert not done2.query(), "the call on s2 ran before the call on s1 issued ahead of it"
     torch.cuda.synchronize()
     with torch.cuda.stream(s1):
         y3 = op(xs[3])
-        torch.cuda._sleep(long)   # queued behind the launch: s2 need not wait for it
-        slept = torch.cuda.Event()
-        slept.record()
+        dev.copy_(host, non_blocking=True)   # queued behind the launch: s2 need not wait for it
+        copied = torch.cuda.Event()
+        copied.record()
     with torch.cuda.stream(s2):
         y4 = op(xs[1])
         done4 = torch.cuda.Event()
         done4.record()
     t0 = time.time()
-    while not done4.query() and time.time() - t0 < 0.5:
-        time.sleep(0.001)
-    assert done4.query() and not slept.query(), "the call on s2 waited for work queued behind s1's launch"
+    while not done4.query() and time.time() - t0 < 2 * copy_s:
+        time.sleep(0.0002)
+    assert done4.query() and not copied.query(), "the call on s2 waited for work queued behind s1's launch"
     torch.cuda.synchronize()
     for x, y in ((xs[1], y1), (xs[2], y2), (xs[3], y3), (xs[1], y4)):
         want = reference(x, w, mesh)
@@ -362,7 +369,7 @@ def check_streams(mesh):
         assert err < 2e-2, err
     for k in op_module._KERNELS.values():
         k.check(mesh)
-    print(f"OK streams rank {mesh.rank}", flush=True)
+    print(f"OK streams rank {mesh.rank} (a 4 GiB copy took {copy_s * 1e3:.0f} ms)", flush=True)
 
 
 def check_capture_refusal(mesh):
