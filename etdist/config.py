@@ -70,6 +70,7 @@ class BenchConfig:
     symm_mem: bool = True            # also time torch's fused symm_mem ops (PyTorch async-TP)
     startup: bool = False            # time cold compile / unseen M / 50 graph captures first
     rounds: int = 4                  # rounds per cell, each timing every contender once (timing.turns)
+    warm_cell: bool = True           # time each job's first cell once more first, and drop that timing
     results_dir: Optional[str] = None  # also append records here (e.g. bench/results), not only the run folder
 
 
