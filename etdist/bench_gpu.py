@@ -363,9 +363,11 @@ def run_sweep(cfg, console, folder) -> list:
                           f"{mesh.world_size} ranks[/]")
     for n, (workload, schedule, M) in enumerate(cells, 1):
         if n == 1 and cfg.bench.warm_cell:
-            # The first cell of a Hydra job timed a slower host: ours eager at 1 token 72 / 105 / 60 us
-            # against 57 in a graph, in three jobs of one process (records moe_first_cell). So it is
-            # timed twice, and only the second counts; the first is printed, not recorded.
+            # The first cell of a Hydra job once timed a slower host: ours eager at 1 token 72 / 105 / 60
+            # us against 57 in a graph, in three jobs of one process (records moe_first_cell). Another
+            # H200 showed no such effect (warm-ups 59.9 / 63.4 / 59.4 us, kept 59.8 / 59.3 / 59.4),
+            # but a third cell read 68: eager decode cells carry host noise anywhere. Kept as cheap
+            # insurance (one cell a job): the first timing is printed, not recorded.
             warm = CELLS[workload](mesh, cfg.model, M, ceil, cfg.bench.symm_mem, schedule, rounds=cfg.bench.rounds)
             if lead:
                 console.print(f"[dim]warm-up (dropped): {workload} {schedule[:3]} M={M} ours {warm.ours_us:.1f} us"
