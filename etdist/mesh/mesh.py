@@ -8,10 +8,12 @@
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import socket
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -25,6 +27,26 @@ from .stream_order import StreamOrder
 
 _CURRENT: Optional["Mesh"] = None
 _ALIGN = 256  # bytes; every symmetric allocation starts aligned for 16-byte vector access
+
+
+# Meshes by key: torch custom ops (ops/compiled.py) take plain values, so a mesh travels as its key,
+# a string (torch.compile(dynamic=True) would make an int key symbolic)
+_BY_KEY: "weakref.WeakValueDictionary[str, Mesh]" = weakref.WeakValueDictionary()
+_KEYS = itertools.count(1)
+
+
+def remember(mesh) -> str:
+    """Give `mesh` a key that mesh_by_key finds it by while it lives (Mesh.__init__ does; test fakes may)."""
+    mesh.key = f"mesh{next(_KEYS)}"
+    _BY_KEY[mesh.key] = mesh
+    return mesh.key
+
+
+def mesh_by_key(key: str) -> "Mesh":
+    mesh = _BY_KEY.get(key)
+    if mesh is None:
+        raise MeshError(f"no mesh with key {key}: it was closed or garbage-collected")
+    return mesh
 
 
 def current_mesh() -> "Mesh":
@@ -56,6 +78,7 @@ class Mesh:
         self._failed: Optional[MeshError] = None
         self.cache: Dict[str, object] = {}  # per-mesh state of the layers above (e.g. collective workspaces)
         self.stream_order = StreamOrder(device)   # launches run in call order across streams
+        remember(self)
         self._closed = False
         # Test hook: the rank named here skips its data notifies in collectives (fault injection).
         self.fault_skip_notify_rank: Optional[int] = None

@@ -103,13 +103,11 @@ class TensorParallelMLP(nn.Module):
                 f"sequence_parallel={self.sequence_parallel}")
 
     def forward(self, x: torch.Tensor, total_rows: Optional[int] = None) -> torch.Tensor:
-        # refused here on one rank only, the peers' launches stop too (every rank raises)
-        with refusal_reaches_peers(None if self.simulated else self.mesh, mlp_ops._KERNELS):
-            hidden_states("TensorParallelMLP", x, self.hidden, self.w_down[0].dtype)
-            if not self.sequence_parallel and not self.simulated and total_rows not in (None, x[..., 0].numel()):
-                raise InputError(f"TensorParallelMLP: total_rows={total_rows!r} but this module is not sequence-parallel: "
-                                 f"every rank passes the whole x ({x[..., 0].numel()} rows here); build it with "
-                                 "sequence_parallel=True to pass each rank's rows")
+        if torch.compiler.is_compiling():   # checked while torch.compile traces: nothing has launched
+            self._check(x, total_rows)
+        else:   # refused here on one rank only, the peers' launches stop too (every rank raises)
+            with refusal_reaches_peers(None if self.simulated else self.mesh, mlp_ops._KERNELS):
+                self._check(x, total_rows)
         lead = x.shape[:-1]
         if self.simulated and total_rows is not None and total_rows != x[..., 0].numel():
             raise InputError(f"TensorParallelMLP: total_rows={total_rows!r} but x has {x[..., 0].numel()} rows; "
@@ -117,6 +115,13 @@ class TensorParallelMLP(nn.Module):
         x2 = x.reshape(-1, self.hidden)  # [M or rows, H]
         y = self._simulated(x2) if self.simulated else self._on_gpus(x2, total_rows)
         return y.reshape(*lead, self.hidden) if not self.sequence_parallel or self.simulated else y
+
+    def _check(self, x: torch.Tensor, total_rows: Optional[int]) -> None:
+        hidden_states("TensorParallelMLP", x, self.hidden, self.w_down[0].dtype)
+        if not self.sequence_parallel and not self.simulated and total_rows not in (None, x[..., 0].numel()):
+            raise InputError(f"TensorParallelMLP: total_rows={total_rows!r} but this module is not sequence-parallel: "
+                             f"every rank passes the whole x ({x[..., 0].numel()} rows here); build it with "
+                             "sequence_parallel=True to pass each rank's rows")
 
     def _cpu_kernel(self):
         if self._kernel is None:

@@ -16,6 +16,8 @@ the tokens are split over the simulated ranks (padded to a multiple of R). Forwa
 """
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import NamedTuple, Optional
 
 import torch
@@ -213,6 +215,8 @@ class MoE(nn.Module):
         self.world, self.mesh, self.schedule, self.simulated = world, mesh, schedule, simulate_world is not None
         el, H, I = num_experts // world, hidden, expert_intermediate
         self._compiled: dict = {}   # (target, large tiles) -> the shared compiled kernel (_kernel)
+        self.key = f"moe{next(_LAYER_KEYS)}"   # how torch.compile's graphs name this layer (etdist::moe)
+        _LAYERS[self.key] = self
         gen = torch.Generator(device=device).manual_seed(0)   # drawn where the weights live (GBs for big MoEs)
 
         def param(*shape, scale):
@@ -324,6 +328,8 @@ class MoE(nn.Module):
         return kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and not self.simulated:   # one opaque node (etdist::moe, below)
+            return torch.ops.etdist.moe(x, self.router, self.w_gate_up[0], self.w_down[0], self.key)
         # refused here on one rank only, the peers' launches stop too (every rank raises)
         with refusal_reaches_peers(None if self.simulated else self.mesh, self._compiled):
             hidden_states("MoE", x, self.hidden, self.router.dtype)
@@ -346,3 +352,23 @@ class MoE(nn.Module):
                    "w_gate_up": self.w_gate_up[r].data, "w_down": self.w_down[r].data} for r in range(R)]
         outs = self._kernel("cpu").run(inputs)
         return torch.cat([o["y"] for o in outs])[:T]
+
+
+# torch.compile: the layer as one custom op, so Dynamo does not trace into the kernel's host path
+# (ops/compiled.py says why). A custom op takes tensors and plain values: the layer travels as its key
+# (a string: torch.compile(dynamic=True) would make an int symbolic).
+_LAYERS: "weakref.WeakValueDictionary[str, MoE]" = weakref.WeakValueDictionary()
+_LAYER_KEYS = itertools.count(1)
+
+
+@torch.library.custom_op("etdist::moe", mutates_args=())
+def _moe_op(x: torch.Tensor, router: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+            layer: str) -> torch.Tensor:
+    """The weights are arguments so the graph orders the call after whatever writes them; the layer
+    runs with its own (the same tensors)."""
+    return _LAYERS[layer](x)
+
+
+@_moe_op.register_fake
+def _(x, router, w_gate_up, w_down, layer):
+    return x.new_empty(x.shape)

@@ -3,3 +3,4 @@
 from .ag_gemm import all_gather_gemm
 from .gemm_rs import gemm_reduce_scatter
 from .mlp import tensor_parallel_mlp
+from . import compiled  # noqa: F401  (registers the ops as torch custom ops, for torch.compile)

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from .. import knobs
+from ..mesh import current_mesh
 from ..workloads import ag_gemm
 from .gemm_rs import (LARGE, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands, fp32_config,
                       no_rows, refusal_reaches_peers, total_rows_of)
@@ -121,7 +122,12 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
     x: [rows_r, K] this rank's rows (chunks of cdiv(M, R), ragged at the end: pass `total_rows=M`
        when M is not R x rows). w: [K, N_local] row-major. Rows are multiplied as they arrive,
        this rank's own first.
+    Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy).
     """
+    if torch.compiler.is_compiling():
+        y = torch.ops.etdist.all_gather_gemm(x, w, (mesh if mesh is not None else current_mesh()).key,
+                                             total_rows, schedule)
+        return y if out is None else out.copy_(y)
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)

@@ -260,7 +260,11 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     w: [K_local, N] (row-major: pass `weight.t().contiguous()` for an nn.Linear weight [N, K]).
     Returns [rows owned, N] in x's dtype (bf16/fp16/fp32), accumulated in fp32 per rank and summed
     in fp32 across ranks (partials travel in x's dtype; fp32 inputs multiply as TF32 on tensor cores).
+    Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy).
     """
+    if torch.compiler.is_compiling():
+        y = torch.ops.etdist.gemm_reduce_scatter(x, w, (mesh if mesh is not None else current_mesh()).key, schedule)
+        return y if out is None else out.copy_(y)
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)

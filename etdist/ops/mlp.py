@@ -10,6 +10,7 @@ import torch
 
 from .. import knobs
 from ..fusion.errors import InputError
+from ..mesh import current_mesh
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
 from .gemm_rs import (SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands,
@@ -116,7 +117,12 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
        `total_rows=M` when M is not R x rows). w_gate_up: [H, 2 I_r], this rank's gate columns then
        its up columns; w_down: [I_r, H] its rows of the down projection (row-major, as
        `etdist.workloads.mlp.shard` makes them). Returns [rows_r, H] in x's dtype.
+    Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy).
     """
+    if torch.compiler.is_compiling():
+        y = torch.ops.etdist.tensor_parallel_mlp(x, w_gate_up, w_down,
+                                                 (mesh if mesh is not None else current_mesh()).key, total_rows, schedule)
+        return y if out is None else out.copy_(y)
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("tensor_parallel_mlp", "etdist.workloads.mlp", x, w_gate_up, mesh)

@@ -114,6 +114,17 @@ def test_llama_with_tensor_parallel_mlps_matches_dense():
 
 
 @pytest.mark.parametrize("world", [1, 2])
+def test_ops_and_layers_under_torch_compile(world):
+    """fullgraph=True (no graph breaks), dynamic sizes, and mode="reduce-overhead" (inductor's CUDA
+    graphs): every result as when run eagerly."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    rc, out = torchrun(world, worker=pathlib.Path(__file__).with_name("compile_worker.py"))
+    for check in ("OK compile-ops", "OK compile-nn", "OK compile-cudagraphs"):
+        assert out.count(check) == world, out[-5000:]
+
+
+@pytest.mark.parametrize("world", [1, 2])
 def test_moe_layer_both_schedules(world):
     """Both schedules eagerly and replayed from a CUDA graph with new tokens, bf16 in both tile
     classes; the torch baselines. One rank: the GPU bodies move no rows (x read in place)."""

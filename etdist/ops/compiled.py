@@ -1,0 +1,73 @@
+"""The fused ops as torch custom ops, so that torch.compile keeps each one whole in its graph.
+
+Traced by Dynamo, an op's Python (per-mesh kernel states, raw pointers, host exchanges) would break
+the graph or be baked into it. As custom ops they are opaque nodes whose output shapes come from the
+fake implementations below, symbolic M included (one compiled graph serves every batch size, as our
+kernels do). Eager calls do not pass through here: the dispatcher adds microseconds to a host-bound
+decode call, so the public ops come here only while torch.compile traces them
+(`torch.compiler.is_compiling()`). A custom op takes tensors and plain values: the mesh travels as
+its key (`mesh.key`, a string).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..fusion.errors import InputError
+from ..mesh.mesh import mesh_by_key
+from . import ag_gemm, gemm_rs, mlp
+
+
+def rows_of_rank(M, world: int, rank: int):
+    """This rank's rows of M split in chunks of cdiv(M, world), ragged at the end (M may be symbolic)."""
+    C = (M + world - 1) // world
+    return torch.sym_min(M, (rank + 1) * C) - torch.sym_min(M, rank * C)
+
+
+@torch.library.custom_op("etdist::gemm_reduce_scatter", mutates_args=())
+def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh: str, schedule: str) -> torch.Tensor:
+    return gemm_rs.gemm_reduce_scatter(x, w, mesh=mesh_by_key(mesh), schedule=schedule)
+
+
+@gemm_reduce_scatter.register_fake
+def _(x, w, mesh, schedule):
+    m = mesh_by_key(mesh)
+    return x.new_empty(rows_of_rank(x.shape[0], m.world_size, m.rank), w.shape[1])
+
+
+def _gathered_rows(op: str, x: torch.Tensor, total_rows: Optional[int], world: int, y: torch.Tensor):
+    """The ops that gather rows return M of them: under torch.compile M is total_rows, or rows x
+    world when not given (the graph was traced so); a rank with no rows of a ragged M would learn
+    another M from its peers at run time."""
+    M = total_rows if total_rows is not None else x.shape[0] * world
+    if y.shape[0] != M:
+        raise InputError(f"{op} under torch.compile: {y.shape[0]} rows gathered, the graph expected {M}; pass "
+                         f"total_rows=M where M is not world x rows")
+    return y
+
+
+@torch.library.custom_op("etdist::all_gather_gemm", mutates_args=())
+def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh: str, total_rows: Optional[int],
+                    schedule: str) -> torch.Tensor:
+    m = mesh_by_key(mesh)
+    y = ag_gemm.all_gather_gemm(x, w, mesh=m, total_rows=total_rows, schedule=schedule)
+    return _gathered_rows("all_gather_gemm", x, total_rows, m.world_size, y)
+
+
+@all_gather_gemm.register_fake
+def _(x, w, mesh, total_rows, schedule):
+    M = total_rows if total_rows is not None else x.shape[0] * mesh_by_key(mesh).world_size
+    return x.new_empty(M, w.shape[1])
+
+
+@torch.library.custom_op("etdist::tensor_parallel_mlp", mutates_args=())
+def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mesh: str,
+                        total_rows: Optional[int], schedule: str) -> torch.Tensor:
+    return mlp.tensor_parallel_mlp(x, w_gate_up, w_down, mesh=mesh_by_key(mesh), total_rows=total_rows,
+                                   schedule=schedule)
+
+
+@tensor_parallel_mlp.register_fake
+def _(x, w_gate_up, w_down, mesh, total_rows, schedule):
+    return x.new_empty(x.shape[0], w_down.shape[1])

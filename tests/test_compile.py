@@ -1,0 +1,93 @@
+"""torch.compile keeps each etdist op whole (ops/compiled.py, collectives/compiled.py): traced with
+fullgraph=True (a graph break is an error) and dynamic sizes, the ops are single custom-op nodes
+whose fake implementations give the output shapes, and one graph serves every M.
+
+No GPU here: CPU kernels registered for the custom ops stand in for the megakernels (what rank 1 of
+2 computes when both ranks hold the same data), so Dynamo, the fake tensors and AOT autograd run for
+real and only the kernels are stand-ins. tests/gpu/compile_worker.py runs the real ops compiled."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import etdist as et
+from etdist.mesh.mesh import remember
+
+
+class FakeMesh:
+    backend, rank, world_size, device = "nvshmem", 1, 2, torch.device("cpu")
+
+
+def _mine(t, M):   # rank 1 of 2: rows [C, 2C) of M, C = cdiv(M, 2)
+    C = -(-M // 2)
+    return t[min(M, C):min(M, 2 * C)]
+
+
+def _gathered(x, M):   # both ranks hold x: the gathered rows, cut to M
+    return torch.cat([x, x])[:M]
+
+
+STAND_INS = {
+    "gemm_reduce_scatter": lambda x, w, mesh, schedule: _mine(x @ w, x.shape[0]).clone(),
+    "all_gather_gemm": lambda x, w, mesh, total_rows, schedule: _gathered(x, total_rows or 2 * x.shape[0]) @ w,
+    "tensor_parallel_mlp": lambda x, wgu, wd, mesh, total_rows, schedule: (
+        F.silu(x @ wgu[:, :wd.shape[0]]) * (x @ wgu[:, wd.shape[0]:])) @ wd,
+    "all_gather": lambda x, mesh, check: torch.cat([x, x]),
+}
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    for name, fn in STAND_INS.items():   # for this process: only compiled calls reach these kernels
+        torch.library.register_kernel(f"etdist::{name}", "cpu", fn)
+    m = FakeMesh()
+    remember(m)
+    return m
+
+
+def test_ops_are_single_nodes_of_one_graph_for_every_m(mesh):
+    K, N, H, I = 16, 8, 16, 4
+    w, w_ag = torch.randn(K, N), torch.randn(H, N)
+    wgu, wd = torch.randn(H, 2 * I), torch.randn(I, H)
+
+    def layer(h, x, M):
+        y = torch.relu(et.ops.gemm_reduce_scatter(h, w, mesh=mesh)) + 1
+        z = et.ops.all_gather_gemm(x, w_ag, mesh=mesh, total_rows=M) * 0.5
+        m = et.ops.tensor_parallel_mlp(x, wgu, wd, mesh=mesh, total_rows=M) + x
+        return y, z, m, et.all_gather(m, mesh=mesh)
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
+    for M in (5, 6, 37, 100, 9):   # no size 0 or 1 (torch specialises those: another graph)
+        h, x = torch.randn(M, K), torch.randn(-(-M // 2), H)
+        y, z, m, g = compiled(h, x, M)
+        C = -(-M // 2)
+        want_m = STAND_INS["tensor_parallel_mlp"](x, wgu, wd, None, M, None) + x
+        assert y.shape == (min(M, 2 * C) - min(M, C), N)
+        assert torch.allclose(y, torch.relu(_mine(h @ w, M)) + 1)
+        assert torch.allclose(z, _gathered(x, M) @ w_ag * 0.5)
+        assert torch.allclose(m, want_m) and torch.allclose(g, torch.cat([want_m, want_m]))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_out_is_filled_under_compile(mesh):
+    w = torch.randn(16, 8)
+
+    def f(h, out):
+        return et.ops.gemm_reduce_scatter(h, w, mesh=mesh, out=out)
+
+    torch._dynamo.reset()
+    h, out = torch.randn(6, 16), torch.empty(3, 8)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(h, out)
+    assert torch.allclose(out, _mine(h @ w, 6)) and torch.allclose(got, out)
+
+
+def test_export_names_the_ops_and_their_shapes(mesh):
+    class Layer(torch.nn.Module):
+        def forward(self, h, w):
+            return et.ops.gemm_reduce_scatter(h, w, mesh=mesh)
+
+    ep = torch.export.export(Layer(), (torch.randn(5, 16), torch.randn(16, 8)), strict=True)
+    nodes = [n for n in ep.graph.nodes if "etdist" in str(n.target)]
+    assert [str(n.target) for n in nodes] == ["etdist.gemm_reduce_scatter.default"]
+    assert nodes[0].meta["val"].shape == (2, 8)    # rank 1 of 2 owns rows [3, 5)
