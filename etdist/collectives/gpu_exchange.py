@@ -15,6 +15,7 @@ from .. import knobs
 from ..kernels.exchange import exchange_kernel
 from ..kernels.interpret import patch_interpreter
 from ..kernels.launch_hooks import hooks_active
+from ..mesh.persistent import empty_persistent
 from ..mesh import Mesh, MeshError
 from ..mesh.control import signature_dtype
 from .plan import Op, Plan
@@ -95,7 +96,7 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
     block = _knob("ETDIST_BLOCK", BLOCK, knobs.power_of_two)            # tl.arange's size
     num_warps = _knob("ETDIST_NUM_WARPS", NUM_WARPS, knobs.power_of_two)
     lay = mesh.layout
-    packed = torch.zeros(4 * w + 3, dtype=torch.int64, device=mesh.device)
+    packed = empty_persistent(4 * w + 3, torch.int64, mesh.device).zero_()   # kept by the launcher
     args = dict(x_ptr=x, out_ptr=out, plan_ptr=packed, scratch_ptr=ws.scratch.view(x.dtype),
                 scratch_table=ws.scratch_table, sig_ptr=ws.signals, sig_table=ws.signals_table, ctrl_ptr=mesh.ctrl,
                 ctrl_table=ws.ctrl_table, out_table=mesh.peer_ptrs(out) if direct else ws.scratch_table,

@@ -51,6 +51,7 @@ from triton.runtime import _allocation as triton_allocation
 
 from .. import knobs
 from ..kernels.launch_hooks import hooks_active
+from ..mesh.persistent import empty_persistent
 from ..mesh.stream_order import capturing as stream_capturing, capturing_current
 from .bind import MapTable, bind, bind_inputs
 from .schedule_dynamic import release_plan
@@ -178,7 +179,7 @@ class _MeshState:
         """Triton's allocator hook: one buffer per mesh state, grown never shrunk. Launches of one
         graph on one mesh are stream-ordered (they share the arena too), so reuse is safe."""
         if self.scratch is None or self.scratch.numel() < size:
-            self.scratch = torch.empty(max(size, 1), dtype=torch.int8, device=self.device)
+            self.scratch = empty_persistent(max(size, 1), torch.int8, self.device)
         return self.scratch
 
 
@@ -561,7 +562,7 @@ class CudaKernel:
             self._prepare_queue(mesh, st, bound, offsets, event_shapes, at, fixed)
         if self.trace_on:
             tasks = sum(math.prod(evaluate(g, env) for g in t.grid) for t in self.ir.tasks)
-            fixed["trace_buf"] = torch.zeros(max(1, tasks) * TRACE_WORDS, dtype=torch.int64, device=mesh.device)
+            fixed["trace_buf"] = empty_persistent(max(1, tasks) * TRACE_WORDS, torch.int64, mesh.device).zero_()
         st.shape = _Shape(dict(bound), event_shapes, outputs, fixed)
         st.shape.lay_out(self.params)
         mesh.barrier()  # every rank zeroed its counters before any rank notifies into them
@@ -644,7 +645,7 @@ class CudaKernel:
                 del st.buffers[spec.name]   # freed: not to be reused if the allocation below fails
                 mesh.free(have)
             have = (mesh.empty((cap,), spec.dtype) if spec.symmetric
-                    else torch.empty(cap, dtype=spec.dtype, device=mesh.device))
+                    else empty_persistent(cap, spec.dtype, mesh.device))
             st.buffers[spec.name] = have
         return have[:n].view(shape)
 

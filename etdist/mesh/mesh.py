@@ -23,6 +23,7 @@ from .control import ERR_WORDS, ControlLayout, ErrorKind, ErrorRecord, Event
 from .errors import MeshError, PeerTimeoutError, ShapeMismatchError
 from .hostcomm import HostComm, make_host_comm
 from .launch import Launch, Launcher, detect_launch, resolve_launch
+from .persistent import empty_persistent
 from .stream_order import StreamOrder
 
 _CURRENT: Optional["Mesh"] = None
@@ -154,7 +155,8 @@ class Mesh:
         hit = self._ptr_cache.get(key)
         if hit is None:
             a, off = self._find(t)
-            hit = torch.tensor([v.data_ptr() + off for v in a.views], dtype=torch.int64, device=self.device)
+            hit = empty_persistent(len(a.views), torch.int64, self.device)   # cached: outside graph pools
+            hit.copy_(torch.tensor([v.data_ptr() + off for v in a.views], dtype=torch.int64))
             self._ptr_cache[key] = hit
         return hit
 
