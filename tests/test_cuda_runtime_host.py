@@ -868,6 +868,13 @@ def test_launches_on_another_stream_wait_for_the_last_launch(monkeypatch):
     launch(9)
     launch(7)                                    # 7 waits for the event recorded just after 9's launch
     assert log == [("launch", 9), ("record", 9), ("wait", 7, 9), ("launch", 7), ("record", 7)]
+    for _ in range(order.SETTLED + 5):           # one stream again: no events after SETTLED launches
+        launch(7)
+    log.clear()
+    launch(7)
+    assert log == [("launch", 7)]
+    launch(9)                                    # a switch again records at the switch
+    assert log == [("launch", 7), ("record", 7), ("wait", 9, 7), ("launch", 9), ("record", 9)]
 
 
 def test_kernel_launches_go_through_the_mesh_stream_order(monkeypatch):

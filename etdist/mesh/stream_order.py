@@ -10,7 +10,8 @@ runs call B while its peer runs call A, each waits for a launch that cannot get 
 How: while every launch goes to one stream, nothing but a compare per call. At the first launch
 on another stream, that stream waits for all that is queued on the old one (one event). From then
 on each launch records the event right after itself, so a switch waits for that launch only, not
-for the work queued behind it (~2 us a call more). Measured on one H200 (tests/gpu, `--case
+for the work queued behind it (~2 us a call more), until SETTLED launches in a row went to one
+stream (torch.compile's CUDA graphs warm up on a side stream once, then never again). Measured on one H200 (tests/gpu, `--case
 streams`): a 4 GiB host-to-device copy queued behind a launch on s1 did not hold up the next call on
 s2. A kernel queued there would have, whatever the order: while it runs it holds SM room that our
 cooperative launch (a program on every SM) needs, so our launches overlap copies, not kernels.
@@ -43,12 +44,14 @@ class StreamOrder:
     is used: a caller may skip `before` when `stream == order.last` and `after` when `order.event is
     None` (the host path of a decode call is tens of us)."""
 
-    __slots__ = ("device", "last", "event", "_streams")
+    __slots__ = ("device", "last", "event", "run", "_streams")
+    SETTLED = 16   # launches in a row on one stream after which a switch is rare again
 
     def __init__(self, device: torch.device):
         self.device = device
         self.last = None        # the raw stream of the last launch
-        self.event = None       # once a second stream was seen: recorded after every launch
+        self.event = None       # after a switch, until SETTLED launches in a row: recorded after each
+        self.run = 0            # launches in a row on `last` since the event was made
         self._streams = {}      # raw handle -> torch stream object (events record on those)
 
     def before(self, stream: int) -> None:
@@ -60,11 +63,15 @@ class StreamOrder:
                 self.event = torch.cuda.Event()
                 self.event.record(self._stream(last))
             self._stream(stream).wait_event(self.event)
-        self.last = stream
+        self.last, self.run = stream, 0
 
     def after(self) -> None:
         if self.event is not None:
-            self.event.record(self._stream(self.last))
+            self.run += 1
+            if self.run > self.SETTLED:   # one stream again: a later switch records at the switch
+                self.event = None
+            else:
+                self.event.record(self._stream(self.last))
 
     def _stream(self, raw: int):
         s = self._streams.get(raw)
