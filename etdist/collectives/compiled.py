@@ -6,13 +6,18 @@ import torch
 from ..mesh.mesh import mesh_by_key
 from . import ops
 
+_LIB = torch.library.Library("etdist", "FRAGMENT")   # kept alive: the registrations live with it
 
-@torch.library.custom_op("etdist::all_gather", mutates_args=())
-def all_gather(x: torch.Tensor, mesh: str, check: bool) -> torch.Tensor:
+
+def _all_gather(x, mesh, check):
     return ops.all_gather(x, mesh=mesh_by_key(mesh), check=check)
 
 
-@all_gather.register_fake
-def _(x, mesh, check):
+def _all_gather_fake(x, mesh, check):
     x1 = x.reshape(1) if x.dim() == 0 else x
     return x.new_empty((mesh_by_key(mesh).world_size * x1.shape[0],) + tuple(x1.shape[1:]))
+
+
+_LIB.define("all_gather(Tensor x, str mesh, bool check) -> Tensor")
+_LIB.impl("all_gather", _all_gather, "CUDA")
+torch.library.register_fake("etdist::all_gather", _all_gather_fake, lib=_LIB)

@@ -361,14 +361,13 @@ _LAYERS: "weakref.WeakValueDictionary[str, MoE]" = weakref.WeakValueDictionary()
 _LAYER_KEYS = itertools.count(1)
 
 
-@torch.library.custom_op("etdist::moe", mutates_args=())
-def _moe_op(x: torch.Tensor, router: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-            layer: str) -> torch.Tensor:
+def _moe_op(x, router, w_gate_up, w_down, layer):
     """The weights are arguments so the graph orders the call after whatever writes them; the layer
     runs with its own (the same tensors)."""
     return _LAYERS[layer](x)
 
 
-@_moe_op.register_fake
-def _(x, router, w_gate_up, w_down, layer):
-    return x.new_empty(x.shape)
+_LIB = torch.library.Library("etdist", "FRAGMENT")   # kept alive: the registration lives with it
+_LIB.define("moe(Tensor x, Tensor router, Tensor w_gate_up, Tensor w_down, str layer) -> Tensor")
+_LIB.impl("moe", _moe_op, "CUDA")
+torch.library.register_fake("etdist::moe", lambda x, router, w_gate_up, w_down, layer: x.new_empty(x.shape), lib=_LIB)
