@@ -15,6 +15,7 @@ from etdist.mesh.mesh import remember
 
 class FakeMesh:
     backend, rank, world_size, device = "nvshmem", 1, 2, torch.device("cpu")
+    token = torch.zeros(1, dtype=torch.int32)
 
 
 def _mine(t, M):   # rank 1 of 2: rows [C, 2C) of M, C = cdiv(M, 2)
@@ -27,11 +28,11 @@ def _gathered(x, M):   # both ranks hold x: the gathered rows, cut to M
 
 
 STAND_INS = {
-    "gemm_reduce_scatter": lambda x, w, mesh, schedule: _mine(x @ w, x.shape[0]).clone(),
-    "all_gather_gemm": lambda x, w, mesh, total_rows, schedule: _gathered(x, total_rows or 2 * x.shape[0]) @ w,
-    "tensor_parallel_mlp": lambda x, wgu, wd, mesh, total_rows, schedule: (
+    "gemm_reduce_scatter": lambda x, w, mesh, schedule, token: _mine(x @ w, x.shape[0]).clone(),
+    "all_gather_gemm": lambda x, w, mesh, total_rows, schedule, token: _gathered(x, total_rows or 2 * x.shape[0]) @ w,
+    "tensor_parallel_mlp": lambda x, wgu, wd, mesh, total_rows, schedule, token: (
         F.silu(x @ wgu[:, :wd.shape[0]]) * (x @ wgu[:, wd.shape[0]:])) @ wd,
-    "all_gather": lambda x, mesh, check: torch.cat([x, x]),
+    "all_gather": lambda x, mesh, check, token: torch.cat([x, x]),
 }
 
 
@@ -68,7 +69,7 @@ def test_ops_are_single_nodes_of_one_graph_for_every_m(mesh):
         h, x = torch.randn(M, K), torch.randn(-(-M // 2), H)
         y, z, m, g = compiled(h, x, M)
         C = -(-M // 2)
-        want_m = STAND_INS["tensor_parallel_mlp"](x, wgu, wd, None, M, None) + x
+        want_m = STAND_INS["tensor_parallel_mlp"](x, wgu, wd, None, M, None, None) + x
         assert y.shape == (min(M, 2 * C) - min(M, C), N)
         assert torch.allclose(y, torch.relu(_mine(h @ w, M)) + 1)
         assert torch.allclose(z, _gathered(x, M) @ w_ag * 0.5)
@@ -97,3 +98,23 @@ def test_export_names_the_ops_and_their_shapes(mesh):
     nodes = [n for n in ep.graph.nodes if "etdist" in str(n.target)]
     assert [str(n.target) for n in nodes] == ["etdist.gemm_reduce_scatter.default"]
     assert nodes[0].meta["val"].shape == (2, 8)    # rank 1 of 2 owns rows [3, 5)
+
+
+def test_a_call_whose_result_goes_unused_still_runs(mesh):
+    """A pure op whose result is unused is dropped by torch.compile; dropped on some ranks only, its
+    peers wait for it (the watchdog fires). Each op declares it writes the mesh's token, so it stays."""
+    calls = []
+    lib = torch.library.Library("etdist", "FRAGMENT")
+    lib.impl("all_gather", lambda x, m, check, token: calls.append(1) or torch.cat([x, x]), "CPU")
+    try:
+        def f(x):
+            et.all_gather(x, mesh=mesh)   # as on a rank that does not use it
+            return x * 2
+
+        for backend in ("aot_eager", "inductor"):
+            torch._dynamo.reset()
+            calls.clear()
+            torch.compile(f, fullgraph=True, backend=backend)(torch.randn(4, 3))
+            assert len(calls) == 1, backend
+    finally:
+        lib._destroy()   # the module's stand-in is the kernel again

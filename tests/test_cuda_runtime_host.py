@@ -915,11 +915,19 @@ def test_a_call_refused_while_capturing_posts_at_the_next_call(monkeypatch):
     capturing[0] = True
     with pytest.raises(et.InputError, match=r"out\['y'\]"):
         kernel(mesh, x=x, w=w, out={"y": torch.empty(3, 3, dtype=torch.bfloat16)})
-    assert not posted and len(rec.direct) == 1
+    assert not posted and len(rec.direct) == 1 and not kernel.state(mesh).captured
+    with pytest.raises(et.RuntimeFault, match="is capturing again"):   # must not pair with the peers' graph
+        kernel(mesh, x=x, w=w)
     capturing[0] = False
+    with monkeypatch.context() as m:   # a post that fails keeps the debt for the next call
+        m.setattr(kernel, "_post_refusal", lambda mesh, st: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            kernel(mesh, x=x, w=w)
     with pytest.raises(et.RuntimeFault, match="refused a call while a CUDA graph captured it"):
         kernel(mesh, x=x, w=w)
     assert posted == [kernel.state(mesh)] and len(rec.direct) == 1
+    kernel(mesh, x=x, w=w)   # paid once (a real post also stops this kernel: its next check raises)
+    assert len(rec.direct) == 2
 
 
 def test_a_failed_graph_replay_is_raised_at_calls_at_other_shapes(monkeypatch):

@@ -135,7 +135,8 @@ def all_gather(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Opt
     """Concatenate every rank's x along dim 0 in rank order: [m, ...] -> [W*m, ...]. Under
     torch.compile: one opaque node of its graph (collectives/compiled.py; `out=` is then a copy)."""
     if torch.compiler.is_compiling():   # before _mesh: it may allocate (collectively)
-        y = torch.ops.etdist.all_gather(x, (mesh if mesh is not None else current_mesh()).key, check)
+        m = mesh if mesh is not None else current_mesh()
+        y = torch.ops.etdist.all_gather(x, m.key, check, m.token)
         return y if out is None else out.copy_(y)
     mesh = _mesh(mesh)
     x = _check_input(mesh, x, Op.ALL_GATHER)

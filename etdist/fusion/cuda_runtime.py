@@ -194,20 +194,22 @@ class _KernelStates:
     gpu: Optional[int] = None           # the mesh's CUDA device index (None: a CPU mesh, the interpreter)
     last: Optional[_MeshState] = None   # the state of the last call
     watched: tuple = ()      # states captured in CUDA graphs: their replays' errors are read every call
-    owed: bool = False       # a call was refused while capturing: post the refusal at the next call
+
+
+# mesh.cache key: kernels whose refusal a capture could not post (post_refusal); the next call of
+# any kernel on the mesh, or check(), posts them all
+_OWED = "megakernel.refusals_owed"
 
 
 def post_refusal(mesh, kernels) -> None:
     """This rank refused a call before choosing which of `kernels` to launch (an op's own argument
     checks): the peers, at a shape they have prepared, launch without asking us, so stop the launch of
     every kernel prepared on this mesh (CudaKernel._post_refusal): every rank raises instead of
-    pairing with our next call. While a CUDA graph captures (posting synchronises): at each kernel's
-    next call or check() on this rank instead."""
+    pairing with our next call. While a CUDA graph captures (posting synchronises): at the next call
+    of any kernel on this mesh, or check(), outside a capture."""
     if stream_capturing(mesh.device):
-        for k in kernels:
-            states = mesh.cache.get(k._key)
-            if states is not None and any(st.shape is not None for st in states.by_key.values()):
-                states.owed = True
+        owed = mesh.cache.setdefault(_OWED, [])
+        owed += [k for k in kernels if k not in owed and any(st.shape is not None for st in k._states(mesh))]
         return
     for k in kernels:
         for st in k._states(mesh):
@@ -298,9 +300,9 @@ class CudaKernel:
         last = states.last
         # the same shape as the last call (the common case) needs no lookup: keys compare cheaper than they hash
         st = last if last is not None and last.bind_key == key else states.by_key.get(key)
+        if _OWED in mesh.cache:
+            self._pay_refusals(mesh, capturing)
         if not capturing:
-            if states.owed:
-                self._pay_refusal(mesh, states)
             for seen in states.watched:   # a graph replay's launch that failed (its error word is set)
                 if seen.error_np[0] != 0 and seen is not st:
                     self._check_pending(mesh, seen)
@@ -316,11 +318,7 @@ class CudaKernel:
                 states.last = st
                 if not capturing and last is not None:
                     self._check_pending(mesh, last)   # the previous call's launch, if it failed
-            if capturing:   # no checks that may synchronise: the next call outside the capture makes them
-                if not st.captured:
-                    st.captured = True
-                    states.watched += (st,)
-            else:
+            if not capturing:   # no checks that may synchronise while capturing: the next call makes them
                 self._check_pending(mesh, st)
         try:   # cheap checks that shapes cannot cover (a new shape passed them in the agreement)
             for name, t in inputs.items():
@@ -334,6 +332,14 @@ class CudaKernel:
             # refused here alone, their launch would wait for our next call and take its data
             post_refusal(mesh, [self])
             raise
+        if capturing and not st.captured:   # pinned at the next agreement; its replays' errors watched
+            st.captured = True
+            states.watched += (st,)
+        if not self.interpreted:   # in call order across streams, ahead of any work on this stream (not captures)
+            stream = torch._C._cuda_getCurrentRawStream(gpu)
+            order = mesh.stream_order
+            if not capturing and stream != order.last:
+                order.before(stream)
         outs = {}
         for name, (shape, dtype) in st.shape.outputs.items():
             given = (out or {}).get(name)
@@ -348,10 +354,6 @@ class CudaKernel:
                                                        USE_ASM=False)
                 self._raise_if_this_call_failed(mesh, st)
                 return outs
-            stream = torch._C._cuda_getCurrentRawStream(gpu)
-            order = mesh.stream_order   # launches in call order across streams (eager ones: not captures)
-            if not capturing and stream != order.last:
-                order.before(stream)
             if not self._launch_direct(mesh, st, values, stream):
                 st.compiled = self.module.megakernel[(st.programs,)](
                     *st.shape.args(values), NUM_PROGRAMS=st.programs, USE_ASM=True, num_warps=self.num_warps,
@@ -428,20 +430,27 @@ class CudaKernel:
         return _MeshState(programs=min(self.programs or sms, sms), error_word=word, error_np=word.numpy(),
                           device=mesh.device)
 
-    def _pay_refusal(self, mesh, states: _KernelStates) -> None:
-        """Post the refusal owed since a call was refused while capturing (post_refusal), then raise."""
-        states.owed = False
-        post_refusal(mesh, [self])
-        raise RuntimeFault(f"graph {self.ir.name!r}: this rank refused a call while a CUDA graph captured it (its "
+    @staticmethod
+    def _pay_refusals(mesh, capturing: bool) -> None:
+        """Post the refusals owed since a call was refused while capturing (post_refusal), then raise;
+        while capturing still, raise without posting (this call must not pair with the peers' graph)."""
+        owed = mesh.cache[_OWED]
+        names = sorted({k.ir.name for k in owed})
+        if capturing:
+            raise RuntimeFault(f"graphs {names}: this rank refused a call while a CUDA graph captured it, and is "
+                               f"capturing again: call outside a capture first, which stops the refused call on "
+                               f"every rank and raises")
+        post_refusal(mesh, owed)
+        del mesh.cache[_OWED]   # only once posted: a post that raised leaves the debt for the next call
+        raise RuntimeFault(f"graphs {names}: this rank refused a call while a CUDA graph captured it (its "
                            f"InputError said why); that call was stopped on every rank, including the peers' "
-                           f"captured launch, and this kernel cannot run on this mesh again")
+                           f"captured launch, and these kernels cannot run on this mesh again")
 
     def check(self, mesh) -> None:
         """Wait for the launches so far and raise if any of their waits timed out (on any rank), in
         any state (graph replays included)."""
-        kept = mesh.cache.get(self._key)
-        if kept is not None and kept.owed and not stream_capturing(mesh.device):
-            self._pay_refusal(mesh, kept)
+        if _OWED in mesh.cache and not stream_capturing(mesh.device):
+            self._pay_refusals(mesh, False)
         states = [st for st in self._states(mesh) if st.arena is not None]
         if not states:
             return

@@ -43,6 +43,18 @@ def remember(mesh) -> str:
     return mesh.key
 
 
+def compile_token(device) -> torch.Tensor:
+    """What the mesh's torch custom ops declare they write (ops/compiled.py): so torch.compile keeps
+    each call even where its result goes unused on some rank (a pure op would be dropped there, and
+    its peers would wait for it), in call order. A static address: inductor's CUDA graphs take it."""
+    token = torch.zeros(1, dtype=torch.int32, device=device)
+    if token.is_cuda:
+        import torch._dynamo
+
+        torch._dynamo.mark_static_address(token, guard=False)
+    return token
+
+
 def mesh_by_key(key: str) -> "Mesh":
     mesh = _BY_KEY.get(key)
     if mesh is None:
@@ -80,6 +92,7 @@ class Mesh:
         self.cache: Dict[str, object] = {}  # per-mesh state of the layers above (e.g. collective workspaces)
         self.stream_order = StreamOrder(device)   # launches run in call order across streams
         remember(self)
+        self.token = compile_token(device)
         self._closed = False
         # Test hook: the rank named here skips its data notifies in collectives (fault injection).
         self.fault_skip_notify_rank: Optional[int] = None

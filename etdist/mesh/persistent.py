@@ -5,7 +5,8 @@ the calling thread routed to the graph's private pool. A kernel's scratch made t
 first call) stays alive in our kernel state after the call; the pool counts it as its own and
 cudagraph trees refuse ("tensors in the cudagraph pool not tracked as outputs"; one H200, twenty-
 fifth session). The routing is per thread, so these buffers are allocated by a short-lived thread
-of their own (tens of us, only when a buffer is made or grown).
+of their own (tens of us, only when a buffer is made or grown), on the caller's device and current
+stream (the caching allocator ties a block to the stream it was allocated on).
 """
 from __future__ import annotations
 
@@ -19,11 +20,15 @@ def empty_persistent(shape, dtype: torch.dtype, device) -> torch.Tensor:
     device = torch.device(device)
     if device.type != "cuda":
         return torch.empty(shape, dtype=dtype, device=device)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    stream = torch.cuda.current_stream(device)
     made: list = []
 
     def allocate():
         try:
-            made.append(torch.empty(shape, dtype=dtype, device=device))
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                made.append(torch.empty(shape, dtype=dtype, device=device))
         except BaseException as e:   # e.g. out of memory: raised in the caller's thread
             made.append(e)
 

@@ -329,7 +329,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and not self.simulated:   # one opaque node (etdist::moe, below)
-            return torch.ops.etdist.moe(x, self.router, self.w_gate_up[0], self.w_down[0], self.key)
+            return torch.ops.etdist.moe(x, self.router, self.w_gate_up[0], self.w_down[0], self.key, self.mesh.token)
         # refused here on one rank only, the peers' launches stop too (every rank raises)
         with refusal_reaches_peers(None if self.simulated else self.mesh, self._compiled):
             hidden_states("MoE", x, self.hidden, self.router.dtype)
@@ -361,13 +361,18 @@ _LAYERS: "weakref.WeakValueDictionary[str, MoE]" = weakref.WeakValueDictionary()
 _LAYER_KEYS = itertools.count(1)
 
 
-def _moe_op(x, router, w_gate_up, w_down, layer):
+def _moe_op(x, router, w_gate_up, w_down, layer, token):
     """The weights are arguments so the graph orders the call after whatever writes them; the layer
-    runs with its own (the same tensors)."""
-    return _LAYERS[layer](x)
+    runs with its own (the same tensors). Its forward, not its __call__: the module's hooks were
+    traced already."""
+    moe = _LAYERS.get(layer)
+    if moe is None:
+        raise InputError(f"etdist::moe: no MoE layer {layer!r} (it was garbage-collected)")
+    return moe.forward(x)
 
 
 _LIB = torch.library.Library("etdist", "FRAGMENT")   # kept alive: the registration lives with it
-_LIB.define("moe(Tensor x, Tensor router, Tensor w_gate_up, Tensor w_down, str layer) -> Tensor")
+_LIB.define("moe(Tensor x, Tensor router, Tensor w_gate_up, Tensor w_down, str layer, Tensor(a!) token) -> Tensor")
 _LIB.impl("moe", _moe_op, "CUDA")
-torch.library.register_fake("etdist::moe", lambda x, router, w_gate_up, w_down, layer: x.new_empty(x.shape), lib=_LIB)
+torch.library.register_fake("etdist::moe", lambda x, router, w_gate_up, w_down, layer, token: x.new_empty(x.shape),
+                            lib=_LIB)

@@ -125,8 +125,8 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
     Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy).
     """
     if torch.compiler.is_compiling():
-        y = torch.ops.etdist.all_gather_gemm(x, w, (mesh if mesh is not None else current_mesh()).key,
-                                             total_rows, schedule)
+        m = mesh if mesh is not None else current_mesh()
+        y = torch.ops.etdist.all_gather_gemm(x, w, m.key, total_rows, schedule, m.token)
         return y if out is None else out.copy_(y)
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):

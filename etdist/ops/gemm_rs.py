@@ -263,7 +263,8 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy).
     """
     if torch.compiler.is_compiling():
-        y = torch.ops.etdist.gemm_reduce_scatter(x, w, (mesh if mesh is not None else current_mesh()).key, schedule)
+        m = mesh if mesh is not None else current_mesh()
+        y = torch.ops.etdist.gemm_reduce_scatter(x, w, m.key, schedule, m.token)
         return y if out is None else out.copy_(y)
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):

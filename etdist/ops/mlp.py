@@ -120,8 +120,8 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy).
     """
     if torch.compiler.is_compiling():
-        y = torch.ops.etdist.tensor_parallel_mlp(x, w_gate_up, w_down,
-                                                 (mesh if mesh is not None else current_mesh()).key, total_rows, schedule)
+        m = mesh if mesh is not None else current_mesh()
+        y = torch.ops.etdist.tensor_parallel_mlp(x, w_gate_up, w_down, m.key, total_rows, schedule, m.token)
         return y if out is None else out.copy_(y)
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):

@@ -80,11 +80,15 @@ def check_cudagraphs(mesh):
     w = torch.randn(K, N, device=dev, dtype=bf16) / K ** 0.5
     step = torch.compile(lambda h: torch.relu(et.ops.gemm_reduce_scatter(h, w, mesh=mesh)) * 2,
                          mode="reduce-overhead", fullgraph=True)
+    from torch._dynamo.utils import counters
+    counters.clear()
     for i in range(6):
         h = torch.randn(M, K, device=dev, dtype=bf16)
         got = step(h).clone()
         want = torch.relu(et.ops.gemm_reduce_scatter(h, w, mesh=mesh)) * 2
         assert rel(got, want) < 1e-2, (i, rel(got, want))
+    # a skipped graph (a mutated input, say) runs without CUDA graphs and would pass the checks above
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
     print(f"OK compile-cudagraphs rank {mesh.rank}", flush=True)
 
 
