@@ -83,17 +83,23 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
     rendezvous = check if _RENDEZVOUS is None else _RENDEZVOUS
     direct = key[0] is Op.ALL_GATHER and _DIRECT and mesh.is_symmetric(out)
     if mesh.backend == "nvshmem":
+        capturing = stream_capturing(mesh.device)
+        if capturing and check:   # check= synchronises, which a capture forbids (a CUDA error from within)
+            raise MeshError(f"{OP_NAMES[key[0]]}: check=True synchronises after the launch, which a CUDA graph "
+                            f"capture forbids: pass check=False inside CUDA graphs (errors then show at "
+                            f"mesh.check())")
         full_key = key + (x.data_ptr(), out.data_ptr(), x.dtype, rendezvous, mesh.fault_skip_notify_rank)
         cache = mesh.cache.setdefault("collectives.launches", {})
         launches = cache.get(full_key)
         if launches is None:
             ws = get_workspace(mesh)
             launches = [prepare_gpu(mesh, ws, x, out, p, rendezvous, direct) for p in pieces(ws.slot_elems(x.dtype))]
-            if len(cache) > 1024:
+            if len(cache) > 1024:   # launches in flight may still read their plans: let them finish
+                mesh.impl.synchronize()
                 cache.clear()
             cache[full_key] = launches
         # in call order with the mesh's other launches, whatever the stream (mesh/stream_order.py)
-        order = None if stream_capturing(mesh.device) else mesh.stream_order
+        order = None if capturing else mesh.stream_order
         if order is not None:
             order.before(torch._C._cuda_getCurrentRawStream(mesh.device.index))
         for launch in launches:

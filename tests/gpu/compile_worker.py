@@ -89,6 +89,16 @@ def check_cudagraphs(mesh):
         assert rel(got, want) < 1e-2, (i, rel(got, want))
     # a skipped graph (a mutated input, say) runs without CUDA graphs and would pass the checks above
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    # et.all_gather's default check=True synchronises: inside a capture, a clear error before launch
+    x = torch.randn(8, 4, device=dev)
+    et.all_gather(x, mesh=mesh)
+    torch.cuda.synchronize()
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            et.all_gather(x, mesh=mesh)
+        raise AssertionError("all_gather(check=True) was captured")
+    except et.MeshError as e:
+        assert "check=True synchronises" in str(e), e
     print(f"OK compile-cudagraphs rank {mesh.rank}", flush=True)
 
 
