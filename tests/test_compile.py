@@ -1,4 +1,4 @@
-"""torch.compile keeps each etdist op whole (ops/compiled.py, collectives/compiled.py): traced with
+"""torch.compile keeps each etdist op whole (collectives/compiled.py, ops/compiled.py): traced with
 fullgraph=True (a graph break is an error) and dynamic sizes, the ops are single custom-op nodes
 whose fake implementations give the output shapes, and one graph serves every M.
 
@@ -28,11 +28,11 @@ def _gathered(x, M):   # both ranks hold x: the gathered rows, cut to M
 
 
 STAND_INS = {
-    "gemm_reduce_scatter": lambda x, w, mesh, schedule, token: _mine(x @ w, x.shape[0]).clone(),
-    "all_gather_gemm": lambda x, w, mesh, total_rows, schedule, token: _gathered(x, total_rows or 2 * x.shape[0]) @ w,
-    "tensor_parallel_mlp": lambda x, wgu, wd, mesh, total_rows, schedule, token: (
+    "gemm_reduce_scatter": lambda x, w, schedule, mesh, token: _mine(x @ w, x.shape[0]).clone(),
+    "all_gather_gemm": lambda x, w, total_rows, schedule, mesh, token: _gathered(x, total_rows or 2 * x.shape[0]) @ w,
+    "tensor_parallel_mlp": lambda x, wgu, wd, total_rows, schedule, mesh, token: (
         F.silu(x @ wgu[:, :wd.shape[0]]) * (x @ wgu[:, wd.shape[0]:])) @ wd,
-    "all_gather": lambda x, mesh, check, token: torch.cat([x, x]),
+    "all_gather": lambda x, check, mesh, token: torch.cat([x, x]),
 }
 
 
@@ -69,7 +69,7 @@ def test_ops_are_single_nodes_of_one_graph_for_every_m(mesh):
         h, x = torch.randn(M, K), torch.randn(-(-M // 2), H)
         y, z, m, g = compiled(h, x, M)
         C = -(-M // 2)
-        want_m = STAND_INS["tensor_parallel_mlp"](x, wgu, wd, None, M, None, None) + x
+        want_m = STAND_INS["tensor_parallel_mlp"](x, wgu, wd, M, None, None, None) + x
         assert y.shape == (min(M, 2 * C) - min(M, C), N)
         assert torch.allclose(y, torch.relu(_mine(h @ w, M)) + 1)
         assert torch.allclose(z, _gathered(x, M) @ w_ag * 0.5)
@@ -105,7 +105,7 @@ def test_a_call_whose_result_goes_unused_still_runs(mesh):
     peers wait for it (the watchdog fires). Each op declares it writes the mesh's token, so it stays."""
     calls = []
     lib = torch.library.Library("etdist", "FRAGMENT")
-    lib.impl("all_gather", lambda x, m, check, token: calls.append(1) or torch.cat([x, x]), "CPU")
+    lib.impl("all_gather", lambda x, check, m, token: calls.append(1) or torch.cat([x, x]), "CPU")
     try:
         def f(x):
             et.all_gather(x, mesh=mesh)   # as on a rank that does not use it

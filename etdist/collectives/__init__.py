@@ -4,7 +4,6 @@ Standalone ops on torch tensors today; the same exchange (collectives/plan.py + 
 is meant to become tile tasks in fusion graphs once the graph IR exists.
 """
 from .ops import all_gather, all_reduce, all_to_all, reduce_scatter
-from . import compiled  # noqa: F401  (registers all_gather as a torch custom op, for torch.compile)
 from .plan import Op, Plan
 
 __all__ = ["reduce_scatter", "all_gather", "all_reduce", "all_to_all", "Op", "Plan"]

@@ -24,6 +24,7 @@ import torch
 from ..mesh import Mesh, MeshError, current_mesh
 from ..mesh.stream_order import capturing as stream_capturing
 from . import plan as plans
+from .compiled import call_op
 from .cpu_exchange import exchange_cpu
 from .gpu_exchange import exchange_interpreted, prepare_gpu
 from .plan import OP_NAMES, Op
@@ -141,9 +142,7 @@ def all_gather(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Opt
     """Concatenate every rank's x along dim 0 in rank order: [m, ...] -> [W*m, ...]. Under
     torch.compile: one opaque node of its graph (collectives/compiled.py; `out=` is then a copy)."""
     if torch.compiler.is_compiling():   # before _mesh: it may allocate (collectively)
-        m = mesh if mesh is not None else current_mesh()
-        y = torch.ops.etdist.all_gather(x, m.key, check, m.token)
-        return y if out is None else out.copy_(y)
+        return call_op("all_gather", x, check, mesh=mesh, out=out)
     mesh = _mesh(mesh)
     x = _check_input(mesh, x, Op.ALL_GATHER)
     w = mesh.world_size

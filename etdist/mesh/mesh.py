@@ -30,7 +30,7 @@ _CURRENT: Optional["Mesh"] = None
 _ALIGN = 256  # bytes; every symmetric allocation starts aligned for 16-byte vector access
 
 
-# Meshes by key: torch custom ops (ops/compiled.py) take plain values, so a mesh travels as its key,
+# Meshes by key: torch custom ops (collectives/compiled.py) take plain values, so a mesh travels as its key,
 # a string (torch.compile(dynamic=True) would make an int key symbolic)
 _BY_KEY: "weakref.WeakValueDictionary[str, Mesh]" = weakref.WeakValueDictionary()
 _KEYS = itertools.count(1)
@@ -44,14 +44,13 @@ def remember(mesh) -> str:
 
 
 def compile_token(device) -> torch.Tensor:
-    """What the mesh's torch custom ops declare they write (ops/compiled.py): so torch.compile keeps
+    """What the mesh's torch custom ops declare they write (collectives/compiled.py): so torch.compile keeps
     each call even where its result goes unused on some rank (a pure op would be dropped there, and
     its peers would wait for it), in call order. A static address: inductor's CUDA graphs take it."""
     token = torch.zeros(1, dtype=torch.int32, device=device)
-    if token.is_cuda:
-        from torch._dynamo import mark_static_address   # imported here: Dynamo takes ~1 s to import
-
-        mark_static_address(token, guard=False)
+    # what torch._dynamo.mark_static_address(token, guard=False) sets, without importing Dynamo at
+    # every mesh start (~1 s) for programs that never compile
+    token._dynamo_static_input_type = "unguarded"
     return token
 
 

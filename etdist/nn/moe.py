@@ -27,6 +27,7 @@ from .. import fusion
 from .. import knobs
 from ..fusion.codegen_triton import claim_ahead
 from ..fusion.compile import early_push_level
+from ..collectives.compiled import call_op, define_op
 from ..fusion.errors import InputError
 from ..ops.gemm_rs import refusal_reaches_peers
 from ..workloads import moe as moe_graph
@@ -329,7 +330,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and not self.simulated:   # one opaque node (etdist::moe, below)
-            return torch.ops.etdist.moe(x, self.router, self.w_gate_up[0], self.w_down[0], self.key, self.mesh.token)
+            return call_op("moe", x, self.router, self.w_gate_up[0], self.w_down[0], self.key, mesh=self.mesh)
         # refused here on one rank only, the peers' launches stop too (every rank raises)
         with refusal_reaches_peers(None if self.simulated else self.mesh, self._compiled):
             hidden_states("MoE", x, self.hidden, self.router.dtype)
@@ -355,13 +356,13 @@ class MoE(nn.Module):
 
 
 # torch.compile: the layer as one custom op, so Dynamo does not trace into the kernel's host path
-# (ops/compiled.py says why). A custom op takes tensors and plain values: the layer travels as its key
+# (collectives/compiled.py says why). A custom op takes tensors and plain values: the layer travels as its key
 # (a string: torch.compile(dynamic=True) would make an int symbolic).
 _LAYERS: "weakref.WeakValueDictionary[str, MoE]" = weakref.WeakValueDictionary()
 _LAYER_KEYS = itertools.count(1)
 
 
-def _moe_op(x, router, w_gate_up, w_down, layer, token):
+def _moe_op(x, router, w_gate_up, w_down, layer, mesh, token):
     """The weights are arguments so the graph orders the call after whatever writes them; the layer
     runs with its own (the same tensors). Its forward, not its __call__: the module's hooks were
     traced already."""
@@ -371,8 +372,5 @@ def _moe_op(x, router, w_gate_up, w_down, layer, token):
     return moe.forward(x)
 
 
-_LIB = torch.library.Library("etdist", "FRAGMENT")   # kept alive: the registration lives with it
-_LIB.define("moe(Tensor x, Tensor router, Tensor w_gate_up, Tensor w_down, str layer, Tensor(a!) token) -> Tensor")
-_LIB.impl("moe", _moe_op, "CUDA")
-torch.library.register_fake("etdist::moe", lambda x, router, w_gate_up, w_down, layer, token: x.new_empty(x.shape),
-                            lib=_LIB)
+define_op("moe(Tensor x, Tensor router, Tensor w_gate_up, Tensor w_down, str layer, str mesh, Tensor(a!) token) "
+          "-> Tensor", _moe_op, lambda x, router, w_gate_up, w_down, layer, mesh, token: x.new_empty(x.shape))

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from .. import knobs
-from ..mesh import current_mesh
+from ..collectives.compiled import call_op
 from ..workloads import ag_gemm
 from .gemm_rs import (LARGE, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands, fp32_config,
                       no_rows, refusal_reaches_peers, total_rows_of)
@@ -125,9 +125,7 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
     Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy).
     """
     if torch.compiler.is_compiling():
-        m = mesh if mesh is not None else current_mesh()
-        y = torch.ops.etdist.all_gather_gemm(x, w, m.key, total_rows, schedule, m.token)
-        return y if out is None else out.copy_(y)
+        return call_op("all_gather_gemm", x, w, total_rows, schedule, mesh=mesh, out=out)
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("all_gather_gemm", "etdist.workloads.ag_gemm", x, w, mesh)

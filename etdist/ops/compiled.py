@@ -1,25 +1,13 @@
-"""The fused ops as torch custom ops, so that torch.compile keeps each one whole in its graph.
-
-Traced by Dynamo, an op's Python (per-mesh kernel states, raw pointers, host exchanges) would break
-the graph or be baked into it. As custom ops they are opaque nodes whose output shapes come from the
-fake implementations below, symbolic M included (one compiled graph serves every batch size, as our
-kernels do). Eager calls do not pass through here: the dispatcher adds microseconds to a host-bound
-decode call, so the public ops come here only while torch.compile traces them
-(`torch.compiler.is_compiling()`). A custom op takes tensors and plain values: the mesh travels as
-its key (`mesh.key`, a string), and each op declares it writes the mesh's token (`mesh.token`), so
-that no call is dropped as unused (a rank that drops one leaves its peers waiting) and the calls keep
-their order. Defined through torch.library.Library, not @custom_op: its
-Python wrappers cost ~45 us a call on our CPU host against ~2 us (twenty-fifth session).
-"""
+"""The fused ops as torch library ops, so that torch.compile keeps each one whole in its graph
+(collectives/compiled.py says why and how)."""
 from __future__ import annotations
 
 import torch
 
+from ..collectives.compiled import define_op
 from ..fusion.errors import InputError
 from ..mesh.mesh import mesh_by_key
 from . import ag_gemm, gemm_rs, mlp
-
-_LIB = torch.library.Library("etdist", "FRAGMENT")   # kept alive: the registrations live with it
 
 
 def rows_of_rank(M, world: int, rank: int):
@@ -28,18 +16,11 @@ def rows_of_rank(M, world: int, rank: int):
     return torch.sym_min(M, (rank + 1) * C) - torch.sym_min(M, rank * C)
 
 
-def _define(schema: str, impl, fake) -> None:
-    name = schema[:schema.index("(")]
-    _LIB.define(schema)
-    _LIB.impl(name, impl, "CUDA")
-    torch.library.register_fake(f"etdist::{name}", fake, lib=_LIB)
-
-
-def _gemm_rs(x, w, mesh, schedule, token):
+def _gemm_rs(x, w, schedule, mesh, token):
     return gemm_rs.gemm_reduce_scatter(x, w, mesh=mesh_by_key(mesh), schedule=schedule)
 
 
-def _gemm_rs_fake(x, w, mesh, schedule, token):
+def _gemm_rs_fake(x, w, schedule, mesh, token):
     m = mesh_by_key(mesh)
     return x.new_empty(rows_of_rank(x.shape[0], m.world_size, m.rank), w.shape[1])
 
@@ -55,29 +36,29 @@ def _gathered_rows(op: str, x: torch.Tensor, total_rows, world: int, y: torch.Te
     return y
 
 
-def _ag_gemm(x, w, mesh, total_rows, schedule, token):
+def _ag_gemm(x, w, total_rows, schedule, mesh, token):
     m = mesh_by_key(mesh)
     y = ag_gemm.all_gather_gemm(x, w, mesh=m, total_rows=total_rows, schedule=schedule)
     return _gathered_rows("all_gather_gemm", x, total_rows, m.world_size, y)
 
 
-def _ag_gemm_fake(x, w, mesh, total_rows, schedule, token):
+def _ag_gemm_fake(x, w, total_rows, schedule, mesh, token):
     M = total_rows if total_rows is not None else x.shape[0] * mesh_by_key(mesh).world_size
     return x.new_empty(M, w.shape[1])
 
 
-def _mlp(x, w_gate_up, w_down, mesh, total_rows, schedule, token):
+def _mlp(x, w_gate_up, w_down, total_rows, schedule, mesh, token):
     return mlp.tensor_parallel_mlp(x, w_gate_up, w_down, mesh=mesh_by_key(mesh), total_rows=total_rows,
                                    schedule=schedule)
 
 
-def _mlp_fake(x, w_gate_up, w_down, mesh, total_rows, schedule, token):
+def _mlp_fake(x, w_gate_up, w_down, total_rows, schedule, mesh, token):
     return x.new_empty(x.shape[0], w_down.shape[1])
 
 
-_define("gemm_reduce_scatter(Tensor x, Tensor w, str mesh, str schedule, Tensor(a!) token) -> Tensor", _gemm_rs, _gemm_rs_fake)
-_define("all_gather_gemm(Tensor x, Tensor w, str mesh, SymInt? total_rows, str schedule, Tensor(a!) token) "
-        "-> Tensor",
-        _ag_gemm, _ag_gemm_fake)
-_define("tensor_parallel_mlp(Tensor x, Tensor w_gate_up, Tensor w_down, str mesh, SymInt? total_rows, "
-        "str schedule, Tensor(a!) token) -> Tensor", _mlp, _mlp_fake)
+define_op("gemm_reduce_scatter(Tensor x, Tensor w, str schedule, str mesh, Tensor(a!) token) -> Tensor",
+          _gemm_rs, _gemm_rs_fake)
+define_op("all_gather_gemm(Tensor x, Tensor w, SymInt? total_rows, str schedule, str mesh, Tensor(a!) token) "
+          "-> Tensor", _ag_gemm, _ag_gemm_fake)
+define_op("tensor_parallel_mlp(Tensor x, Tensor w_gate_up, Tensor w_down, SymInt? total_rows, str schedule, "
+          "str mesh, Tensor(a!) token) -> Tensor", _mlp, _mlp_fake)

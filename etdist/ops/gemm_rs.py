@@ -11,6 +11,7 @@ import torch
 from .. import knobs
 from ..fusion import compile as et_compile
 from ..fusion.cuda_runtime import post_refusal
+from ..collectives.compiled import call_op
 from ..fusion.errors import InputError
 from ..mesh import MeshError, current_mesh
 from ..workloads import gemm_rs
@@ -263,9 +264,7 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy).
     """
     if torch.compiler.is_compiling():
-        m = mesh if mesh is not None else current_mesh()
-        y = torch.ops.etdist.gemm_reduce_scatter(x, w, m.key, schedule, m.token)
-        return y if out is None else out.copy_(y)
+        return call_op("gemm_reduce_scatter", x, w, schedule, mesh=mesh, out=out)
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)

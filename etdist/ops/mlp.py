@@ -10,7 +10,7 @@ import torch
 
 from .. import knobs
 from ..fusion.errors import InputError
-from ..mesh import current_mesh
+from ..collectives.compiled import call_op
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
 from .gemm_rs import (SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands,
@@ -120,9 +120,7 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy).
     """
     if torch.compiler.is_compiling():
-        m = mesh if mesh is not None else current_mesh()
-        y = torch.ops.etdist.tensor_parallel_mlp(x, w_gate_up, w_down, m.key, total_rows, schedule, m.token)
-        return y if out is None else out.copy_(y)
+        return call_op("tensor_parallel_mlp", x, w_gate_up, w_down, total_rows, schedule, mesh=mesh, out=out)
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("tensor_parallel_mlp", "etdist.workloads.mlp", x, w_gate_up, mesh)

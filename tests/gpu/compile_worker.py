@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=N tests/gpu/compile_worker.py
         -> 'OK compile-ops', 'OK compile-nn', 'OK compile-cudagraphs'
 
-fullgraph=True makes a graph break an error: each op must be one opaque node (ops/compiled.py).
+fullgraph=True makes a graph break an error: each op must be one opaque node (collectives/compiled.py).
 Compiled with dynamic sizes, run at several M, against the same function run eagerly.
 """
 import torch

@@ -294,29 +294,40 @@ def check_graphs_per_size(mesh):
     print(f"OK graphs-per-size rank {r}", flush=True)
 
 
+def prepared_gemm_rs(mesh):
+    """x [16, 1536], w [1536, 1024] bf16, after one call that prepared their shape on every rank."""
+    x = torch.randn(16, 1536, device=mesh.device, dtype=torch.bfloat16)
+    w = torch.randn(1536, 1024, device=mesh.device, dtype=torch.bfloat16)
+    et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+    torch.cuda.synchronize()
+    return x, w
+
+
+def raised(kind, call, what: str) -> Exception:
+    """The `kind` error that call() raises; AssertionError("`what`") if it returns."""
+    try:
+        call()
+    except kind as e:
+        return e
+    raise AssertionError(what)
+
+
+def checked_everything(mesh):
+    for k in op_module._KERNELS.values():
+        k.check(mesh)
+
+
 def check_refusal(mesh):
     """At a prepared shape rank 1 refuses its call (x fp16, w bf16): its InputError stops rank 0's
     launch of that call, which raises RuntimeFault naming rank 1 (at check()), not pairing the launch
     with rank 1's next call."""
-    K, N, M = 1536, 1024, 16
-    w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16)
-    x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
-    et.ops.gemm_reduce_scatter(x, w, mesh=mesh)           # prepared on every rank
-    torch.cuda.synchronize()
+    x, w = prepared_gemm_rs(mesh)
     if mesh.rank == 1:
-        try:
-            et.ops.gemm_reduce_scatter(x.half(), w, mesh=mesh)
-            raise AssertionError("rank 1's call was accepted")
-        except et.InputError:
-            pass
+        raised(et.InputError, lambda: et.ops.gemm_reduce_scatter(x.half(), w, mesh=mesh), "rank 1's call was accepted")
     else:
         et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
-        try:
-            for k in op_module._KERNELS.values():
-                k.check(mesh)
-            raise AssertionError("rank 0's launch finished without rank 1")
-        except et.RuntimeFault as e:
-            assert "rank 1 refused" in str(e), e
+        e = raised(et.RuntimeFault, lambda: checked_everything(mesh), "rank 0's launch finished without rank 1")
+        assert "rank 1 refused" in str(e), e
     print(f"OK refusal rank {mesh.rank}", flush=True)
 
 
@@ -367,8 +378,7 @@ def check_streams(mesh):
         want = reference(x, w, mesh)
         err = ((y.float() - want).abs().max() / want.abs().max()).item()
         assert err < 2e-2, err
-    for k in op_module._KERNELS.values():
-        k.check(mesh)
+    checked_everything(mesh)
     print(f"OK streams rank {mesh.rank} (a 4 GiB copy took {copy_s * 1e3:.0f} ms)", flush=True)
 
 
@@ -377,35 +387,23 @@ def check_capture_refusal(mesh):
     raises its InputError, not a CUDA error from a synchronise inside the capture; that rank's next
     call posts the refusal and raises RuntimeFault; a peer's replay of its own captured call stops
     and its check() raises, naming the refusing rank."""
-    K, N, M = 1536, 1024, 16
-    w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16)
-    x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
-    et.ops.gemm_reduce_scatter(x, w, mesh=mesh)           # prepared on every rank
-    torch.cuda.synchronize()
+    x, w = prepared_gemm_rs(mesh)
     refuser = mesh.world_size - 1
     g = torch.cuda.CUDAGraph()
     if mesh.rank == refuser:
-        try:
+        def capture_refused():
             with torch.cuda.graph(g):
                 et.ops.gemm_reduce_scatter(x.half(), w, mesh=mesh)
-            raise AssertionError("the call was accepted")
-        except et.InputError:
-            pass
-        try:
-            et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
-            raise AssertionError("the call after a refusal in a capture was accepted")
-        except et.RuntimeFault as e:
-            assert "while a CUDA graph captured it" in str(e), e
+        raised(et.InputError, capture_refused, "the call was accepted")
+        e = raised(et.RuntimeFault, lambda: et.ops.gemm_reduce_scatter(x, w, mesh=mesh),
+                   "the call after a refusal in a capture was accepted")
+        assert "while a CUDA graph captured it" in str(e), e
     else:
         with torch.cuda.graph(g):
             et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
         g.replay()
-        try:
-            for k in op_module._KERNELS.values():
-                k.check(mesh)
-            raise AssertionError("the replay finished without the refusing rank")
-        except et.RuntimeFault as e:
-            assert f"rank {refuser} refused" in str(e), e
+        e = raised(et.RuntimeFault, lambda: checked_everything(mesh), "the replay finished without the refusing rank")
+        assert f"rank {refuser} refused" in str(e), e
     print(f"OK capture-refusal rank {mesh.rank}", flush=True)
 
 
