@@ -11,6 +11,7 @@ the whole layer: the relative error goes into the record.
     gemm_rs  x [M, I/R] @ w_down [I/R, H], reduce-scatter over rows     et.ops.gemm_reduce_scatter
     ag_gemm  x [M/R, H] all-gather, @ w_gate_up [H, 2I/R]               et.ops.all_gather_gemm
     mlp      all-gather, gate/up mm, SwiGLU, down mm, reduce-scatter    et.ops.tensor_parallel_mlp
+    mlp_replicated  x [M, H] whole on every rank, mms, all-reduce       ...(sequence_parallel=False)
     moe      M tokens per rank, top-k routed SwiGLU experts, EP          et.nn.MoE (vs the torch layer)
              (`separate` baseline: etdist's two ops chained with a torch SwiGLU between them)
 """
@@ -29,7 +30,7 @@ from .measure import baselines as B
 from .measure.timing import time_alternated
 from .report import best_baseline
 
-GPU_WORKLOADS = ("gemm_rs", "ag_gemm", "mlp", "moe")
+GPU_WORKLOADS = ("gemm_rs", "ag_gemm", "mlp", "mlp_replicated", "moe")
 
 
 @dataclass
@@ -173,6 +174,30 @@ def mlp_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     return _result(times, floor, err, base.notes())
 
 
+def mlp_replicated_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "static",
+                        rounds: int = 4) -> CellResult:
+    """The MLP of a model that is not sequence-parallel: the whole x on every rank, the whole y
+    back (ours: sequence_parallel=False; torch: the mms and an NCCL or symm_mem all-reduce)."""
+    R, H, I = mesh.world_size, model.hidden, model.intermediate
+    ops = B.mlp_replicated_operands(M, H, I // R, copies=4, device=mesh.device)
+    x = ops.x
+    y = et.ops.tensor_parallel_mlp(x, ops.gate_up[0], ops.down[0], mesh=mesh, sequence_parallel=False,
+                                   out=_poisoned(M, H, x), schedule=schedule)
+    full = B.swiglu(x.float() @ ops.gate_up[0].float()) @ ops.down[0].float()
+    dist.all_reduce(full)
+    err = _max_over_ranks(_rel_err(y, full), mesh.device)
+
+    def ours(i):
+        return et.ops.tensor_parallel_mlp(x, ops.gate_up[i], ops.down[i], mesh=mesh, sequence_parallel=False,
+                                          schedule=schedule)
+
+    base = B.baseline_fns("mlp_replicated", M, H, I // R, copies=4, device=mesh.device, symm_mem=symm_mem,
+                          operands=ops)
+    times = _timed({"ours": B.rotating(ours, 4), "ours_graph": _graphed_checked(ours, mesh), **base.fns}, mesh, rounds)
+    floor = B.floor_us(M, H, I, R, ceil.copy_TBps, ceil.mm_TFps, workload="mlp_replicated")
+    return _result(times, floor, err, base.notes())
+
+
 def moe_operands(mesh, H: int, I: int, E: int, M: int, skew: float, copies: int = 2):
     """An MoE layer's bf16 operands on this rank: (x [M, H], router [H, E], `copies` w_gate_up
     [E_local, H, 2I] as [gate | up], `copies` w_down [E_local, I, H]). The router and the skew
@@ -257,10 +282,11 @@ def _moe_floor_us(x, router, k: int, el: int, H: int, I: int, ceil: B.Ceilings, 
     return torch.maximum(weights, flops).max().item() * 1e6
 
 
-CELLS = {"gemm_rs": gemm_rs_cell, "ag_gemm": ag_gemm_cell, "mlp": mlp_cell, "moe": moe_cell}
+CELLS = {"gemm_rs": gemm_rs_cell, "ag_gemm": ag_gemm_cell, "mlp": mlp_cell, "mlp_replicated": mlp_replicated_cell,
+         "moe": moe_cell}
 # largest relative error a cell may show (bf16 against float32); MoE keeps more intermediates in bf16
 # (activations, expert outputs on the way back): ~2e-2 in its own check
-REL_ERR_LIMIT = {"gemm_rs": 2e-2, "ag_gemm": 2e-2, "mlp": 2e-2, "moe": 5e-2}
+REL_ERR_LIMIT = {"gemm_rs": 2e-2, "ag_gemm": 2e-2, "mlp": 2e-2, "mlp_replicated": 2e-2, "moe": 5e-2}
 
 
 def startup_times(mesh, H: int, I: int) -> dict:

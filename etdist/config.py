@@ -16,6 +16,7 @@ class WorkloadName(enum.Enum):
     gemm_rs = "gemm_rs"
     ag_gemm = "ag_gemm"
     mlp = "mlp"
+    mlp_replicated = "mlp_replicated"   # the MLP with whole x in and y out on every rank (not sequence-parallel)
     moe = "moe"
     collectives = "collectives"  # all-reduce built from the reduce_scatter + all_gather fragments
 

@@ -25,7 +25,7 @@ def test_every_model_composes(model):
     assert c.model.name == model and c.model.hidden > 0 and c.model.intermediate > 0
 
 
-@pytest.mark.parametrize("group,option", [("workload", w) for w in ("gemm_rs", "ag_gemm", "mlp", "moe", "collectives", "all")]
+@pytest.mark.parametrize("group,option", [("workload", w) for w in ("gemm_rs", "ag_gemm", "mlp", "mlp_replicated", "moe", "collectives", "all")]
                          + [("schedule", s) for s in ("static", "dynamic", "both")]
                          + [("mesh", m) for m in ("auto", "cpu", "nvshmem")] + [("bench", b) for b in ("cpu", "gpu", "gpu_moe")])
 def test_every_group_option_composes(group, option):
@@ -69,9 +69,9 @@ def test_bad_values_fail_before_any_cell_runs(bad, message, monkeypatch):
 
 def test_run_returns_accurate_rows():
     rows = bench.run(cfg("mesh.worlds=[1,2]", "bench.tokens=[9]", "bench.interleavings=2"))
-    assert {r.workload for r in rows} == {"gemm_rs", "ag_gemm", "mlp", "moe", "collectives"}
+    assert {r.workload for r in rows} == {"gemm_rs", "ag_gemm", "mlp", "mlp_replicated", "moe", "collectives"}
     assert {r.schedule for r in rows} == {"static", "dynamic"}
-    assert len(rows) == 5 * 2 * 2
+    assert len(rows) == 6 * 2 * 2
     assert all(r.max_rel_err < 1e-5 and r.tasks > 0 for r in rows)
 
 
@@ -94,10 +94,10 @@ def test_main_command_prints_the_table(tmp_path):
     out = subprocess.run([sys.executable, "-m", "etdist.bench", "mesh.worlds=[1,2]", "bench.interleavings=1",
                           f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    for word in ("gemm_rs", "ag_gemm", "mlp", "moe", "collectives", "static", "dynamic", "max rel err", "wall ms"):
+    for word in ("gemm_rs", "ag_gemm", "mlp", "mlp_replicated", "moe", "collectives", "static", "dynamic", "max rel err", "wall ms"):
         assert word in out.stdout
     lines = [line for f in (tmp_path / "results").glob("*.jsonl") for line in f.read_text().splitlines()]
-    assert len(lines) == 20  # 5 workloads x 2 schedules x 2 worlds, DESIGN.md's records
+    assert len(lines) == 24  # 6 workloads x 2 schedules x 2 worlds, DESIGN.md's records
     report = (tmp_path / "report.md").read_text()
     assert "### moe" in report and "from results/*.jsonl" in report
     assert "A correctness run: simulated ranks" in report and "(vs the float64 reference, eager)" in report
@@ -118,7 +118,7 @@ def test_results_dir_takes_the_cpu_records_too(tmp_path):
 def test_gpu_plan_runs_what_gpus_have_and_names_the_rest():
     from etdist import bench_gpu
     cells, left_out = bench_gpu.plan(cfg("model=llama31_8b", "workload=all", "schedule=both", "bench=gpu"))
-    assert cells == [(w, s, M) for w in ("gemm_rs", "ag_gemm", "mlp") for s in ("static", "dynamic")
+    assert cells == [(w, s, M) for w in ("gemm_rs", "ag_gemm", "mlp", "mlp_replicated") for s in ("static", "dynamic")
                      for M in (16, 128, 1024, 8192, 1000)]
     assert any("moe" in l and "dense" in l for l in left_out)
     assert any("collectives" in l for l in left_out)

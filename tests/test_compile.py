@@ -30,7 +30,7 @@ def _gathered(x, M):   # both ranks hold x: the gathered rows, cut to M
 STAND_INS = {
     "gemm_reduce_scatter": lambda x, w, schedule, mesh, token: _mine(x @ w, x.shape[0]).clone(),
     "all_gather_gemm": lambda x, w, total_rows, schedule, mesh, token: _gathered(x, total_rows or 2 * x.shape[0]) @ w,
-    "tensor_parallel_mlp": lambda x, wgu, wd, total_rows, schedule, mesh, token: (
+    "tensor_parallel_mlp": lambda x, wgu, wd, total_rows, schedule, seq, mesh, token: (
         F.silu(x @ wgu[:, :wd.shape[0]]) * (x @ wgu[:, wd.shape[0]:])) @ wd,
     "all_gather": lambda x, check, mesh, token: torch.cat([x, x]),
 }
@@ -69,7 +69,7 @@ def test_ops_are_single_nodes_of_one_graph_for_every_m(mesh):
         h, x = torch.randn(M, K), torch.randn(-(-M // 2), H)
         y, z, m, g = compiled(h, x, M)
         C = -(-M // 2)
-        want_m = STAND_INS["tensor_parallel_mlp"](x, wgu, wd, M, None, None, None) + x
+        want_m = STAND_INS["tensor_parallel_mlp"](x, wgu, wd, M, None, True, None, None) + x
         assert y.shape == (min(M, 2 * C) - min(M, C), N)
         assert torch.allclose(y, torch.relu(_mine(h @ w, M)) + 1)
         assert torch.allclose(z, _gathered(x, M) @ w_ag * 0.5)

@@ -169,6 +169,25 @@ def test_tensor_parallel_mlp_slices_the_last_down_tiles(schedule, world, M):
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 16, 1])
+def test_replicated_mlp_ends_in_an_all_reduce(schedule, world, M):
+    """tp_mlp_replicated: every rank holds the whole x and gets the whole y; each down tile pushes
+    its partial to every rank. Whole down tiles, and 3 contraction slices under gate/up tiles half
+    as wide (I = 6 x world in steps of 4: on one rank the third slice is empty)."""
+    inputs = mlp.make_inputs(world, M, H=12, I=6 * world, seed=world * 10 + M, replicated=True)
+    want = mlp.reference_replicated(inputs[0]["x"], [i["w_gate_up"] for i in inputs], [i["w_down"] for i in inputs])
+    for splits, up_n in ((1, None), (3, 4)):
+        kernel = et.compile(mlp.tp_mlp_replicated(block_m=8, block_n=8, block_k=4, down_splits=splits, up_n=up_n),
+                            schedule=schedule, programs=3)
+        for seed in range(0, 20, 2):
+            got = kernel.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
+            for r in range(world):
+                assert got[r]["y"].shape == want.shape and rel_err(got[r]["y"], want) < TOL, (splits, r, seed)
+    with pytest.raises(et.GraphError, match="down_splits must be a positive int"):
+        mlp.tp_mlp_replicated(down_splits=0)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("M", [37, 16, 1])
 def test_small_m_variants_read_the_whole_gather(schedule, world, M):
     """ag_gemm_whole and mlp_whole: tiles over all M rows after the whole gather; row tiles span
     several owners (the down tiles scatter their rows to each owner's partial)."""

@@ -442,12 +442,84 @@ def mlp_symm_mem(M: int, H: int, I_local: int, *, group=None, copies: int = 4, d
     return _symm_mem_build(step, len(ops.gate_up), device, "fused_all_gather_matmul")
 
 
+# ------------------------------------------------------------ MLP, replicated in and out (Megatron)
+
+def mlp_replicated_operands(M: int, H: int, I_local: int, *, group=None, copies: int = 4, device=None,
+                            dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> MlpOperands:
+    """x [M, H], the same on every rank (seeded without the rank), and this rank's weights."""
+    x = random_operands(M, H, 1, copies=1, device=device, dtype=dtype, seed=seed).x
+    ops = mlp_operands(M, H, I_local, group=group, copies=copies, device=device, dtype=dtype, seed=seed + 1)
+    return MlpOperands(x, ops.gate_up, ops.down)
+
+
+def _mlp_replicated_ops(M, H, I_local, group, copies, device, dtype, operands) -> MlpOperands:
+    if operands is None:
+        return mlp_replicated_operands(M, H, I_local, group=group, copies=copies, device=device, dtype=dtype)
+    got = tuple(operands.x.shape), tuple(operands.gate_up[0].shape), tuple(operands.down[0].shape)
+    if got != ((M, H), (H, 2 * I_local), (I_local, H)):
+        raise ValueError(f"mlp_replicated: operands have x, w_gate_up, w_down shapes {got}, expected "
+                         f"{((M, H), (H, 2 * I_local), (I_local, H))}")
+    return operands
+
+
+def _mlp_replicated_step(M, H, I_local, group, copies, device, dtype, operands):
+    _require_dist("mlp_replicated baseline")
+    device = _default_device(device)
+    ops = _mlp_replicated_ops(M, H, I_local, group, copies, device, dtype, operands)
+    out = torch.empty(M, H, device=ops.x.device, dtype=ops.x.dtype)
+
+    def step(i: int) -> torch.Tensor:
+        torch.mm(swiglu(ops.x @ ops.gate_up[i]), ops.down[i], out=out)
+        dist.all_reduce(out, group=group)
+        return out
+    return step, len(ops.gate_up), device
+
+
+def mlp_replicated_eager(M: int, H: int, I_local: int, *, group=None, copies: int = 4, device=None,
+                         dtype: torch.dtype = torch.bfloat16, operands: Optional[MlpOperands] = None) -> Fn:
+    """cuBLAS gate/up mm, SwiGLU, cuBLAS down mm, NCCL all-reduce, op by op (Megatron's MLP)."""
+    step, n, _ = _mlp_replicated_step(M, H, I_local, group, copies, device, dtype, operands)
+    return rotating(step, n)
+
+
+def mlp_replicated_graph(M: int, H: int, I_local: int, *, group=None, copies: int = 4, device=None,
+                         dtype: torch.dtype = torch.bfloat16, operands: Optional[MlpOperands] = None) -> Fn:
+    """mlp_replicated_eager captured in CUDA graphs (one per weight copy). Collective to build."""
+    step, n, device = _mlp_replicated_step(M, H, I_local, group, copies, device, dtype, operands)
+    return graphed(step, n, device)
+
+
+def mlp_replicated_symm_mem(M: int, H: int, I_local: int, *, group=None, copies: int = 4, device=None,
+                            dtype: torch.dtype = torch.bfloat16, operands: Optional[MlpOperands] = None
+                            ) -> tuple[Optional[Fn], Optional[str]]:
+    """The mms into a symmetric buffer, then torch.ops.symm_mem.one_shot_all_reduce (each rank
+    reads every peer's buffer: the decode-sized all-reduce of serving engines)."""
+    _require_dist("mlp_replicated symm_mem baseline")
+    device = _default_device(device)
+    reason = _symm_mem_unavailable(device)
+    if reason:
+        return None, reason
+    ops = _mlp_replicated_ops(M, H, I_local, group, copies, device, dtype, operands)
+    name = (group or dist.group.WORLD).group_name
+    buf = []
+
+    def step(i: int) -> torch.Tensor:
+        if not buf:                              # allocated at the first (checked) call: collective
+            import torch.distributed._symmetric_memory as symm_mem
+            buf.append(symm_mem.empty(M, H, dtype=ops.x.dtype, device=ops.x.device))
+            symm_mem.rendezvous(buf[0], name)
+        torch.mm(swiglu(ops.x @ ops.gate_up[i]), ops.down[i], out=buf[0])
+        return torch.ops.symm_mem.one_shot_all_reduce(buf[0], "sum", name)
+    return _symm_mem_build(step, len(ops.gate_up), device, "one_shot_all_reduce")
+
+
 # ------------------------------------------------------------------------- all baselines, timed
 
 BUILDERS = {
     "gemm_rs": (gemm_rs_mm_only, gemm_rs_eager, gemm_rs_graph, gemm_rs_symm_mem),
     "ag_gemm": (ag_gemm_mm_only, ag_gemm_eager, ag_gemm_graph, ag_gemm_symm_mem),
     "mlp": (mlp_mm_only, mlp_eager, mlp_graph, mlp_symm_mem),   # (M, H, I_local)
+    "mlp_replicated": (mlp_mm_only, mlp_replicated_eager, mlp_replicated_graph, mlp_replicated_symm_mem),
 }
 
 
@@ -526,7 +598,7 @@ def floor_us(M: int, K: int, N: int, world: int, copy_TBps: float, mm_TFps: floa
     """Floor of one rank's local mm for the whole (unsharded) K and N of a TP layer: gemm_rs shards
     K (mm [M, K/world] @ [K/world, N]), ag_gemm shards N (mm [M, K] @ [K, N/world]); bf16.
     mlp: K = H, N = I, both mms of the rank's share ([M, H] @ [H, 2I/world], [M, I/world] @ [I/world, H])."""
-    if workload == "mlp":
+    if workload in ("mlp", "mlp_replicated"):
         kw = dict(copy_TBps=copy_TBps, mm_TFps=mm_TFps)
         return mm_floor_us(M, K, 2 * N / world, **kw) + mm_floor_us(M, N / world, K, **kw)
     if workload == "gemm_rs":

@@ -6,7 +6,8 @@
 The intermediate dimension is split over the ranks (gate/up by columns, down by rows). In
 sequence-parallel mode (the default) each rank passes its rows of the sequence (chunks of
 cdiv(M, R), ragged at the end; pass `total_rows=M` when M is not R x rows) and gets its rows of
-the output. With `sequence_parallel=False` every rank passes the whole x and gets the whole y.
+the output. With `sequence_parallel=False` every rank passes the whole x (the same on every rank)
+and gets the whole y: the kernel then gathers nothing and ends in an all-reduce of its own.
 
 Without GPUs, `simulate_world=R` holds all R shards in this one module and runs them on the CPU
 runtime (simulated ranks): same graph, same sharding, for tests and for checking a model on a
@@ -124,35 +125,25 @@ class TensorParallelMLP(nn.Module):
                              "sequence_parallel=True to pass each rank's rows")
 
     def _cpu_kernel(self):
+        """The graph the GPU ranks run, on the CPU runtime: sequence-parallel or replicated."""
         if self._kernel is None:
-            graph = mlp_graph.tp_mlp(_CPU_TILE, _CPU_TILE, self.w_down[0].dtype)
+            build = mlp_graph.tp_mlp if self.sequence_parallel else mlp_graph.tp_mlp_replicated
+            graph = build(_CPU_TILE, _CPU_TILE, self.w_down[0].dtype)
             self._kernel = fusion.compile(graph, schedule="static", target="cpu")
         return self._kernel
 
     def _simulated(self, x: torch.Tensor) -> torch.Tensor:
-        """Replicated in and out: split the rows like the ranks would, run all ranks, concatenate."""
+        """The whole x in, the whole y out: sequence-parallel, the rows split like the ranks would
+        and every rank's rows of y concatenated; replicated, every rank given x (rank 0's y)."""
         M = x.shape[0]
         C = -(-M // self.world)
-        inputs = [{"x": x[r * C:(r + 1) * C].contiguous(), "w_gate_up": self.w_gate_up[r].data,
-                   "w_down": self.w_down[r].data} for r in range(self.world)]
+        inputs = [{"x": (x[r * C:(r + 1) * C] if self.sequence_parallel else x).contiguous(),
+                   "w_gate_up": self.w_gate_up[r].data, "w_down": self.w_down[r].data} for r in range(self.world)]
         outs = self._cpu_kernel().run(inputs, sizes={"M": M})
-        return torch.cat([o["y"] for o in outs])
+        return torch.cat([o["y"] for o in outs]) if self.sequence_parallel else outs[0]["y"]
 
     def _on_gpus(self, x: torch.Tensor, total_rows: Optional[int]) -> torch.Tensor:
-        mesh, R = self.mesh, self.world
-        if self.sequence_parallel:
-            M = total_rows if total_rows is not None else x.shape[0] * R
-            mine = x
-        else:
-            M = x.shape[0]
-            C = -(-M // R)
-            mine = x[mesh.rank * C:(mesh.rank + 1) * C]
-        y = tensor_parallel_mlp(mine.contiguous(), self.w_gate_up[0].data, self.w_down[0].data, mesh=mesh,
-                                total_rows=M)
-        if self.sequence_parallel:
-            return y
-        from ..collectives import all_gather
-        C = -(-M // R)
-        padded = torch.zeros(C, self.hidden, dtype=y.dtype, device=y.device)
-        padded[:y.shape[0]] = y
-        return all_gather(padded, mesh=mesh)[:M]
+        # replicated: one kernel, no gather, its all-reduce inside (workloads.mlp.tp_mlp_replicated)
+        M = (total_rows if total_rows is not None else x.shape[0] * self.world) if self.sequence_parallel else None
+        return tensor_parallel_mlp(x.contiguous(), self.w_gate_up[0].data, self.w_down[0].data, mesh=self.mesh,
+                                   total_rows=M, sequence_parallel=self.sequence_parallel)

@@ -47,13 +47,13 @@ def _ag_gemm_fake(x, w, total_rows, schedule, mesh, token):
     return x.new_empty(M, w.shape[1])
 
 
-def _mlp(x, w_gate_up, w_down, total_rows, schedule, mesh, token):
+def _mlp(x, w_gate_up, w_down, total_rows, schedule, sequence_parallel, mesh, token):
     return mlp.tensor_parallel_mlp(x, w_gate_up, w_down, mesh=mesh_by_key(mesh), total_rows=total_rows,
-                                   schedule=schedule)
+                                   schedule=schedule, sequence_parallel=sequence_parallel)
 
 
-def _mlp_fake(x, w_gate_up, w_down, total_rows, schedule, mesh, token):
-    return x.new_empty(x.shape[0], w_down.shape[1])
+def _mlp_fake(x, w_gate_up, w_down, total_rows, schedule, sequence_parallel, mesh, token):
+    return x.new_empty(x.shape[0], w_down.shape[1])   # this rank's rows in and out, or all of them
 
 
 define_op("gemm_reduce_scatter(Tensor x, Tensor w, str schedule, str mesh, Tensor(a!) token) -> Tensor",
@@ -61,4 +61,4 @@ define_op("gemm_reduce_scatter(Tensor x, Tensor w, str schedule, str mesh, Tenso
 define_op("all_gather_gemm(Tensor x, Tensor w, SymInt? total_rows, str schedule, str mesh, Tensor(a!) token) "
           "-> Tensor", _ag_gemm, _ag_gemm_fake)
 define_op("tensor_parallel_mlp(Tensor x, Tensor w_gate_up, Tensor w_down, SymInt? total_rows, str schedule, "
-          "str mesh, Tensor(a!) token) -> Tensor", _mlp, _mlp_fake)
+          "bool sequence_parallel, str mesh, Tensor(a!) token) -> Tensor", _mlp, _mlp_fake)

@@ -2,6 +2,7 @@
 as one persistent kernel per GPU."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -108,19 +109,41 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     return cfg, build, ({"M": M, "TAIL": tail} if tail else {"M": M})
 
 
+def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int):
+    """The plan (as kernel_plan's) of the replicated-in-and-out graph: up to WHOLE_MAX_M rows the
+    whole-gather graph's tiles, narrowing and down slices; above, the sequence-parallel graph's
+    gate/up (TILES) and down (DOWN_N wide) tiles, the down tiles in slices where they are fewer
+    than the SMs."""
+    whole = M <= _ag_gemm.WHOLE_MAX_M
+    cfg = _ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else TILES
+    cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
+    align = 16 if H % 16 == 0 and I % 16 == 0 else 1
+    down_n = cfg.block_n if whole else DOWN_N
+    down = dataclasses.replace(cfg, block_n=down_n)
+    build = functools.partial(mlp_graph.tp_mlp_replicated, cfg.block_m, down_n, dtype, cfg.block_k, align,
+                              down_splits=whole_down_splits(M, H, down, sms),
+                              up_n=_ag_gemm.whole_width(M, I, cfg, sms) if whole else cfg.block_n,
+                              swap_ab=cfg.swap_ab)
+    return cfg, build, {"M": M}
+
+
 def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mesh=None,
                         total_rows: Optional[int] = None, out: Optional[torch.Tensor] = None,
-                        schedule: str = "static") -> torch.Tensor:
+                        schedule: str = "static", sequence_parallel: bool = True) -> torch.Tensor:
     """This rank's rows of sum_r (silu(x @ gate_r) * (x @ up_r)) @ w_down_r, sequence-parallel.
 
     x: [rows_r, H] this rank's rows of x [M, H] (chunks of cdiv(M, R), ragged at the end: pass
        `total_rows=M` when M is not R x rows). w_gate_up: [H, 2 I_r], this rank's gate columns then
        its up columns; w_down: [I_r, H] its rows of the down projection (row-major, as
        `etdist.workloads.mlp.shard` makes them). Returns [rows_r, H] in x's dtype.
+    sequence_parallel=False: every rank passes the whole x [M, H] (the same on every rank) and gets
+       the whole y [M, H]: no gather, the down tiles' partials pushed to every rank and summed
+       there (Megatron's MLP and its all-reduce, in one kernel; workloads.mlp.tp_mlp_replicated).
     Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy).
     """
     if torch.compiler.is_compiling():
-        return call_op("tensor_parallel_mlp", x, w_gate_up, w_down, total_rows, schedule, mesh=mesh, out=out)
+        return call_op("tensor_parallel_mlp", x, w_gate_up, w_down, total_rows, schedule, sequence_parallel,
+                       mesh=mesh, out=out)
     knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("tensor_parallel_mlp", "etdist.workloads.mlp", x, w_gate_up, mesh)
@@ -134,14 +157,21 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
         if w_down.dtype != x.dtype or w_down.device != x.device or not w_down.is_contiguous():
             raise InputError(f"tensor_parallel_mlp: w_down must be a contiguous {x.dtype} tensor on {x.device}, got "
                              f"{w_down.dtype} on {w_down.device}{'' if w_down.is_contiguous() else ', not contiguous'}")
-        M = total_rows_of("tensor_parallel_mlp", total_rows, x, mesh.world_size)
+        if not isinstance(sequence_parallel, bool):
+            raise InputError(f"tensor_parallel_mlp: sequence_parallel must be True or False, got {sequence_parallel!r}")
+        if not sequence_parallel and total_rows not in (None, x.shape[0]):
+            raise InputError(f"tensor_parallel_mlp: total_rows={total_rows!r} but sequence_parallel=False: every "
+                             f"rank passes the whole x ({x.shape[0]} rows here)")
+        M = total_rows_of("tensor_parallel_mlp", total_rows, x, mesh.world_size if sequence_parallel else 1)
         # without total_rows a rank with no rows cannot tell M = 0 from a ragged M < world: the
         # kernel's agreement with the peers decides
-        empty = (None if M or (total_rows is None and mesh.world_size > 1)
+        empty = (None if M or (total_rows is None and mesh.world_size > 1 and sequence_parallel)
                  else no_rows("tensor_parallel_mlp", x, H, out))
     if empty is not None:
         return empty
-    cfg, build, sizes = kernel_plan(M, H, I, x.dtype, _sm_count(mesh.device.index), mesh.world_size)
+    sms = _sm_count(mesh.device.index)
+    cfg, build, sizes = (kernel_plan(M, H, I, x.dtype, sms, mesh.world_size) if sequence_parallel
+                         else replicated_plan(M, H, I, x.dtype, sms))
     # keyed by the graph and every argument it is built with, and by the tile's warps and stages
     key = (cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items())))
     kernel = cached_kernel(_KERNELS, key, cfg, schedule, build)

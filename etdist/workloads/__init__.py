@@ -61,6 +61,13 @@ def _mlp_case(model, world, M, seed) -> Case:
     return Case(ins, {"M": M}, ref(), ref)
 
 
+def _mlp_replicated_case(model, world, M, seed) -> Case:
+    ins = mlp.make_inputs(world, M, model.hidden, model.intermediate, seed=seed, replicated=True)
+    ref = lambda: [mlp.reference_replicated(ins[0]["x"], [i["w_gate_up"] for i in ins],
+                                            [i["w_down"] for i in ins])] * world
+    return Case(ins, {"M": M}, ref(), ref)
+
+
 def all_reduce_graph(block_m: int, block_n: int):
     """x [M, H] on every rank -> the sum over ranks on every rank, from the reduce_scatter and
     all_gather fragments (the gathered rows are cut back to M by a last task)."""
@@ -95,6 +102,8 @@ WORKLOADS = {
     "ag_gemm": Workload("ag_gemm", lambda bm, bn, model: ag_gemm.all_gather_gemm(bm, bn), _ag_gemm_case),
     "moe": Workload("moe", lambda bm, bn, model: moe.moe_layer(model.top_k, bm), _moe_case, needs_experts=True),
     "mlp": Workload("mlp", lambda bm, bn, model: mlp.tp_mlp(bm, bn), _mlp_case),
+    "mlp_replicated": Workload("mlp_replicated", lambda bm, bn, model: mlp.tp_mlp_replicated(bm, bn),
+                               _mlp_replicated_case),
     "collectives": Workload("collectives", lambda bm, bn, model: all_reduce_graph(bm, bn), _all_reduce_case),
 }
 

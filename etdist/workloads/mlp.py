@@ -189,6 +189,75 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     return g
 
 
+def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
+                      align: int = 1, group_m: int = 8, down_splits: int = 1, up_n: Optional[int] = None,
+                      swap_ab: bool = False) -> et.Graph:
+    """The MLP with replicated input and output (Megatron's tensor-parallel MLP, for models that are
+    not sequence-parallel): every rank holds the whole x [M, H] and returns the whole y [M, H].
+    Nothing is gathered: gate/up and down tiles run over all M rows (each weight read once), and
+    each down tile pushes its partial into every rank's buffer (an all-reduce in one hop, as the
+    tile finishes), where every rank sums the partials of that tile into its y. Sizes and tiles as
+    in tp_mlp_whole. x must be the same on every rank (not checked: a rank's x that differs gives
+    every rank a wrong y, not a hang)."""
+    positive_int("tp_mlp_replicated", "down_splits", down_splits)
+    positive_int("tp_mlp_replicated", "up_n", up_n, optional=True)
+    S, up_n = down_splits, block_n if up_n is None else up_n
+    g = et.Graph("mlp_replicated")
+    M = g.size("M")
+    H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)
+    R, me = g.world, g.rank
+    m_tiles, i_tiles, h_tiles = et.cdiv(M, block_m), et.cdiv(I, up_n), et.cdiv(H, block_n)
+    gemm = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align),
+                SWAP_AB=bool(swap_ab))
+
+    g.input("x", (M, H), dtype)
+    g.input("w_gate_up", (H, 2 * I), dtype)
+    g.input("w_down", (I, H), dtype)
+    g.scratch("h", (M, I), dtype)
+    g.scratch("partial", (R * S, M, H), dtype, symmetric=True)     # on every rank: partial[src, slice]
+    g.output("y", (M, H), dtype)
+    h_ready = g.event("h_ready", (m_tiles,), count=i_tiles)
+    arrived = g.event("arrived", (R, m_tiles, h_tiles), count=R * S, distributed=True)   # [rank, tile]
+    up_tile = lambda q: et.grouped(q, m_tiles, i_tiles, group_m)     # noqa: E731
+    down_tile = lambda q: et.grouped(q, m_tiles, h_tiles, group_m)   # noqa: E731
+
+    @g.task(grid=(m_tiles * i_tiles,), notify=lambda q: h_ready[up_tile(q)[0]],
+            triton=gemm_tiles.swiglu_all_rows, constexprs=dict(gemm, BLOCK_N=up_n),
+            bind=dict(i=lambda q: up_tile(q)[0], j=lambda q: up_tile(q)[1], ag_out="x"))
+    def gate_up(t, q):
+        rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), up_n, t.I)
+        t.h[rows, cols] = _swiglu(t, t.x[rows], cols)
+
+    # a tile's slices run side by side (the last index walks fastest)
+    @g.task(grid=(m_tiles * h_tiles, S), wait=lambda q, s: h_ready[down_tile(q)[0]],
+            notify=lambda q, s: arrived[(et.every(0, R), *down_tile(q))],
+            triton=gemm_tiles.matmul_broadcast_slice, constexprs=dict(gemm, SPLITS=S),
+            bind=dict(i=lambda q, s: down_tile(q)[0], j=lambda q, s: down_tile(q)[1], x="h", w="w_down", K="I",
+                      N="H"))
+    def down(t, q, s):                                     # slice s of tile q, to every rank
+        rows = et.block(t(down_tile(q)[0]), block_m, t.M)
+        cols = et.block(t(down_tile(q)[1]), block_n, t.H)
+        ks = et.block(s, t(et.cdiv(I, S * block_k) * block_k), t.I)   # whole steps, as the GPU body
+        part = t.h[rows, ks] @ t.w_down[ks, cols]
+        for d in range(t.world):
+            t.peer(d).partial[t.rank * S + s, rows, cols] = part
+
+    @g.task(grid=(m_tiles, h_tiles), wait=lambda i, j: arrived[me, i, j], triton=gemm_tiles.sum_partials,
+            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=S), bind=dict(N="H"))
+    def reduce(t, i, j):                                   # y = sum over ranks and slices
+        rows, cols = et.block(i, block_m, t.M), et.block(j, block_n, t.H)
+        t.y[rows, cols] = t.partial[:, rows, cols].sum(0)
+
+    g.sample(M=5, H=3, I=2)
+    g.sample(M=37, H=20, I=17)
+    return g
+
+
+def reference_replicated(x, w_gate_up, w_down):
+    """float64: the whole y from the whole x and every rank's shards (all ranks return it)."""
+    return reference([x], w_gate_up, w_down)[0]
+
+
 def _swiglu(t, xs, cols):
     """silu(xs @ w_gate[:, cols]) * (xs @ w_up[:, cols]), with w_gate_up = [w_gate | w_up]."""
     I_ = t.I
@@ -220,13 +289,14 @@ def shard(w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, world:
              for r in range(world)], [w_down[r * n:(r + 1) * n].contiguous() for r in range(world)])
 
 
-def make_inputs(world: int, M: int, H: int, I: int, seed: int = 0, dtype=torch.float32):
-    """Per-rank inputs of a random MLP with intermediate size I (whole, split over the ranks)."""
+def make_inputs(world: int, M: int, H: int, I: int, seed: int = 0, dtype=torch.float32, replicated: bool = False):
+    """Per-rank inputs of a random MLP with intermediate size I (whole, split over the ranks);
+    replicated: every rank holds the whole x (tp_mlp_replicated), else its rows."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(M, H, generator=gen)
     wg, wu = torch.randn(H, I, generator=gen) / H ** 0.5, torch.randn(H, I, generator=gen) / H ** 0.5
     wd = torch.randn(I, H, generator=gen) / I ** 0.5
     gu, dn = shard(wg, wu, wd, world)
     C = -(-M // world)
-    return [{"x": x[r * C:(r + 1) * C].to(dtype).contiguous(), "w_gate_up": gu[r].to(dtype),
+    return [{"x": (x if replicated else x[r * C:(r + 1) * C]).to(dtype).contiguous(), "w_gate_up": gu[r].to(dtype),
              "w_down": dn[r].to(dtype)} for r in range(world)]

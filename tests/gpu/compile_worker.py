@@ -46,14 +46,19 @@ def check_ops(mesh):
     print(f"OK compile-ops rank {mesh.rank}", flush=True)
 
 
-def check_nn(mesh):
-    dev, bf16 = mesh.device, torch.bfloat16
-    H, I = 1024, 2048
+def dense_mlp(dev, H, I):
+    """A Llama-style MLP in bf16, the same weights on every rank."""
     dense = nn.Module()
     dense.gate_proj, dense.up_proj = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False)
     dense.down_proj, dense.act_fn = nn.Linear(I, H, bias=False), nn.SiLU()
-    torch.manual_seed(0)   # the same dense weights on every rank
-    dense = dense.to(dev, bf16)
+    torch.manual_seed(0)
+    return dense.to(dev, torch.bfloat16)
+
+
+def check_nn(mesh):
+    dev, bf16 = mesh.device, torch.bfloat16
+    H, I = 1024, 2048
+    dense = dense_mlp(dev, H, I)
     for seq in (True, False):
         mlp = et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh, sequence_parallel=seq)
         compiled = torch.compile(lambda t, M: mlp(t, total_rows=M) if seq else mlp(t), fullgraph=True, dynamic=True)
@@ -78,15 +83,19 @@ def check_cudagraphs(mesh):
     dev, bf16 = mesh.device, torch.bfloat16
     K, N, M = 1024, 512, 32
     w = torch.randn(K, N, device=dev, dtype=bf16) / K ** 0.5
-    step = torch.compile(lambda h: torch.relu(et.ops.gemm_reduce_scatter(h, w, mesh=mesh)) * 2,
-                         mode="reduce-overhead", fullgraph=True)
+    # gemm_rs, and the replicated TensorParallelMLP (whole x in and y out; its all-reduce inside)
+    mlp = et.nn.TensorParallelMLP.from_dense(dense_mlp(dev, 1024, 2048), mesh=mesh)
+    cases = [(lambda h: torch.relu(et.ops.gemm_reduce_scatter(h, w, mesh=mesh)) * 2, K),
+             (lambda x: mlp(torch.nn.functional.rms_norm(x, (1024,))) + x, 1024)]
     from torch._dynamo.utils import counters
     counters.clear()
-    for i in range(6):
-        h = torch.randn(M, K, device=dev, dtype=bf16)
-        got = step(h).clone()
-        want = torch.relu(et.ops.gemm_reduce_scatter(h, w, mesh=mesh)) * 2
-        assert rel(got, want) < 1e-2, (i, rel(got, want))
+    for fn, cols in cases:
+        step = torch.compile(fn, mode="reduce-overhead", fullgraph=True)
+        for i in range(6):
+            h = torch.randn(M, cols, device=dev, dtype=bf16)
+            got = step(h).clone()
+            want = fn(h)
+            assert rel(got, want) < 1e-2, (i, rel(got, want))
     # a skipped graph (a mutated input, say) runs without CUDA graphs and would pass the checks above
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
     # et.all_gather's default check=True synchronises: inside a capture, a clear error before launch

@@ -1,6 +1,6 @@
 """GPU checks of et.ops.all_gather_gemm and et.nn.TensorParallelMLP, one process per GPU:
 
-    torchrun --nproc_per_node=2 tests/gpu/mlp_worker.py
+    torchrun --nproc_per_node=N tests/gpu/mlp_worker.py
         -> 'OK ag_gemm', 'OK mlp-seq', 'OK mlp-replicated', 'OK mlp-tail', 'OK mlp-fp32'
 """
 import torch
@@ -54,6 +54,14 @@ def main():
                 assert "not sequence-parallel" in str(e), e
             else:
                 raise AssertionError("a replicated TensorParallelMLP took total_rows")
+            # one launch, no host sync (its all-reduce is in the kernel): the call returns while
+            # the GPU is still busy with the work queued before it
+            mlp(x)
+            torch.cuda.synchronize()
+            torch.cuda._sleep(1 << 30)
+            mlp(x)
+            assert not torch.cuda.current_stream().query(), "the replicated TensorParallelMLP waited for the GPU"
+            torch.cuda.synchronize()
         print(f"OK mlp-{'seq' if seq else 'replicated'} rank {r}", flush=True)
     check_tail_slices(mesh, et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh), ref)
     dense = dense.float()   # fp32: the whole-gather classes' tiles with halved contraction steps

@@ -97,12 +97,13 @@ def test_a_refusal_on_one_rank_stops_the_other_ranks_launch():
     assert out.count("OK refusal") == 2, out[-5000:]
 
 
-def test_all_gather_gemm_and_tensor_parallel_mlp():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
-    _, out = torchrun(2, worker=pathlib.Path(__file__).with_name("mlp_worker.py"))
+@pytest.mark.parametrize("world", [1, 2])
+def test_all_gather_gemm_and_tensor_parallel_mlp(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    _, out = torchrun(world, worker=pathlib.Path(__file__).with_name("mlp_worker.py"))
     for check in ("OK ag_gemm", "OK mlp-seq", "OK mlp-replicated", "OK mlp-tail", "OK mlp-fp32"):
-        assert out.count(check) == 2, out[-5000:]
+        assert out.count(check) == world, out[-5000:]
 
 
 def test_llama_with_tensor_parallel_mlps_matches_dense():

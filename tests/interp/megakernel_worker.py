@@ -90,6 +90,21 @@ def cases():
                                                    swap_ab=True), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
 
+    # replicated in and out: every rank the whole x and y, the down tiles' partials pushed to every
+    # rank (2 slices of I = 48 x R in 16-wide steps; narrower gate/up tiles, computed transposed)
+    yield "mlp_replicated", mlp.tp_mlp_replicated(T, T, torch.float32, T, down_splits=2), \
+        lambda R, M: mlp.make_inputs(R, M, 24, 20 * R, seed=M, replicated=True), _replicated, \
+        ("x", "w_gate_up", "w_down")
+    yield "mlp_replicated_tma", mlp.tp_mlp_replicated(T, 2 * T, torch.float32, T, align=16, down_splits=2, up_n=T,
+                                                      swap_ab=True), \
+        lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M, replicated=True), _replicated, \
+        ("x", "w_gate_up", "w_down")
+
+
+def _replicated(xs, w_gate_up, w_down):
+    """Every rank's y is the whole y."""
+    return [mlp.reference_replicated(xs[0], w_gate_up, w_down)] * len(xs)
+
 
 def main(args):
     schedule = "dynamic" if "--dynamic" in args else "static"
