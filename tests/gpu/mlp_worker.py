@@ -47,21 +47,21 @@ def main():
             else:
                 got = mlp(x)
             assert rel(got, want) < 2e-2, (seq, M, rel(got, want))
-        if not seq:   # a replicated module takes the whole x: total_rows of other rows is refused
+        if not seq:
+            # one launch, no host sync (its all-reduce is in the kernel): the call returns while
+            # the GPU is still busy with the work queued before it
+            torch.cuda._sleep(1 << 30)
+            mlp(x)
+            assert not torch.cuda.current_stream().query(), "the replicated TensorParallelMLP waited for the GPU"
+            torch.cuda.synchronize()
+            # a replicated module takes the whole x: total_rows of other rows is refused (last: a
+            # refusal stops the module's kernel on the mesh, peers included)
             try:
                 mlp(x, total_rows=x.shape[0] + 1)
             except et.InputError as e:
                 assert "not sequence-parallel" in str(e), e
             else:
                 raise AssertionError("a replicated TensorParallelMLP took total_rows")
-            # one launch, no host sync (its all-reduce is in the kernel): the call returns while
-            # the GPU is still busy with the work queued before it
-            mlp(x)
-            torch.cuda.synchronize()
-            torch.cuda._sleep(1 << 30)
-            mlp(x)
-            assert not torch.cuda.current_stream().query(), "the replicated TensorParallelMLP waited for the GPU"
-            torch.cuda.synchronize()
         print(f"OK mlp-{'seq' if seq else 'replicated'} rank {r}", flush=True)
     check_tail_slices(mesh, et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh), ref)
     dense = dense.float()   # fp32: the whole-gather classes' tiles with halved contraction steps
