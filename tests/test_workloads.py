@@ -171,17 +171,23 @@ def test_tensor_parallel_mlp_slices_the_last_down_tiles(schedule, world, M):
 @pytest.mark.parametrize("M", [37, 16, 1])
 def test_replicated_mlp_ends_in_an_all_reduce(schedule, world, M):
     """tp_mlp_replicated: every rank holds the whole x and gets the whole y; each down tile pushes
-    its partial to every rank. Whole down tiles, and 3 contraction slices under gate/up tiles half
-    as wide (I = 6 x world in steps of 4: on one rank the third slice is empty)."""
+    its partial to every rank. Whole down tiles; then the last TAIL of them (none, one, all) in 3
+    contraction slices, under gate/up tiles half as wide (I = 6 x world in steps of 4: on one rank
+    the third slice is empty). Too large a TAIL is refused before the launch."""
     inputs = mlp.make_inputs(world, M, H=12, I=6 * world, seed=world * 10 + M, replicated=True)
     want = mlp.reference_replicated(inputs[0]["x"], [i["w_gate_up"] for i in inputs], [i["w_down"] for i in inputs])
-    for splits, up_n in ((1, None), (3, 4)):
-        kernel = et.compile(mlp.tp_mlp_replicated(block_m=8, block_n=8, block_k=4, down_splits=splits, up_n=up_n),
-                            schedule=schedule, programs=3)
-        for seed in range(0, 20, 2):
-            got = kernel.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
+    mh = -(-M // 8) * 2                             # down tiles: row tiles x 2 column tiles
+    whole = et.compile(mlp.tp_mlp_replicated(block_m=8, block_n=8, block_k=4), schedule=schedule, programs=3)
+    sliced = et.compile(mlp.tp_mlp_replicated(block_m=8, block_n=8, block_k=4, down_splits=3, up_n=4),
+                        schedule=schedule, programs=3)
+    runs = [(whole, {"M": M})] + [(sliced, {"M": M, "TAIL": tail}) for tail in sorted({0, 1, mh})]
+    for kernel, sizes in runs:
+        for seed in range(0, 12, 3):
+            got = kernel.run(inputs, sizes=sizes, interleave="random", seed=seed)
             for r in range(world):
-                assert got[r]["y"].shape == want.shape and rel_err(got[r]["y"], want) < TOL, (splits, r, seed)
+                assert got[r]["y"].shape == want.shape and rel_err(got[r]["y"], want) < TOL, (sizes, r, seed)
+    with pytest.raises(et.InputError, match="at most the down tiles"):
+        sliced.run(inputs, sizes={"M": M, "TAIL": mh + 1})
     with pytest.raises(et.GraphError, match="down_splits must be a positive int"):
         mlp.tp_mlp_replicated(down_splits=0)
 

@@ -342,13 +342,15 @@ def matmul_scatter_rows_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RA
 
 @triton.jit
 def matmul_broadcast_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
-    """Contraction slice s of SPLITS of tile (i, j) of x[M rows] @ w, into every rank's
-    partial[RANK * SPLITS + s] (all M rows; the peers first, this rank last): an all-reduce's
-    push, which every rank then sums for itself (sum_partials)."""
+                           PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr,
+                           SWAP_AB: tl.constexpr = False):
+    """Contraction slice s of PARTS (cdiv(cdiv(K, BLOCK_K), PARTS) steps each, the last ones shorter
+    or empty) of tile (i, j) of x[M rows] @ w, into every rank's partial[RANK * SPLITS + s] (all M
+    rows; the peers first, this rank last): an all-reduce's push, which every rank then sums for
+    itself (sum_partials)."""
     steps = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(steps, SPLITS)
+    per = tl.cdiv(steps, PARTS)
     acc = mm_acc_steps(x, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
                        BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
     for k in range(1, WORLD + 1):
@@ -357,16 +359,18 @@ def matmul_broadcast_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK,
 
 
 @triton.jit
-def sum_partials(i, j, partial, y, M, N, WORLD, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+def sum_partials(i, j, parts, partial, y, M, N, WORLD, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr):
-    """y[tile (i, j) of all M rows] = the sum of the WORLD x SPLITS partials stored for it, in fp32."""
+    """y[tile (i, j) of all M rows] = the sum of the `parts` slices every rank stored for it
+    (partial[src * SPLITS + s]), in fp32."""
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m[:, None] * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r in range(0, WORLD * SPLITS):
-        acc += tl.load(partial + r * M * N + offs, mask=mask, other=0.0).to(tl.float32)
+    for src in range(0, WORLD):
+        for s in range(0, parts):
+            acc += tl.load(partial + (src * SPLITS + s) * M * N + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
 
 

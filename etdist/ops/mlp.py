@@ -58,21 +58,41 @@ def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, cfg: Ti
     mn = m * h_tiles
     if world * mn <= sms:
         return 0
-    gate_up_us = 2 * cfg.block_m * 2 * cfg.block_n * H / (SM_TFLOPS * 1e6)
-    down_us = 2 * cfg.block_m * down_n * I / (SM_TFLOPS * 1e6)
+    sends = (world - 1 if own_from_x else world) * m * k_tiles   # the gather's copies, then the gate/up tiles
+    before = [(sends, SEND_US), (world * m * i_tiles, _gate_up_us(cfg, cfg.block_n, H))]
+    return least_busy_tail(sms, before, world * mn, _down_us(cfg, down_n, I), splits, [(m * h_tiles, REDUCE_US)],
+                           most=min(mn, sms))
+
+
+def _gate_up_us(cfg: TileConfig, up_n: int, H: int) -> float:   # a gate/up tile at SM_TFLOPS
+    return 2 * cfg.block_m * 2 * up_n * H / (SM_TFLOPS * 1e6)
+
+
+def _down_us(cfg: TileConfig, down_n: int, I: int) -> float:     # a whole down tile at SM_TFLOPS
+    return 2 * cfg.block_m * down_n * I / (SM_TFLOPS * 1e6)
+
+
+def least_busy_tail(sms: int, before: list, n_down: int, down_us: float, splits: int, after: list,
+                    most: int) -> int:
+    """tail_plan's model: tasks dealt round-robin (task t to program t % sms) in the order `before`
+    ((count, us) pairs), the n_down down tiles (the last `tail` of them in `splits` slices, each
+    SPLIT_COST more per extra slice), `after`. The tail in [0, most] that makes the busiest program
+    least busy; the fewest among equals, and 0 unless that program's load falls by MIN_GAIN."""
     slice_us = down_us / splits * (1 + SPLIT_COST * (splits - 1))
-    tails = np.arange(0, min(mn, sms) + 1)[:, None]      # candidates x programs
+    tails = np.arange(0, most + 1)[:, None]              # candidates x programs
     programs = np.arange(sms)[None, :]
 
     def dealt(start, count, us):                         # each program's share of tasks [start, start + count)
         return us * (count // sms + ((programs - start) % sms < count % sms))
 
-    sends = (world - 1 if own_from_x else world) * m * k_tiles   # the gather's copies, then the gate/up tiles
-    start = sends + world * m * i_tiles
-    load = dealt(0, sends, SEND_US) + dealt(sends, world * m * i_tiles, gate_up_us)
-    whole = world * mn - tails
+    load, start = 0.0, 0
+    for count, us in before:
+        load, start = load + dealt(start, count, us), start + count
+    whole = n_down - tails
     load = load + dealt(start, whole, down_us) + dealt(start + whole, tails * splits, slice_us)
-    load = load + dealt(start + whole + tails * splits, m * h_tiles, REDUCE_US)
+    start = start + whole + tails * splits
+    for count, us in after:
+        load, start = load + dealt(start, count, us), start + count
     busiest = load.max(axis=1)
     best = int(np.argmin(busiest))
     return best if busiest[best] <= (1 - MIN_GAIN) * busiest[0] else 0
@@ -109,22 +129,31 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     return cfg, build, ({"M": M, "TAIL": tail} if tail else {"M": M})
 
 
-def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int):
+def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int):
     """The plan (as kernel_plan's) of the replicated-in-and-out graph: up to WHOLE_MAX_M rows the
-    whole-gather graph's tiles, narrowing and down slices; above, the sequence-parallel graph's
-    gate/up (TILES) and down (DOWN_N wide) tiles, the down tiles in slices where they are fewer
-    than the SMs."""
+    whole-gather graph's tiles and narrowing, above the sequence-parallel graph's gate/up (TILES)
+    and down (DOWN_N wide) tiles. Down tiles fewer than the SMs all run in slices (as many as keep
+    one task per SM, whole_down_splits); more, the last of them in TAIL_SPLITS slices where
+    least_busy_tail finds a ragged last wave (its memory permitting: slices_that_fit)."""
     whole = M <= _ag_gemm.WHOLE_MAX_M
     cfg = _ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else TILES
     cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
     align = 16 if H % 16 == 0 and I % 16 == 0 else 1
     down_n = cfg.block_n if whole else DOWN_N
-    down = dataclasses.replace(cfg, block_n=down_n)
+    up_n = _ag_gemm.whole_width(M, I, cfg, sms) if whole else cfg.block_n
+    m = -(-M // cfg.block_m)
+    mh = m * -(-H // down_n)                            # down tiles
+    if mh <= sms:
+        splits, tail = whole_down_splits(M, H, dataclasses.replace(cfg, block_n=down_n), sms), mh
+    else:   # one slice's partials on a rank: world x M x H
+        splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M * world, H, world, dtype.itemsize, TAIL_SPLITS)
+        tail = 0 if splits == 1 else least_busy_tail(
+            sms, [(m * -(-I // up_n), _gate_up_us(cfg, up_n, H))], mh, _down_us(cfg, down_n, I), splits,
+            [(mh, REDUCE_US)], most=min(mh, sms))
+    splits = splits if tail else 1
     build = functools.partial(mlp_graph.tp_mlp_replicated, cfg.block_m, down_n, dtype, cfg.block_k, align,
-                              down_splits=whole_down_splits(M, H, down, sms),
-                              up_n=_ag_gemm.whole_width(M, I, cfg, sms) if whole else cfg.block_n,
-                              swap_ab=cfg.swap_ab)
-    return cfg, build, {"M": M}
+                              down_splits=splits, up_n=up_n, swap_ab=cfg.swap_ab)
+    return cfg, build, ({"M": M, "TAIL": tail} if splits > 1 else {"M": M})
 
 
 def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mesh=None,
@@ -171,7 +200,7 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
         return empty
     sms = _sm_count(mesh.device.index)
     cfg, build, sizes = (kernel_plan(M, H, I, x.dtype, sms, mesh.world_size) if sequence_parallel
-                         else replicated_plan(M, H, I, x.dtype, sms))
+                         else replicated_plan(M, H, I, x.dtype, sms, mesh.world_size))
     # keyed by the graph and every argument it is built with, and by the tile's warps and stages
     key = (cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items())))
     kernel = cached_kernel(_KERNELS, key, cfg, schedule, build)

@@ -196,9 +196,11 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
     not sequence-parallel): every rank holds the whole x [M, H] and returns the whole y [M, H].
     Nothing is gathered: gate/up and down tiles run over all M rows (each weight read once), and
     each down tile pushes its partial into every rank's buffer (an all-reduce in one hop, as the
-    tile finishes), where every rank sums the partials of that tile into its y. Sizes and tiles as
-    in tp_mlp_whole. x must be the same on every rank (not checked: a rank's x that differs gives
-    every rank a wrong y, not a hang)."""
+    tile finishes), where every rank sums the partials of that tile into its y. x must be the same
+    on every rank (not checked: a rank's x that differs gives every rank a wrong y, not a hang).
+    down_splits > 1: the last TAIL down tiles (a size bound at every call: all of them at decode
+    sizes, where the down tiles are fewer than the SMs; the few past the last whole wave above) run
+    in that many contraction slices side by side. up_n, swap_ab: as in tp_mlp_whole."""
     positive_int("tp_mlp_replicated", "down_splits", down_splits)
     positive_int("tp_mlp_replicated", "up_n", up_n, optional=True)
     S, up_n = down_splits, block_n if up_n is None else up_n
@@ -207,6 +209,11 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)
     R, me = g.world, g.rank
     m_tiles, i_tiles, h_tiles = et.cdiv(M, block_m), et.cdiv(I, up_n), et.cdiv(H, block_n)
+    mh = m_tiles * h_tiles               # down tiles, walked q = 0 .. mh - 1; the last TAIL in S slices
+    TAIL = g.size("TAIL") if S > 1 else 0
+    if S > 1:
+        g.check(TAIL <= mh, "TAIL (down tiles in slices) must be at most the down tiles, cdiv(M, block_m) x "
+                            "cdiv(H, block_n)")
     gemm = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align),
                 SWAP_AB=bool(swap_ab))
 
@@ -216,10 +223,13 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
     g.scratch("h", (M, I), dtype)
     g.scratch("partial", (R * S, M, H), dtype, symmetric=True)     # on every rank: partial[src, slice]
     g.output("y", (M, H), dtype)
-    h_ready = g.event("h_ready", (m_tiles,), count=i_tiles)
-    arrived = g.event("arrived", (R, m_tiles, h_tiles), count=R * S, distributed=True)   # [rank, tile]
     up_tile = lambda q: et.grouped(q, m_tiles, i_tiles, group_m)     # noqa: E731
     down_tile = lambda q: et.grouped(q, m_tiles, h_tiles, group_m)   # noqa: E731
+    parts = (lambda q: et.where(q >= mh - TAIL, S, 1)) if S > 1 else (lambda q: 1)   # noqa: E731
+    tile_parts = lambda i, j: parts(et.ungrouped(i, j, m_tiles, h_tiles, group_m))  # noqa: E731
+    h_ready = g.event("h_ready", (m_tiles,), count=i_tiles)
+    arrived = g.event("arrived", (R, m_tiles, h_tiles), distributed=True,   # [rank, tile]: every source's slices
+                      count=(lambda r, i, j: R * tile_parts(i, j)) if S > 1 else R)
 
     @g.task(grid=(m_tiles * i_tiles,), notify=lambda q: h_ready[up_tile(q)[0]],
             triton=gemm_tiles.swiglu_all_rows, constexprs=dict(gemm, BLOCK_N=up_n),
@@ -228,28 +238,40 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
         rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), up_n, t.I)
         t.h[rows, cols] = _swiglu(t, t.x[rows], cols)
 
-    # a tile's slices run side by side (the last index walks fastest)
-    @g.task(grid=(m_tiles * h_tiles, S), wait=lambda q, s: h_ready[down_tile(q)[0]],
-            notify=lambda q, s: arrived[(et.every(0, R), *down_tile(q))],
-            triton=gemm_tiles.matmul_broadcast_slice, constexprs=dict(gemm, SPLITS=S),
-            bind=dict(i=lambda q, s: down_tile(q)[0], j=lambda q, s: down_tile(q)[1], x="h", w="w_down", K="I",
-                      N="H"))
-    def down(t, q, s):                                     # slice s of tile q, to every rank
+    def down_slice(t, q, s, n):          # slice s of n of tile q, to every rank
         rows = et.block(t(down_tile(q)[0]), block_m, t.M)
         cols = et.block(t(down_tile(q)[1]), block_n, t.H)
-        ks = et.block(s, t(et.cdiv(I, S * block_k) * block_k), t.I)   # whole steps, as the GPU body
+        ks = et.block(s, t(et.cdiv(I, n * block_k) * block_k), t.I)   # whole steps, as the GPU body
         part = t.h[rows, ks] @ t.w_down[ks, cols]
         for d in range(t.world):
             t.peer(d).partial[t.rank * S + s, rows, cols] = part
 
-    @g.task(grid=(m_tiles, h_tiles), wait=lambda i, j: arrived[me, i, j], triton=gemm_tiles.sum_partials,
-            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=S), bind=dict(N="H"))
-    def reduce(t, i, j):                                   # y = sum over ranks and slices
-        rows, cols = et.block(i, block_m, t.M), et.block(j, block_n, t.H)
-        t.y[rows, cols] = t.partial[:, rows, cols].sum(0)
+    def down_body(n, q_of, **bind):      # the GPU body of down tiles q_of(*index), in n slices
+        return dict(wait=lambda *k: h_ready[down_tile(q_of(*k))[0]],
+                    notify=lambda *k: arrived[(et.every(0, R), *down_tile(q_of(*k)))],
+                    triton=gemm_tiles.matmul_broadcast_slice, constexprs=dict(gemm, SPLITS=S, PARTS=n),
+                    bind=dict(bind, i=lambda *k: down_tile(q_of(*k))[0], j=lambda *k: down_tile(q_of(*k))[1],
+                              x="h", w="w_down", K="I", N="H"))
 
-    g.sample(M=5, H=3, I=2)
-    g.sample(M=37, H=20, I=17)
+    @g.task(grid=(mh - TAIL,), **down_body(1, lambda q: q, s=0))
+    def down(t, q):
+        down_slice(t, q, 0, 1)
+
+    if S > 1:   # a tile's slices run side by side (the last index walks fastest)
+        @g.task(grid=(TAIL, S), **down_body(S, lambda k, s: mh - TAIL + k))
+        def down_tail(t, k, s):
+            down_slice(t, t(mh - TAIL) + k, s, S)
+
+    @g.task(grid=(m_tiles, h_tiles), wait=lambda i, j: arrived[me, i, j], triton=gemm_tiles.sum_partials,
+            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=S), bind=dict(N="H", parts=tile_parts))
+    def reduce(t, i, j):                                   # y = sum over ranks and their slices
+        rows, cols = et.block(i, block_m, t.M), et.block(j, block_n, t.H)
+        n = t(tile_parts(i, j))
+        t.y[rows, cols] = t.partial[[src * S + s for src in range(t.world) for s in range(n)], rows, cols].sum(0)
+
+    for sizes in ([{"TAIL": 1}, {"TAIL": 0}] if S > 1 else [{}]):
+        g.sample(M=5, H=3, I=2, **sizes)
+        g.sample(M=37, H=20, I=17, **sizes)
     return g
 
 

@@ -91,14 +91,15 @@ def cases():
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
 
     # replicated in and out: every rank the whole x and y, the down tiles' partials pushed to every
-    # rank (2 slices of I = 48 x R in 16-wide steps; narrower gate/up tiles, computed transposed)
+    # rank, the last TAIL down tiles in 2 contraction slices (M=37: 2 of 6, M=5: 2 of 2; then
+    # narrower gate/up tiles, computed transposed: 1 of 3 and 1 of 1)
     yield "mlp_replicated", mlp.tp_mlp_replicated(T, T, torch.float32, T, down_splits=2), \
         lambda R, M: mlp.make_inputs(R, M, 24, 20 * R, seed=M, replicated=True), _replicated, \
-        ("x", "w_gate_up", "w_down")
+        ("x", "w_gate_up", "w_down"), {"TAIL": 2}
     yield "mlp_replicated_tma", mlp.tp_mlp_replicated(T, 2 * T, torch.float32, T, align=16, down_splits=2, up_n=T,
                                                       swap_ab=True), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M, replicated=True), _replicated, \
-        ("x", "w_gate_up", "w_down")
+        ("x", "w_gate_up", "w_down"), {"TAIL": 1}
 
 
 def _replicated(xs, w_gate_up, w_down):
