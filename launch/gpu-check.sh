@@ -4,7 +4,7 @@
 #   QUICK=1 bash launch/gpu-check.sh /tmp/r     # the tests + a few cells of each sweep: fits in one
 #                                                 10-minute device call (the full sweeps do not)
 # 1. every GPU test (pytest -m gpu; the Llama client test needs `pip install transformers`);
-# 2. the collectives benchmark and the synchronisation latencies (launch/sync_latency.py); 3. the GEMM+RS, AG+GEMM and MLP sweep, then the MoE sweep (both
+# 2. the collectives benchmark and the synchronisation latencies (launch/sync_latency.py); 3. the GEMM+RS, AG+GEMM and MLP (sequence-parallel and replicated) sweep, then the MoE sweep (both
 # schedules), through the Hydra main command (launch/bench-gpu.sh).
 # Records are appended under the results dir; a short table is printed last.
 # Each record names the commit measured (git rev-parse, "+dirty" for uncommitted code). Where the
@@ -30,7 +30,8 @@ if [ "${QUICK:-0}" = 1 ]; then
   dense=('bench.tokens=[128,8192]' bench.symm_mem=false) moe=('bench.tokens=[16,1024]')
   dense_models=llama31_70b,qwen3_32b moe_models=qwen3_30b_a3b
 fi
-RESULTS="$RESULTS" MODELS_OVERRIDE=$dense_models timeout 900 bash launch/bench-gpu.sh "${dense[@]}" > "$log/sweep.log" 2>&1
+RESULTS="$RESULTS" MODELS_OVERRIDE=$dense_models WORKLOADS=gemm_rs,ag_gemm,mlp,mlp_replicated \
+  timeout 900 bash launch/bench-gpu.sh "${dense[@]}" > "$log/sweep.log" 2>&1
 RESULTS="$RESULTS" MODELS_OVERRIDE=$moe_models WORKLOADS=moe SCHEDULE=both \
   timeout 900 bash launch/bench-gpu.sh bench=gpu_moe "${moe[@]}" model.routing_skew=0,1.5 >> "$log/sweep.log" 2>&1
 
