@@ -33,6 +33,8 @@ STAND_INS = {
     "tensor_parallel_mlp": lambda x, wgu, wd, total_rows, schedule, seq, mesh, token: (
         F.silu(x @ wgu[:, :wd.shape[0]]) * (x @ wgu[:, wd.shape[0]:])) @ wd,
     "all_gather": lambda x, check, mesh, token: torch.cat([x, x]),
+    "reduce_scatter": lambda x, check, mesh, token: 2 * x[x.shape[0] // 2:],   # both ranks' x alike
+    "all_reduce": lambda x, check, mesh, token: 2 * x,
 }
 
 
@@ -60,20 +62,22 @@ def test_ops_are_single_nodes_of_one_graph_for_every_m(mesh):
         y = torch.relu(et.ops.gemm_reduce_scatter(h, w, mesh=mesh)) + 1
         z = et.ops.all_gather_gemm(x, w_ag, mesh=mesh, total_rows=M) * 0.5
         m = et.ops.tensor_parallel_mlp(x, wgu, wd, mesh=mesh, total_rows=M) + x
-        return y, z, m, et.all_gather(m, mesh=mesh)
+        return y, z, m, et.all_gather(m, mesh=mesh), et.reduce_scatter(torch.cat([m, m]), mesh=mesh), \
+            et.all_reduce(m, mesh=mesh) - 1
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
     for M in (5, 6, 37, 100, 9):   # no size 0 or 1 (torch specialises those: another graph)
         h, x = torch.randn(M, K), torch.randn(-(-M // 2), H)
-        y, z, m, g = compiled(h, x, M)
+        y, z, m, g, rs, ar = compiled(h, x, M)
         C = -(-M // 2)
         want_m = STAND_INS["tensor_parallel_mlp"](x, wgu, wd, M, None, True, None, None) + x
         assert y.shape == (min(M, 2 * C) - min(M, C), N)
         assert torch.allclose(y, torch.relu(_mine(h @ w, M)) + 1)
         assert torch.allclose(z, _gathered(x, M) @ w_ag * 0.5)
         assert torch.allclose(m, want_m) and torch.allclose(g, torch.cat([want_m, want_m]))
+        assert torch.allclose(rs, 2 * want_m) and torch.allclose(ar, 2 * want_m - 1)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 

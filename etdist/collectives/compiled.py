@@ -1,4 +1,4 @@
-"""torch.compile support shared by every etdist op, and all_gather registered with it.
+"""torch.compile support shared by every etdist op, and the collectives registered with it.
 
 Traced by Dynamo, an op's Python (per-mesh kernel states, raw pointers, host exchanges) would break
 the graph or be baked into it. So each op is a torch library op (`define_op`): an opaque node
@@ -10,7 +10,8 @@ travels as its key (`mesh.key`, a string: torch.compile(dynamic=True) would make
 and every op declares it writes the mesh's token (`mesh.token`), so that no call is dropped as
 unused (a rank that drops one leaves its peers waiting) and the calls keep their order. Defined
 through torch.library.Library, not @custom_op: its Python wrappers cost ~45 us a call on our CPU
-host against ~2 us (twenty-fifth session). The other collectives are not registered yet.
+host against ~2 us (twenty-fifth session). all_to_all is not registered: its output rows are the
+counts the peers send (data, not shapes), which a fake implementation cannot know.
 """
 import torch
 
@@ -47,4 +48,23 @@ def _all_gather_fake(x, check, mesh, token):
     return x.new_empty((mesh_by_key(mesh).world_size * x1.shape[0],) + tuple(x1.shape[1:]))
 
 
+def _reduce_scatter(x, check, mesh, token):
+    return ops.reduce_scatter(x, mesh=mesh_by_key(mesh), check=check)
+
+
+def _reduce_scatter_fake(x, check, mesh, token):   # a dim 0 that the world does not divide: refused when run
+    return x.new_empty((x.shape[0] // mesh_by_key(mesh).world_size,) + tuple(x.shape[1:]))
+
+
+def _all_reduce(x, check, mesh, token):
+    return ops.all_reduce(x, mesh=mesh_by_key(mesh), check=check)
+
+
+def _all_reduce_fake(x, check, mesh, token):
+    return torch.empty_like(x)
+
+
 define_op("all_gather(Tensor x, bool check, str mesh, Tensor(a!) token) -> Tensor", _all_gather, _all_gather_fake)
+define_op("reduce_scatter(Tensor x, bool check, str mesh, Tensor(a!) token) -> Tensor", _reduce_scatter,
+          _reduce_scatter_fake)
+define_op("all_reduce(Tensor x, bool check, str mesh, Tensor(a!) token) -> Tensor", _all_reduce, _all_reduce_fake)

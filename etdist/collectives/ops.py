@@ -124,7 +124,10 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
 
 def reduce_scatter(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Optional[Mesh] = None,
                    check: bool = True) -> torch.Tensor:
-    """Sum x over ranks and keep this rank's block of dim 0: [W*m, ...] -> [m, ...]."""
+    """Sum x over ranks and keep this rank's block of dim 0: [W*m, ...] -> [m, ...]. Under
+    torch.compile: one opaque node of its graph (collectives/compiled.py; `out=` is then a copy)."""
+    if torch.compiler.is_compiling():   # before _mesh: it may allocate (collectively)
+        return call_op("reduce_scatter", x, check, mesh=mesh, out=out)
     mesh = _mesh(mesh)
     x = _check_input(mesh, x, Op.REDUCE_SCATTER)
     w = mesh.world_size
@@ -155,7 +158,10 @@ def all_gather(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Opt
 
 def all_reduce(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Optional[Mesh] = None,
                check: bool = True) -> torch.Tensor:
-    """Sum x over ranks (out of place unless out=x is passed)."""
+    """Sum x over ranks (out of place unless out=x is passed). Under torch.compile: one opaque node
+    of its graph (collectives/compiled.py; `out=` is then a copy)."""
+    if torch.compiler.is_compiling():   # before _mesh: it may allocate (collectively)
+        return call_op("all_reduce", x, check, mesh=mesh, out=out)
     mesh = _mesh(mesh)
     x = _check_input(mesh, x, Op.ALL_REDUCE)
     out = _check_out(out, tuple(x.shape), x, Op.ALL_REDUCE)

@@ -34,7 +34,8 @@ def check_ops(mesh):
         y = torch.relu(et.ops.gemm_reduce_scatter(h, w, mesh=mesh)) + 1
         z = et.ops.all_gather_gemm(x, w_ag, mesh=mesh, total_rows=M) * 0.5
         m = et.ops.tensor_parallel_mlp(x, wgu, wd, mesh=mesh, total_rows=M)
-        return y, z, m + x
+        s = et.reduce_scatter(torch.cat([m] * mesh.world_size), mesh=mesh)
+        return y, z, m + x, et.all_reduce(m, mesh=mesh) * 2, s
 
     compiled = torch.compile(layer, fullgraph=True, dynamic=True)
     for M in (16, 100, 1000, 64):
