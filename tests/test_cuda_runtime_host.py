@@ -178,6 +178,41 @@ def test_op_arguments_beyond_x_and_w_are_checked_before_launch(monkeypatch):
             et.ops.tensor_parallel_mlp(x, w_gate_up, torch.randn(32, 16, dtype=bf), mesh=mesh, total_rows=bad)
     with pytest.raises(et.InputError, match="mesh must be the Mesh from et.init_mesh"):
         et.ops.all_gather_gemm(x, w_gate_up, mesh="nvshmem")
+    w_down = torch.randn(32, 16, dtype=bf)
+    with pytest.raises(et.InputError, match="sequence_parallel must be True or False, got 0"):
+        et.ops.tensor_parallel_mlp(x, w_gate_up, w_down, mesh=mesh, sequence_parallel=0)
+    with pytest.raises(et.InputError, match=r"total_rows=16 but sequence_parallel=False: every rank passes the whole x"):
+        et.ops.tensor_parallel_mlp(x, w_gate_up, w_down, mesh=mesh, total_rows=16, sequence_parallel=False)
+
+
+def test_replicated_mlp_without_rows_or_with_many(monkeypatch):
+    """sequence_parallel=False: M = 0 returns the empty y without a launch (every rank holds the
+    same x, so all agree); an x longer than one launch's partials allow (replicated_rows) runs in
+    launches of that many rows into slices of one y, and a wrong `out` is refused before any."""
+    import etdist.ops.mlp as mlp_op
+    monkeypatch.setattr(mlp_op, "cached_kernel", lambda *a: pytest.fail("built a kernel"))
+    monkeypatch.setattr(mlp_op, "_sm_count", lambda index: 132)
+    mesh, bf = FakeMesh([]), torch.bfloat16
+    w_gate_up, w_down = torch.randn(16, 64, dtype=bf), torch.randn(32, 16, dtype=bf)
+    y = et.ops.tensor_parallel_mlp(torch.randn(0, 16, dtype=bf), w_gate_up, w_down, mesh=mesh, sequence_parallel=False)
+    assert y.shape == (0, 16)
+    launches = []
+
+    def launch(plan, schedule, mesh, x, w_gate_up, w_down, out):
+        launches.append((plan[2]["M"], x.shape[0], out.shape[0], out.data_ptr()))
+        return out
+    monkeypatch.setattr(mlp_op, "_launch", launch)
+    monkeypatch.setattr(mlp_op, "SCRATCH_BYTES", 2 * 128 * 16 * 2)   # 128 rows a launch, at 2 ranks
+    x = torch.randn(300, 16, dtype=bf)
+    y = et.ops.tensor_parallel_mlp(x, w_gate_up, w_down, mesh=mesh, sequence_parallel=False)
+    assert y.shape == (300, 16)
+    assert [a[:3] for a in launches] == [(128, 128, 128), (128, 128, 128), (44, 44, 44)]
+    assert [a[3] for a in launches] == [y[lo:].data_ptr() for lo in (0, 128, 256)]
+    launches.clear()
+    with pytest.raises(et.InputError, match=r"out must be a contiguous torch.bfloat16 tensor \[300, 16\]"):
+        et.ops.tensor_parallel_mlp(x, w_gate_up, w_down, mesh=mesh, sequence_parallel=False,
+                                   out=torch.empty(300, 8, dtype=bf))
+    assert not launches
 
 
 def test_direct_launch_is_not_blocked_by_triton_default_hooks():
@@ -958,3 +993,35 @@ def test_a_failed_graph_replay_is_raised_at_calls_at_other_shapes(monkeypatch):
     graphed.error_np[0] = 1
     with pytest.raises(et.RuntimeFault, match="counter 3, needed 4"):
         kernel(mesh, x=big, w=w)
+
+
+def test_replicated_plan_slices_ragged_down_waves_and_bounds_its_partials():
+    """The replicated MLP's plan (one H200's 132 SMs, a rank of 2): at decode sizes every down tile
+    in slices; above, the last down tiles in 3 slices where the last wave is ragged (gemma2_27b at
+    M=1024: 144 tiles, 12 past the first wave), none where all fit one wave (llama31_8b at M=256: 32
+    tiles) or TAIL_SPLITS is 1. One launch's partials [2, rows, H] stay within SCRATCH_BYTES and
+    int32 offsets: longer x runs in launches of replicated_rows rows (found by review: llama31_405b
+    at world 8 and M=16512 would have wrapped the offsets)."""
+    from etdist.ops import mlp as mlp_op
+    from etdist.ops.gemm_rs import SCRATCH_BYTES
+    bf16 = torch.bfloat16
+    _, build, sizes = mlp_op.replicated_plan(16, 4096, 7168, bf16, 132, 2)
+    assert build.keywords["down_splits"] == 4 and sizes == {"M": 16, "TAIL": 32}
+    _, build, sizes = mlp_op.replicated_plan(1024, 4608, 18432, bf16, 132, 2)
+    assert build.keywords["down_splits"] == 3 and sizes == {"M": 1024, "TAIL": 12}
+    _, build, sizes = mlp_op.replicated_plan(256, 4096, 7168, bf16, 132, 2)
+    assert build.keywords["down_splits"] == 1 and sizes == {"M": 256}
+    saved = mlp_op.TAIL_SPLITS
+    try:
+        mlp_op.TAIL_SPLITS = 1
+        mlp_op.replicated_plan.cache_clear()
+        _, build, sizes = mlp_op.replicated_plan(1024, 4608, 18432, bf16, 132, 2)
+        assert build.keywords["down_splits"] == 1 and sizes == {"M": 1024}
+    finally:
+        mlp_op.TAIL_SPLITS = saved
+        mlp_op.replicated_plan.cache_clear()
+    for H, world in ((16384, 8), (8192, 2), (4096, 1)):
+        rows = mlp_op.replicated_rows(H, world, 2)
+        assert rows % 128 == 0 and world * rows * H * 2 <= SCRATCH_BYTES and world * rows * H < 2 ** 31
+    assert mlp_op.replicated_rows(16384, 8, 2) == 4096
+

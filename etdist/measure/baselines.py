@@ -353,7 +353,7 @@ def ag_gemm_symm_mem(M: int, K: int, N_local: int, *, group=None, copies: int = 
 
 @dataclass
 class MlpOperands:
-    x: Optional[torch.Tensor]       # this rank's rows [padded_rows(M, world) / world, H]
+    x: Optional[torch.Tensor]       # this rank's rows [padded_rows(M, world) / world, H] (replicated: all M)
     gate_up: list[torch.Tensor]     # `copies` x [H, 2 I_l], gate columns then up columns
     down: list[torch.Tensor]        # `copies` x [I_l, H]
 
@@ -448,8 +448,9 @@ def mlp_replicated_operands(M: int, H: int, I_local: int, *, group=None, copies:
                             dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> MlpOperands:
     """x [M, H], the same on every rank (seeded without the rank), and this rank's weights."""
     x = random_operands(M, H, 1, copies=1, device=device, dtype=dtype, seed=seed).x
-    ops = mlp_operands(M, H, I_local, group=group, copies=copies, device=device, dtype=dtype, seed=seed + 1)
-    return MlpOperands(x, ops.gate_up, ops.down)
+    up, down = (random_operands(1, k, n, copies=copies, device=device, dtype=dtype, seed=seed + s + _rank(group))
+                for k, n, s in ((H, 2 * I_local, 1), (I_local, H, 1001)))
+    return MlpOperands(x, up.weights, down.weights)
 
 
 def _mlp_replicated_ops(M, H, I_local, group, copies, device, dtype, operands) -> MlpOperands:
@@ -496,9 +497,6 @@ def mlp_replicated_symm_mem(M: int, H: int, I_local: int, *, group=None, copies:
     reads every peer's buffer: the decode-sized all-reduce of serving engines)."""
     _require_dist("mlp_replicated symm_mem baseline")
     device = _default_device(device)
-    reason = _symm_mem_unavailable(device)
-    if reason:
-        return None, reason
     ops = _mlp_replicated_ops(M, H, I_local, group, copies, device, dtype, operands)
     name = (group or dist.group.WORLD).group_name
     buf = []
@@ -537,7 +535,7 @@ class Measured:
 def baseline_fns(workload: str, M: int, K: int, N: int, *, group=None, copies: int = 4, device=None,
                  symm_mem: bool = True, graph: bool = True, operands=None) -> Measured:
     """The callables of mm, eager, graph and symm_mem for `workload` ("gemm_rs": K is K_local;
-    "ag_gemm": N is N_local; "mlp": K is H, N is I_local), untimed: `Measured.fns`, and the reasons
+    "ag_gemm": N is N_local; "mlp" and "mlp_replicated": K is H, N is I_local), untimed: `Measured.fns`, and the reasons
     for those left out in `skipped`. symm_mem=False keeps torch's symmetric memory out of the
     process; graph=False where there is no CUDA. `operands` (the workload's *_operands) are shared
     by all four instead of fresh ones each (mm takes the first M rows' weights, for the MLP its
@@ -597,7 +595,8 @@ def floor_us(M: int, K: int, N: int, world: int, copy_TBps: float, mm_TFps: floa
              workload: str = "gemm_rs") -> float:
     """Floor of one rank's local mm for the whole (unsharded) K and N of a TP layer: gemm_rs shards
     K (mm [M, K/world] @ [K/world, N]), ag_gemm shards N (mm [M, K] @ [K, N/world]); bf16.
-    mlp: K = H, N = I, both mms of the rank's share ([M, H] @ [H, 2I/world], [M, I/world] @ [I/world, H])."""
+    mlp (and mlp_replicated): K = H, N = I, both mms of the rank's share ([M, H] @ [H, 2I/world],
+    [M, I/world] @ [I/world, H])."""
     if workload in ("mlp", "mlp_replicated"):
         kw = dict(copy_TBps=copy_TBps, mm_TFps=mm_TFps)
         return mm_floor_us(M, K, 2 * N / world, **kw) + mm_floor_us(M, N / world, K, **kw)

@@ -1,5 +1,6 @@
-"""The whole tensor-parallel SwiGLU MLP (all-gather, gate/up GEMM, SwiGLU, down GEMM, reduce-scatter)
-as one persistent kernel per GPU."""
+"""The whole tensor-parallel SwiGLU MLP as one persistent kernel per GPU: sequence-parallel
+(all-gather, gate/up GEMM, SwiGLU, down GEMM, reduce-scatter) or with replicated input and output
+(gate/up GEMM, SwiGLU, down GEMM, all-reduce)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,8 @@ from ..fusion.errors import InputError
 from ..collectives.compiled import call_op
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
-from .gemm_rs import (SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands,
-                      fp32_config, no_rows, refusal_reaches_peers, slices_that_fit, total_rows_of)
+from .gemm_rs import (SCRATCH_BYTES, SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel,
+                      check_operands, fp32_config, no_rows, refusal_reaches_peers, slices_that_fit, total_rows_of)
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 # The down projection's tiles are twice as wide (one accumulator): traced at M=1024 (llama31_405b,
@@ -23,7 +24,7 @@ TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up):
 # tiles' 5.6-5.9 (BENCHMARKS.md, eleventh session). Knob: ETDIST_MLP_DOWN_N (128: as before).
 DOWN_N = knobs.read("ETDIST_MLP_DOWN_N", knobs.tile_width, 256)
 # Above 128 rows, the last TAIL down tiles of each rank's order may run in TAIL_SPLITS contraction
-# slices (tail_plan picks TAIL per M). A down tile is the MLP's longest task (K = I per rank: 4x a
+# slices (tail_plan picks TAIL per M; for the replicated graph, replicated_plan). A down tile is the MLP's longest task (K = I per rank: 4x a
 # gate/up tile's work on gemma2_27b's shape), and 144 of them on 132 SMs (gemma2_27b at M=1024) leave
 # twelve programs with a second one while the rest wait. Knob: ETDIST_MLP_TAIL_SPLITS (1: every tile
 # whole, as before). Measured on one H200 as a rank of two (launch/ops_ab.py, records mlp_w1_ab,
@@ -36,8 +37,8 @@ TAIL_SPLITS = knobs.read("ETDIST_MLP_TAIL_SPLITS", knobs.positive_int, 3)
 # down tasks of 34 us ran on 32 of 132 SMs after the gate/up tiles. They run in up to
 # WHOLE_DOWN_SPLITS contraction slices (whole_down_splits), as many as keep one task per SM.
 WHOLE_DOWN_SPLITS = 4
-SEND_US, REDUCE_US = 1.0, 3.0   # tail_plan's guesses for a gathered row tile's copy and an owner's sum
-MIN_GAIN = 0.03   # tail_plan slices nothing for less: its model ignores the waits, and slices cost traffic
+SEND_US, REDUCE_US = 1.0, 3.0   # least_busy_tail's guesses for a gathered row tile's copy and an owner's sum
+MIN_GAIN = 0.03   # least_busy_tail slices nothing for less: its model ignores the waits, and slices cost traffic
 _KERNELS: dict = {}
 
 
@@ -129,12 +130,23 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     return cfg, build, ({"M": M, "TAIL": tail} if tail else {"M": M})
 
 
+def replicated_rows(H: int, world: int, itemsize: int) -> int:
+    """The most rows one launch of the replicated graph takes (a multiple of 128): its partials
+    [world, rows, H] within SCRATCH_BYTES and the bodies' int32 offsets. A longer x runs in
+    launches of that many rows (a long prefill at world 8 on the largest shapes)."""
+    per_row = world * H
+    rows = min(SCRATCH_BYTES // (per_row * itemsize), (2 ** 31 - 1) // per_row)
+    return max(128, rows // 128 * 128)
+
+
+@functools.lru_cache(maxsize=4096)
 def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int):
-    """The plan (as kernel_plan's) of the replicated-in-and-out graph: up to WHOLE_MAX_M rows the
-    whole-gather graph's tiles and narrowing, above the sequence-parallel graph's gate/up (TILES)
-    and down (DOWN_N wide) tiles. Down tiles fewer than the SMs all run in slices (as many as keep
-    one task per SM, whole_down_splits); more, the last of them in TAIL_SPLITS slices where
-    least_busy_tail finds a ragged last wave (its memory permitting: slices_that_fit)."""
+    """The plan (as kernel_plan's) of the replicated-in-and-out graph for M <= replicated_rows rows:
+    up to WHOLE_MAX_M rows the whole-gather graph's tiles and narrowing, every down tile in slices
+    where they leave SMs idle (whole_down_splits); above, the sequence-parallel graph's gate/up
+    (TILES) and down (DOWN_N wide) tiles, the last down tiles in TAIL_SPLITS slices where
+    least_busy_tail finds a ragged last wave (none where every down tile fits in one wave, as
+    tail_plan: slicing there lost 3-10% on the sequence-parallel graph)."""
     whole = M <= _ag_gemm.WHOLE_MAX_M
     cfg = _ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else TILES
     cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
@@ -143,10 +155,12 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
     up_n = _ag_gemm.whole_width(M, I, cfg, sms) if whole else cfg.block_n
     m = -(-M // cfg.block_m)
     mh = m * -(-H // down_n)                            # down tiles
-    if mh <= sms:
+    if whole:
         splits, tail = whole_down_splits(M, H, dataclasses.replace(cfg, block_n=down_n), sms), mh
+    elif mh <= sms or TAIL_SPLITS == 1:
+        splits, tail = 1, 0
     else:   # one slice's partials on a rank: world x M x H
-        splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M * world, H, world, dtype.itemsize, TAIL_SPLITS)
+        splits = slices_that_fit(M * world, H, world, dtype.itemsize, TAIL_SPLITS)
         tail = 0 if splits == 1 else least_busy_tail(
             sms, [(m * -(-I // up_n), _gate_up_us(cfg, up_n, H))], mh, _down_us(cfg, down_n, I), splits,
             [(mh, REDUCE_US)], most=min(mh, sms))
@@ -159,7 +173,8 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
 def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mesh=None,
                         total_rows: Optional[int] = None, out: Optional[torch.Tensor] = None,
                         schedule: str = "static", sequence_parallel: bool = True) -> torch.Tensor:
-    """This rank's rows of sum_r (silu(x @ gate_r) * (x @ up_r)) @ w_down_r, sequence-parallel.
+    """This rank's rows of sum_r (silu(x @ gate_r) * (x @ up_r)) @ w_down_r, sequence-parallel
+    (or, with sequence_parallel=False, all its rows on every rank).
 
     x: [rows_r, H] this rank's rows of x [M, H] (chunks of cdiv(M, R), ragged at the end: pass
        `total_rows=M` when M is not R x rows). w_gate_up: [H, 2 I_r], this rank's gate columns then
@@ -196,11 +211,31 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
         # kernel's agreement with the peers decides
         empty = (None if M or (total_rows is None and mesh.world_size > 1 and sequence_parallel)
                  else no_rows("tensor_parallel_mlp", x, H, out))
+        rows = M if sequence_parallel else replicated_rows(H, mesh.world_size, x.dtype.itemsize)
+        if M > rows and out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, H)
+                                             or out.dtype != x.dtype or out.device != x.device
+                                             or not out.is_contiguous()):
+            raise InputError(f"tensor_parallel_mlp: out must be a contiguous {x.dtype} tensor [{M}, {H}] on "
+                             f"{x.device}, got {getattr(out, 'shape', type(out).__name__)}")
     if empty is not None:
         return empty
     sms = _sm_count(mesh.device.index)
-    cfg, build, sizes = (kernel_plan(M, H, I, x.dtype, sms, mesh.world_size) if sequence_parallel
-                         else replicated_plan(M, H, I, x.dtype, sms, mesh.world_size))
+    if sequence_parallel:
+        return _launch(kernel_plan(M, H, I, x.dtype, sms, mesh.world_size), schedule, mesh, x, w_gate_up, w_down, out)
+    if M <= rows:
+        return _launch(replicated_plan(M, H, I, x.dtype, sms, mesh.world_size), schedule, mesh, x, w_gate_up,
+                       w_down, out)
+    y = out if out is not None else x.new_empty(M, H)
+    for lo in range(0, M, rows):   # every rank the same launches: x is the same everywhere
+        hi = min(M, lo + rows)
+        _launch(replicated_plan(hi - lo, H, I, x.dtype, sms, mesh.world_size), schedule, mesh, x[lo:hi],
+                w_gate_up, w_down, y[lo:hi])
+    return y
+
+
+def _launch(plan, schedule: str, mesh, x, w_gate_up, w_down, out):
+    """One launch of the megakernel `plan` (a kernel_plan or replicated_plan) builds."""
+    cfg, build, sizes = plan
     # keyed by the graph and every argument it is built with, and by the tile's warps and stages
     key = (cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items())))
     kernel = cached_kernel(_KERNELS, key, cfg, schedule, build)

@@ -1,4 +1,5 @@
-"""The tensor-parallel (sequence-parallel) SwiGLU MLP as one graph.
+"""The tensor-parallel SwiGLU MLP as one graph: sequence-parallel (tp_mlp, and tp_mlp_whole for
+small M), or with replicated input and output (tp_mlp_replicated, whose docstring says how).
 
 Rank r holds its rows x_r [rows_r, H] of x [M, H] (chunks of C = cdiv(M, R), ragged at the end),
 its columns of the gate and up projections w_gate_up_r = [w_gate_r | w_up_r] [H, 2 I_r], and its
@@ -6,7 +7,7 @@ rows of the down projection w_down_r [I_r, H]. Every rank returns its rows of
 
     y = sum_r (silu(x @ w_gate_r) * (x @ w_up_r)) @ w_down_r          [rows_r, H]
 
-Tile by tile: the all-gather of x releases the gate/up tiles of the rows that arrived (own rows
+Sequence-parallel, tile by tile: the all-gather of x releases the gate/up tiles of the rows that arrived (own rows
 first); a finished row tile of h releases the down-projection tiles of those rows, which store
 their partial straight into the owner's buffer; the owner sums the partials.
 """
