@@ -48,6 +48,16 @@ def main():
                 got = mlp(x)
             assert rel(got, want) < 2e-2, (seq, M, rel(got, want))
         if not seq:
+            # an x longer than one launch's partials allow runs in launches of replicated_rows rows
+            # (here 128: 300 rows in 128 + 128 + 44), each into its rows of one y
+            from etdist.ops import mlp as mlp_op
+            saved, mlp_op.SCRATCH_BYTES = mlp_op.SCRATCH_BYTES, R * 128 * H * 2
+            try:
+                x = torch.randn(300, H, device=dev, dtype=torch.bfloat16)
+                assert mlp_op.replicated_rows(H, R, 2) == 128
+                assert rel(mlp(x), ref(x)) < 2e-2, ("chunked", rel(mlp(x), ref(x)))
+            finally:
+                mlp_op.SCRATCH_BYTES = saved
             # one launch, no host sync (its all-reduce is in the kernel): the call returns while
             # the GPU is still busy with the work queued before it
             torch.cuda._sleep(1 << 30)
