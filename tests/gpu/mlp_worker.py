@@ -48,6 +48,12 @@ def main():
                 got = mlp(x)
             assert rel(got, want) < 2e-2, (seq, M, rel(got, want))
         if not seq:
+            # one launch, no host sync (its all-reduce is in the kernel): a call at a shape run
+            # before returns while the GPU is still busy with the work queued before it
+            torch.cuda._sleep(1 << 30)
+            mlp(x)
+            assert not torch.cuda.current_stream().query(), "the replicated TensorParallelMLP waited for the GPU"
+            torch.cuda.synchronize()
             # an x longer than one launch's partials allow runs in launches of replicated_rows rows
             # (here 128: 300 rows in 128 + 128 + 44), each into its rows of one y
             from etdist.ops import mlp as mlp_op
@@ -58,12 +64,6 @@ def main():
                 assert rel(mlp(x), ref(x)) < 2e-2, ("chunked", rel(mlp(x), ref(x)))
             finally:
                 mlp_op.SCRATCH_BYTES = saved
-            # one launch, no host sync (its all-reduce is in the kernel): the call returns while
-            # the GPU is still busy with the work queued before it
-            torch.cuda._sleep(1 << 30)
-            mlp(x)
-            assert not torch.cuda.current_stream().query(), "the replicated TensorParallelMLP waited for the GPU"
-            torch.cuda.synchronize()
             # a replicated module takes the whole x: total_rows of other rows is refused (last: a
             # refusal stops the module's kernel on the mesh, peers included)
             try:
