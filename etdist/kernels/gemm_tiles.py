@@ -173,7 +173,16 @@ def gemm_rs_reduce(i, j, parts, split_src, partial, y, M, N, RANK, WORLD, BLOCK_
     """y[tile] = sum over sources of their partial[src * SPLITS + s][tile], in fp32: `parts` slices
     from source split_src (every source when it is -1), one from the others."""
     C = (M + WORLD - 1) // WORLD
-    rows = owned_rows(M, WORLD, RANK)
+    sum_slots(i, j, parts, split_src, partial, C * N, owned_rows(M, WORLD, RANK), y, N, WORLD,
+              BLOCK_M, BLOCK_N, SPLITS)
+
+
+@triton.jit
+def sum_slots(i, j, parts, split_src, partial, slot_elems, rows, y, N, WORLD, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """y[tile (i, j) of `rows` rows] = the fp32 sum of partial's slots src * SPLITS + s (each
+    slot_elems long): `parts` slices from source split_src (every source when it is -1), one from
+    the others."""
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
@@ -181,7 +190,7 @@ def gemm_rs_reduce(i, j, parts, split_src, partial, y, M, N, RANK, WORLD, BLOCK_
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for src in range(0, WORLD):
         for s in range(0, tl.where((split_src < 0) | (src == split_src), parts, 1)):
-            acc += tl.load(partial + (src * SPLITS + s) * C * N + offs, mask=mask, other=0.0).to(tl.float32)
+            acc += tl.load(partial + (src * SPLITS + s) * slot_elems + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
 
 
@@ -363,15 +372,7 @@ def sum_partials(i, j, parts, partial, y, M, N, WORLD, SPLITS: tl.constexpr, BLO
                  BLOCK_N: tl.constexpr):
     """y[tile (i, j) of all M rows] = the sum of the `parts` slices every rank stored for it
     (partial[src * SPLITS + s]), in fp32."""
-    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    offs = offs_m[:, None] * N + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for src in range(0, WORLD):
-        for s in range(0, parts):
-            acc += tl.load(partial + (src * SPLITS + s) * M * N + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
+    sum_slots(i, j, parts, -1, partial, M * N, M, y, N, WORLD, BLOCK_M, BLOCK_N, SPLITS)
 
 
 @triton.jit

@@ -377,10 +377,15 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 def _mlp_ops(M, H, I_local, group, copies, device, dtype, operands) -> MlpOperands:
     if operands is None:
         return mlp_operands(M, H, I_local, group=group, copies=copies, device=device, dtype=dtype)
-    want = ((padded_rows(M, _world(group)) // _world(group), H), (H, 2 * I_local), (I_local, H))
+    return _shapes_checked("mlp", operands, padded_rows(M, _world(group)) // _world(group), H, I_local)
+
+
+def _shapes_checked(name: str, operands: MlpOperands, rows: int, H: int, I_local: int) -> MlpOperands:
+    """operands, if x is [rows, H] and the weights [H, 2 I_local] and [I_local, H]."""
+    want = ((rows, H), (H, 2 * I_local), (I_local, H))
     got = tuple(operands.x.shape), tuple(operands.gate_up[0].shape), tuple(operands.down[0].shape)
     if got != want:
-        raise ValueError(f"mlp: operands have x, w_gate_up, w_down shapes {got}, expected {want}")
+        raise ValueError(f"{name}: operands have x, w_gate_up, w_down shapes {got}, expected {want}")
     return operands
 
 
@@ -456,11 +461,7 @@ def mlp_replicated_operands(M: int, H: int, I_local: int, *, group=None, copies:
 def _mlp_replicated_ops(M, H, I_local, group, copies, device, dtype, operands) -> MlpOperands:
     if operands is None:
         return mlp_replicated_operands(M, H, I_local, group=group, copies=copies, device=device, dtype=dtype)
-    got = tuple(operands.x.shape), tuple(operands.gate_up[0].shape), tuple(operands.down[0].shape)
-    if got != ((M, H), (H, 2 * I_local), (I_local, H)):
-        raise ValueError(f"mlp_replicated: operands have x, w_gate_up, w_down shapes {got}, expected "
-                         f"{((M, H), (H, 2 * I_local), (I_local, H))}")
-    return operands
+    return _shapes_checked("mlp_replicated", operands, M, H, I_local)
 
 
 def _mlp_replicated_step(M, H, I_local, group, copies, device, dtype, operands):

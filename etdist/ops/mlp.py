@@ -106,6 +106,15 @@ def whole_down_splits(M: int, H: int, cfg: TileConfig, sms: int) -> int:
     return max(1, min(WHOLE_DOWN_SPLITS, sms // tiles))
 
 
+def size_class(M: int, H: int, I: int, dtype: torch.dtype) -> tuple[bool, TileConfig, int]:
+    """Both graphs' tiles for M rows: (whole: M <= WHOLE_MAX_M, the tile config, the sizes'
+    promised alignment)."""
+    whole = M <= _ag_gemm.WHOLE_MAX_M
+    cfg = _ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else TILES
+    cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
+    return whole, cfg, 16 if H % 16 == 0 and I % 16 == 0 else 1
+
+
 def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int):
     """What the op compiles for M rows of x [M, H] and a rank's I on a GPU of `sms` SMs among `world`
     ranks: (tile config, a builder of the graph, the graph's run-time sizes). At most WHOLE_MAX_M
@@ -113,10 +122,7 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     tiles narrowed (ag_gemm.whole_width); above, the
     sequence-parallel graph, its last down tiles in slices where tail_plan finds a ragged wave.
     launch/trace_mlp.py traces the same plan."""
-    whole = M <= _ag_gemm.WHOLE_MAX_M
-    cfg = _ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else TILES
-    cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
-    align = 16 if H % 16 == 0 and I % 16 == 0 else 1
+    whole, cfg, align = size_class(M, H, I, dtype)
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:
         return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms),
@@ -147,10 +153,7 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
     (TILES) and down (DOWN_N wide) tiles, the last down tiles in TAIL_SPLITS slices where
     least_busy_tail finds a ragged last wave (none where every down tile fits in one wave, as
     tail_plan: slicing there lost 3-10% on the sequence-parallel graph)."""
-    whole = M <= _ag_gemm.WHOLE_MAX_M
-    cfg = _ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else TILES
-    cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
-    align = 16 if H % 16 == 0 and I % 16 == 0 else 1
+    whole, cfg, align = size_class(M, H, I, dtype)
     down_n = cfg.block_n if whole else DOWN_N
     up_n = _ag_gemm.whole_width(M, I, cfg, sms) if whole else cfg.block_n
     m = -(-M // cfg.block_m)
