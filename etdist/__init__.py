@@ -5,7 +5,7 @@
 """
 from .fusion import (CounterError, DeadlockError, DoubleNotifyError, EtdistError, EventTensor, Expr,
                      Graph, GraphError, InputError, RuntimeFault, cdiv, compile, eq, every, grouped, logical_and,
-                     maximum, minimum, row_chunks, ungrouped, where)
+                     logical_or, maximum, minimum, row_chunks, ungrouped, where)
 from .fusion.tiles import block, shift
 from .knobs import KnobError
 from .mesh import Mesh, MeshError, PeerTimeoutError, ShapeMismatchError, current_mesh, init_mesh

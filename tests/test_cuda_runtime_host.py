@@ -536,6 +536,28 @@ def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
         [88, 0, 0, 24]
 
 
+def test_mlp_slices_every_down_tile_where_they_fit_one_wave():
+    """Above 128 rows, where a rank's down tiles are no more than the SMs (132), all of them run in
+    the slices that make their one wave shortest, 3% dearer per extra slice (gemm_rs.wave_splits):
+    32 tiles 4 slices, 36 or 72 tiles 3 (two waves of thirds), 48 or 64 tiles 2, 96 tiles 4 (three
+    waves of quarters), 112 or 128 tiles none; with more tiles than SMs, the tail plan's (a few of
+    them in TAIL_SPLITS slices). Both MLP plans; the sequence-parallel graph counts every owner's
+    tiles (world 2, M=512 on llama31_8b's shape: 2 owners x 2 row tiles x 16 column tiles = 64)."""
+    from etdist.ops import mlp as mlp_op
+    assert [mlp_op.few_down_splits(t, 132, 4) for t in (32, 36, 48, 64, 72, 96, 112, 128, 133)] == \
+        [4, 3, 2, 2, 3, 4, 1, 1, 1]
+    assert mlp_op.few_down_splits(32, 132, 2) == 2
+    bf16 = torch.bfloat16
+    _, build, sizes = mlp_op.kernel_plan(512, 4096, 7168, bf16, 132, 2)
+    assert build.keywords["tail_splits"] == 2 and sizes == {"M": 512, "TAIL": 64}
+    _, build, sizes = mlp_op.kernel_plan(256, 4608, 18432, bf16, 132, 2)   # gemma2_27b: 2 x 18 tiles
+    assert build.keywords["tail_splits"] == 3 and sizes == {"M": 256, "TAIL": 36}
+    _, build, sizes = mlp_op.kernel_plan(1024, 4608, 18432, bf16, 132, 2)  # 144 tiles: the tail plan's
+    assert build.keywords["tail_splits"] == 3 and sizes == {"M": 1024, "TAIL": 12}
+    _, build, sizes = mlp_op.kernel_plan(1024, 4096, 7168, bf16, 132, 2)   # 128 tiles: whole
+    assert build.keywords["tail_splits"] == 1 and sizes == {"M": 1024}
+
+
 def test_whole_mlp_slices_its_few_down_tiles():
     """At or below 128 rows the fused MLP's down tiles (one per block_n columns of H and row tile)
     run in contraction slices up to one task per SM: qwen3_8b's H=4096 at M=16 makes 32 tiles, 4
@@ -998,8 +1020,9 @@ def test_a_failed_graph_replay_is_raised_at_calls_at_other_shapes(monkeypatch):
 def test_replicated_plan_slices_ragged_down_waves_and_bounds_its_partials():
     """The replicated MLP's plan (one H200's 132 SMs, a rank of 2): at decode sizes every down tile
     in slices; above, the last down tiles in 3 slices where the last wave is ragged (gemma2_27b at
-    M=1024: 144 tiles, 12 past the first wave), none where all fit one wave (llama31_8b at M=256: 32
-    tiles) or TAIL_SPLITS is 1. One launch's partials [2, rows, H] stay within SCRATCH_BYTES and
+    M=1024: 144 tiles, 12 past the first wave); where all fit one wave, all of them in as many
+    slices as make it shortest (llama31_8b at M=256: 32 tiles, 4 slices; at M=1024, 128 tiles:
+    none); none where TAIL_SPLITS is 1. One launch's partials [2, rows, H] stay within SCRATCH_BYTES and
     int32 offsets: longer x runs in launches of replicated_rows rows (found by review: llama31_405b
     at world 8 and M=16512 would have wrapped the offsets)."""
     from etdist.ops import mlp as mlp_op
@@ -1010,13 +1033,17 @@ def test_replicated_plan_slices_ragged_down_waves_and_bounds_its_partials():
     _, build, sizes = mlp_op.replicated_plan(1024, 4608, 18432, bf16, 132, 2)
     assert build.keywords["down_splits"] == 3 and sizes == {"M": 1024, "TAIL": 12}
     _, build, sizes = mlp_op.replicated_plan(256, 4096, 7168, bf16, 132, 2)
-    assert build.keywords["down_splits"] == 1 and sizes == {"M": 256}
+    assert build.keywords["down_splits"] == 4 and sizes == {"M": 256, "TAIL": 32}
+    _, build, sizes = mlp_op.replicated_plan(1024, 4096, 7168, bf16, 132, 2)
+    assert build.keywords["down_splits"] == 1 and sizes == {"M": 1024}
     saved = mlp_op.TAIL_SPLITS
     try:
         mlp_op.TAIL_SPLITS = 1
         mlp_op.replicated_plan.cache_clear()
         _, build, sizes = mlp_op.replicated_plan(1024, 4608, 18432, bf16, 132, 2)
         assert build.keywords["down_splits"] == 1 and sizes == {"M": 1024}
+        _, build, sizes = mlp_op.replicated_plan(256, 4096, 7168, bf16, 132, 2)
+        assert build.keywords["down_splits"] == 1 and sizes == {"M": 256}
     finally:
         mlp_op.TAIL_SPLITS = saved
         mlp_op.replicated_plan.cache_clear()

@@ -150,21 +150,23 @@ def test_tensor_parallel_mlp(schedule, world, M, own_from_x):
 def test_tensor_parallel_mlp_slices_the_last_down_tiles(schedule, world, M):
     """tail_splits=3: the last TAIL down tiles of each rank's order in 3 contraction slices (I = 12
     per rank in 6 steps of 2), TAIL from none to one owner's every tile; each owner sums 3 slices
-    from the source whose order ends on its tile and one from the others. Too large a TAIL is
-    refused before the launch."""
+    from the source whose order ends on its tile and one from the others. Or all of them (TAIL =
+    world x one owner's): each owner sums 3 slices from every source. A TAIL between those, or
+    past them, is refused before the launch."""
     kernel = et.compile(mlp.tp_mlp(block_m=8, block_n=8, block_k=2, down_n=4, tail_splits=3, own_from_x=True),
                         schedule=schedule, programs=3)
     inputs = mlp.make_inputs(world, M, H=12, I=12 * world, seed=world * 10 + M)
     want = mlp.reference([i["x"] for i in inputs], [i["w_gate_up"] for i in inputs], [i["w_down"] for i in inputs])
     rows = -(-M // world)
     mn = -(-rows // 8) * 3                          # one owner's down tiles: row tiles x 3 column tiles
-    for tail in sorted({0, 1, mn}):
+    for tail in sorted({0, 1, mn, world * mn}):
         for seed in range(4):
             got = kernel.run(inputs, sizes={"M": M, "TAIL": tail}, interleave="random", seed=seed)
             for r in range(world):
                 assert rel_err(got[r]["y"], want[r]) < TOL, (tail, r, seed)
-    with pytest.raises(et.InputError, match="at most one owner's down tiles"):
-        kernel.run(inputs, sizes={"M": M, "TAIL": mn + 1})
+    for tail in sorted({mn + 1, world * mn + 1} - {world * mn}):
+        with pytest.raises(et.InputError, match="at most one owner's down tiles, or all of them"):
+            kernel.run(inputs, sizes={"M": M, "TAIL": tail})
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -263,6 +263,10 @@ def logical_and(a: Size, b: Size) -> Expr:
     return _bin("and", a, b)
 
 
+def logical_or(a: Size, b: Size) -> Expr:
+    return _bin("or", a, b)
+
+
 def evaluate(v: Size, env: Mapping[str, Any]) -> int:
     return v if isinstance(v, int) else v.evaluate(env)
 

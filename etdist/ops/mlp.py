@@ -16,7 +16,8 @@ from ..collectives.compiled import call_op
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
 from .gemm_rs import (SCRATCH_BYTES, SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel,
-                      check_operands, fp32_config, no_rows, refusal_reaches_peers, slices_that_fit, total_rows_of)
+                      check_operands, fp32_config, no_rows, refusal_reaches_peers, slices_that_fit, total_rows_of,
+                      wave_splits)
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 # The down projection's tiles are twice as wide (one accumulator): traced at M=1024 (llama31_405b,
@@ -36,6 +37,12 @@ TAIL_SPLITS = knobs.read("ETDIST_MLP_TAIL_SPLITS", knobs.positive_int, 3)
 # shape, one row tile) and each streams a whole column of w_down: traced on one H200 at M=16, 32
 # down tasks of 34 us ran on 32 of 132 SMs after the gate/up tiles. They run in up to
 # WHOLE_DOWN_SPLITS contraction slices (whole_down_splits), as many as keep one task per SM.
+# Above 128 rows, where the down tiles are still no more than the SMs (every row tile's gate/up
+# completes at the end of that phase, so they run as one wave), all of them in as many slices as
+# make that wave shortest (few_down_splits), at most WHOLE_DOWN_SPLITS: on one H200 as a rank of two
+# (scratch rep_mid, records mlp_mid_ab, twenty-seventh session), whole against sliced at M = 192-768:
+# 32-80 down tiles -8 to -34% (llama31_8b / gemma2_27b at M=256: 134 / 378 us -> 93 / 264), 96
+# tiles +3.5% (llama31_8b at 768) and -6% (llama31_70b at 384), 108-128 tiles none sliced.
 WHOLE_DOWN_SPLITS = 4
 SEND_US, REDUCE_US = 1.0, 3.0   # least_busy_tail's guesses for a gathered row tile's copy and an owner's sum
 MIN_GAIN = 0.03   # least_busy_tail slices nothing for less: its model ignores the waits, and slices cost traffic
@@ -106,6 +113,16 @@ def whole_down_splits(M: int, H: int, cfg: TileConfig, sms: int) -> int:
     return max(1, min(WHOLE_DOWN_SPLITS, sms // tiles))
 
 
+def few_down_splits(tiles: int, sms: int, most: int) -> int:
+    """Contraction slices of all `tiles` down tiles above 128 rows: where they are no more than the
+    SMs, as many as make their wave shortest (gemm_rs.wave_splits; 36 tiles on 132 SMs: 3; 72: 3,
+    two waves of thirds; 112 or 128: none), at most `most`; none with more tiles (the tail plans'
+    case) or where TAIL_SPLITS is 1 (every tile whole)."""
+    if tiles > sms or TAIL_SPLITS == 1:
+        return 1
+    return wave_splits(tiles, sms, min(most, WHOLE_DOWN_SPLITS))
+
+
 def size_class(M: int, H: int, I: int, dtype: torch.dtype) -> tuple[bool, TileConfig, int]:
     """Both graphs' tiles for M rows: (whole: M <= WHOLE_MAX_M, the tile config, the sizes'
     promised alignment)."""
@@ -119,8 +136,9 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     """What the op compiles for M rows of x [M, H] and a rank's I on a GPU of `sms` SMs among `world`
     ranks: (tile config, a builder of the graph, the graph's run-time sizes). At most WHOLE_MAX_M
     rows, the whole-gather graph (every weight read once) with its down tiles in slices and its gate/up
-    tiles narrowed (ag_gemm.whole_width); above, the
-    sequence-parallel graph, its last down tiles in slices where tail_plan finds a ragged wave.
+    tiles narrowed (ag_gemm.whole_width); above, the sequence-parallel graph: every down tile in
+    few_down_splits' slices where they fit in one wave, else the last ones where tail_plan finds a
+    ragged wave.
     launch/trace_mlp.py traces the same plan."""
     whole, cfg, align = size_class(M, H, I, dtype)
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
@@ -128,9 +146,15 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
         return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms),
                                       up_n=_ag_gemm.whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab), {"M": M}
     # the sliced graph only where its plan slices (its partials take TAIL_SPLITS x the memory)
-    splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M, H, world, dtype.itemsize, TAIL_SPLITS)
     own_from_x = bool(_ag_gemm.OWN_FROM_X)
-    tail = tail_plan(M, H, I, world, sms, splits, own_from_x=own_from_x) if splits > 1 else 0
+    rows = -(-M // world)                                # rows per owner
+    tiles = world * -(-rows // cfg.block_m) * -(-H // DOWN_N)   # down tiles per rank
+    splits = few_down_splits(tiles, sms, slices_that_fit(M, H, world, dtype.itemsize, WHOLE_DOWN_SPLITS))
+    if splits > 1:   # every down tile in slices
+        tail = tiles
+    else:            # or the last few, where they leave a ragged last wave
+        splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M, H, world, dtype.itemsize, TAIL_SPLITS)
+        tail = tail_plan(M, H, I, world, sms, splits, own_from_x=own_from_x) if splits > 1 else 0
     build = functools.partial(mlp_graph.tp_mlp, *args, down_n=DOWN_N, tail_splits=splits if tail else 1,
                               own_from_x=own_from_x)
     return cfg, build, ({"M": M, "TAIL": tail} if tail else {"M": M})
@@ -150,9 +174,9 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
     """The plan (as kernel_plan's) of the replicated-in-and-out graph for M <= replicated_rows rows:
     up to WHOLE_MAX_M rows the whole-gather graph's tiles and narrowing, every down tile in slices
     where they leave SMs idle (whole_down_splits); above, the sequence-parallel graph's gate/up
-    (TILES) and down (DOWN_N wide) tiles, the last down tiles in TAIL_SPLITS slices where
-    least_busy_tail finds a ragged last wave (none where every down tile fits in one wave, as
-    tail_plan: slicing there lost 3-10% on the sequence-parallel graph)."""
+    (TILES) and down (DOWN_N wide) tiles: where the down tiles fit in one wave, all of them in
+    few_down_splits' slices; with more, the last ones in TAIL_SPLITS slices where least_busy_tail
+    finds a ragged last wave."""
     whole, cfg, align = size_class(M, H, I, dtype)
     down_n = cfg.block_n if whole else DOWN_N
     up_n = _ag_gemm.whole_width(M, I, cfg, sms) if whole else cfg.block_n
@@ -160,9 +184,10 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
     mh = m * -(-H // down_n)                            # down tiles
     if whole:
         splits, tail = whole_down_splits(M, H, dataclasses.replace(cfg, block_n=down_n), sms), mh
-    elif mh <= sms or TAIL_SPLITS == 1:
-        splits, tail = 1, 0
-    else:   # one slice's partials on a rank: world x M x H
+    elif mh <= sms or TAIL_SPLITS == 1:   # one slice's partials on a rank: world x M x H
+        splits, tail = few_down_splits(mh, sms, slices_that_fit(M * world, H, world, dtype.itemsize,
+                                                                WHOLE_DOWN_SPLITS)), mh
+    else:   # a ragged last wave
         splits = slices_that_fit(M * world, H, world, dtype.itemsize, TAIL_SPLITS)
         tail = 0 if splits == 1 else least_busy_tail(
             sms, [(m * -(-I // up_n), _gate_up_us(cfg, up_n, H))], mh, _down_us(cfg, down_n, I), splits,

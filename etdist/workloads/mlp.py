@@ -32,8 +32,9 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     """The graph; gate/up tiles are block_m x block_n of both projections (two accumulators), down
     tiles block_m x down_n (default block_n): one accumulator, so it can be twice as wide.
     tail_splits > 1: the last TAIL down tiles of each rank's order (a size bound at every call, at
-    most one owner's tiles) run in that many contraction slices, so that the long down tiles do not
-    leave a ragged last wave (the op plans TAIL from the tasks each program is dealt).
+    most one owner's tiles, or all R of them) run in that many contraction slices, so that the long
+    down tiles do not leave a ragged last wave, or, all in slices, SMs idle where they are fewer than
+    the SMs (the op plans TAIL from the tasks each program is dealt).
     own_from_x: this rank's own gate/up tiles read x itself, first and without a wait, and the
     gather copies rows to the peers only."""
     positive_int("tp_mlp", "tail_splits", tail_splits)
@@ -54,20 +55,23 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     S = tail_splits
     mn = m_tiles * h_tiles               # down tiles per owner; mine run in the order v = d * mn + q
     TAIL = g.size("TAIL") if S > 1 else 0   # the last TAIL of them in S slices: all of owner me + R - 1
+    every = et.eq(TAIL, R * mn) if S > 1 else False   # or all of them: every source's tiles in slices
     if S > 1:
-        g.check(TAIL <= mn, "TAIL (down tiles in slices) must be at most one owner's down tiles")
+        g.check(et.logical_or(TAIL <= mn, every),
+                "TAIL (down tiles in slices) must be at most one owner's down tiles, or all of them")
     g.scratch("partial", (R * S, C, H), dtype, symmetric=True)  # on the owner: partial[src, slice]
     g.output("y", (owned(me), H), dtype)
     h_ready = g.event("h_ready", (R, m_tiles), count=i_tiles)             # [source chunk, row tile]
     # an owner's tile q arrives from every source, in S slices from the one whose order ends on it
-    split_src = (me + 1) % R
+    # (from every source when all are sliced: -1)
+    split_src = et.where(every, -1, (me + 1) % R) if S > 1 else (me + 1) % R
 
     def parts(q):                        # slices from split_src of its owner's tile q
         return et.where(q >= mn - TAIL, S, 1) if S > 1 else 1
 
     tile_parts = lambda i, j: parts(et.ungrouped(i, j, m_tiles, h_tiles, group_m))  # noqa: E731
     arrived = g.event("arrived", (R, m_tiles, h_tiles), distributed=True,
-                      count=(lambda d, i, j: R - 1 + tile_parts(i, j)) if S > 1 else R)
+                      count=(lambda d, i, j: et.where(every, R * S, R - 1 + tile_parts(i, j))) if S > 1 else R)
 
     # with own_from_x my own rows' elements count 0: their tiles wait for nothing
     _, rows_in = gather_rows(g, x, C, owned, block_m, block_n, "ag_out", peers_only=own_from_x)
@@ -119,6 +123,9 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     for sizes in tail:
         g.sample(M=5, H=3, I=2, **sizes)
         g.sample(M=37, H=20, I=17, **sizes)
+    for world in range(1, 4) if S > 1 else ():              # or every tile
+        rows = -(-37 // world)
+        g.sample(M=37, H=20, I=17, TAIL=world * -(-rows // block_m) * -(-20 // DN), WORLD=world)
     return g
 
 

@@ -38,7 +38,7 @@ def main():
     ref = lambda t: dense.down_proj(dense.act_fn(dense.gate_proj(t)) * dense.up_proj(t))
     for seq in (True, False):
         mlp = et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh, sequence_parallel=seq)
-        for M in (16, 33, 64, 100, 1000, 2048):
+        for M in (16, 33, 64, 100, 256, 300, 1000, 2048):   # 256, 300: every down tile in slices
             x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
             C = -(-M // R)
             want = ref(x.float().to(torch.bfloat16))
@@ -88,7 +88,7 @@ def main():
 def check_tail_slices(mesh, mlp, ref):
     """The MLP graph whose last TAIL down tiles run in 3 contraction slices (ETDIST_MLP_TAIL_SPLITS),
     with the op's tiles and own rows read from x as the op builds it (ETDIST_AG_GEMM_OWN_FROM_X), at
-    TAIL = 0, 1 and one owner's every down tile (mn), ragged M too."""
+    TAIL = 0, 1, one owner's every down tile (mn) and every owner's (R x mn), ragged M too."""
     from etdist.ops import ag_gemm as ag_op
     from etdist.ops import mlp as mlp_op
     from etdist.workloads import mlp as mlp_graph
@@ -103,7 +103,7 @@ def check_tail_slices(mesh, mlp, ref):
         C = -(-M // R)
         want = ref(x)[r * C:(r + 1) * C]
         mn = -(-C // cfg.block_m) * -(-H // mlp_op.DOWN_N)
-        for tail in (0, 1, mn):
+        for tail in sorted({0, 1, mn, R * mn}):
             got = kernel(mesh, x=x[r * C:(r + 1) * C].contiguous(), w_gate_up=mlp.w_gate_up[0].data,
                          w_down=mlp.w_down[0].data, sizes={"M": M, "TAIL": tail})["y"]
             kernel.check(mesh)

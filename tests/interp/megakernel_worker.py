@@ -48,6 +48,10 @@ def cases():
     yield "mlp_tail", mlp.tp_mlp(T, T, torch.float32, T, group_m=2, down_n=2 * T, tail_splits=3), \
         lambda R, M: mlp.make_inputs(R, M, 40, 20 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
         {"TAIL": 2}
+    # every down tile in slices (TAIL = all of a rank's: R owners x row tiles x 2 column tiles)
+    yield "mlp_tail_every", mlp.tp_mlp(T, T, torch.float32, T, group_m=2, down_n=2 * T, tail_splits=3), \
+        lambda R, M: mlp.make_inputs(R, M, 40, 20 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
+        lambda R, M: {"TAIL": R * et.cdiv(et.cdiv(M, R), T) * 2}
     yield "mlp_whole", mlp.tp_mlp_whole(T, T, torch.float32, T, down_splits=2), \
         lambda R, M: mlp.make_inputs(R, M, 24, 20 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
     # sizes promised multiples of 16: the GEMM bodies load through TMA descriptors (zero-filled
@@ -75,6 +79,10 @@ def cases():
                                      own_from_x=True), \
         lambda R, M: mlp.make_inputs(R, M, 48, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
         {"TAIL": 1}
+    yield "mlp_tail_every_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T, tail_splits=2,
+                                           own_from_x=True), \
+        lambda R, M: mlp.make_inputs(R, M, 48, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
+        lambda R, M: {"TAIL": R * et.cdiv(et.cdiv(M, R), T) * 2}
     # own_from_x (the ops' default): a rank's own row tiles read x (their gather elements count 0), the
     # gather copies to the peers only
     yield "ag_gemm_tma", ag_gemm.all_gather_gemm(T, 2 * T, torch.float32, T, align=16, group_m=2, own_from_x=True), \
@@ -113,11 +121,12 @@ def main(args):
     mesh = et.init_mesh(backend="cpu")
     R, r = mesh.world_size, mesh.rank
     for name, graph, make, reference, names, *extra in cases():
-        sizes = extra[0] if extra else {}        # sizes no input names (the MLP's TAIL)
         if only and name not in only:
             continue
         kernel = et.compile(graph, schedule=schedule, target="cuda")
         for M in (37, 5):               # ragged: the last ranks own fewer rows (or none)
+            # sizes no input names (the MLP's TAIL), or a function of (R, M) giving them
+            sizes = (extra[0](R, M) if callable(extra[0]) else extra[0]) if extra else {}
             inputs = make(R, M)          # every rank builds every rank's inputs (same seed), keeps its own
             want = reference(*([i[n] for i in inputs] for n in names))[r]
             M_run = inputs[0]["x"].shape[0] if name.startswith("gemm_rs") else M
