@@ -6,7 +6,8 @@ with the partials stored and summed locally), alternated in one process against 
         torchrun --nproc_per_node=1 launch/ops_ab.py
 
 A variant sets module attributes of the op's plan modules (etdist.ops.gemm_rs, ag_gemm, or mlp
-and ag_gemm; OPS names the ops) while it runs (`NAME=value`, joined by `+`; `base`: the op as it
+and ag_gemm; OPS names the ops: gemm_rs, ag_gemm, mlp, mlp_replicated = tensor_parallel_mlp with
+sequence_parallel=False) while it runs (`NAME=value`, joined by `+`; `base`: the op as it
 is), e.g. `SPLIT_TAIL=0`, `MAX_SPLITS=1`, `TAIL_SPLITS=1`, `WHOLE_32=32,128,64,4,6,swap`; the plan
 caches are cleared around it. Each variant's output is checked against a float32 reference before
 any timing. Every round times each variant once (etdist.measure.timing, 4 rotating weight copies),
@@ -33,7 +34,8 @@ from etdist.ops import gemm_rs as gemm_rs_op
 from etdist.ops import mlp as mlp_op
 
 # each op's plan modules (the MLP's whole-gather plan reads ag_gemm's WHOLE_* attributes)
-MODULES = {"gemm_rs": (gemm_rs_op,), "ag_gemm": (ag_gemm_op,), "mlp": (mlp_op, ag_gemm_op)}
+MODULES = {"gemm_rs": (gemm_rs_op,), "ag_gemm": (ag_gemm_op,), "mlp": (mlp_op, ag_gemm_op),
+           "mlp_replicated": (mlp_op, ag_gemm_op)}
 COPIES = 4
 
 
@@ -97,7 +99,8 @@ def operands(op: str, M: int, H: int, I: int, dev):
         torch.mm(x, wgu[i], out=out)
         return torch.mm(out[:, :I], wd[i], out=down)
 
-    return ref, mm, (lambda i: et.ops.tensor_parallel_mlp(x, wgu[i], wd[i]))
+    seq = op == "mlp"
+    return ref, mm, (lambda i: et.ops.tensor_parallel_mlp(x, wgu[i], wd[i], sequence_parallel=seq))
 
 
 def main():
