@@ -39,10 +39,11 @@ TAIL_SPLITS = knobs.read("ETDIST_MLP_TAIL_SPLITS", knobs.positive_int, 3)
 # WHOLE_DOWN_SPLITS contraction slices (whole_down_splits), as many as keep one task per SM.
 # Above 128 rows, where the down tiles are still no more than the SMs (every row tile's gate/up
 # completes at the end of that phase, so they run as one wave), all of them in as many slices as
-# make that wave shortest (few_down_splits), at most WHOLE_DOWN_SPLITS: on one H200 as a rank of two
-# (scratch rep_mid, records mlp_mid_ab, twenty-seventh session), whole against sliced at M = 192-768:
-# 32-80 down tiles -8 to -34% (llama31_8b / gemma2_27b at M=256: 134 / 378 us -> 93 / 264), 96
-# tiles +3.5% (llama31_8b at 768) and -6% (llama31_70b at 384), 108-128 tiles none sliced.
+# make that wave shortest (few_down_splits), at most WHOLE_DOWN_SPLITS. On one H200 as a rank of two
+# (twenty-seventh session; records mlp_mid_slices_ab, and mlp_mid_seq_ab from launch/ops_ab.py with
+# VARIANTS="base;WHOLE_DOWN_SPLITS=1"), sliced against whole at M = 192-768: 32-80 down tiles -8 to
+# -37% (llama31_8b / gemma2_27b at M=256: 134 / 378 us -> 93 / 264), 96 tiles -6% to +4% a cell,
+# 108-128 tiles none sliced; -14.5% geomean over 40 cells of the sequence-parallel MLP.
 WHOLE_DOWN_SPLITS = 4
 SEND_US, REDUCE_US = 1.0, 3.0   # least_busy_tail's guesses for a gathered row tile's copy and an owner's sum
 MIN_GAIN = 0.03   # least_busy_tail slices nothing for less: its model ignores the waits, and slices cost traffic
