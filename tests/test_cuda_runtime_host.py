@@ -556,6 +556,32 @@ def test_mlp_slices_every_down_tile_where_they_fit_one_wave():
     assert build.keywords["tail_splits"] == 3 and sizes == {"M": 1024, "TAIL": 12}
     _, build, sizes = mlp_op.kernel_plan(1024, 4096, 7168, bf16, 132, 2)   # 128 tiles: whole
     assert build.keywords["tail_splits"] == 1 and sizes == {"M": 1024}
+    saved = mlp_op.TAIL_SPLITS
+    try:   # ETDIST_MLP_TAIL_SPLITS=1: every down tile whole, these too
+        mlp_op.TAIL_SPLITS = 1
+        _, build, sizes = mlp_op.kernel_plan(512, 4096, 7168, bf16, 132, 2)
+        assert build.keywords["tail_splits"] == 1 and sizes == {"M": 512}
+    finally:
+        mlp_op.TAIL_SPLITS = saved
+
+
+def test_mlp_plans_pass_their_graphs_checks():
+    """Every size a plan gives (TAIL: none, the last few, every tile) passes the checks of the graph
+    it builds, ragged M and world sizes that do not divide it included, on both MLP graphs."""
+    from etdist.fusion.expr import RANK_NAME, WORLD_NAME
+    from etdist.ops import mlp as mlp_op
+    bf16, seen = torch.bfloat16, set()
+    for H, I in ((4096, 7168), (4608, 18432)):
+        for world in (1, 2, 3, 4, 8):
+            for M in (129, 300, 500, 1000, 2000, 4100):
+                for plan in (mlp_op.kernel_plan(M, H, I, bf16, 132, world),
+                             mlp_op.replicated_plan(M, H, I, bf16, 132, world)):
+                    _, build, sizes = plan
+                    env = {**sizes, "H": H, "I": I, WORLD_NAME: world, RANK_NAME: 0}
+                    failed = [c.message for c in build().to_ir().checks if not c.cond.evaluate(env)]
+                    assert not failed, (build.func.__name__, world, M, sizes, failed)
+                    seen.add((build.func.__name__, sizes.get("TAIL", 0) > 0))
+    assert seen == {(g, t) for g in ("tp_mlp", "tp_mlp_replicated") for t in (False, True)}
 
 
 def test_whole_mlp_slices_its_few_down_tiles():

@@ -123,7 +123,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     for sizes in tail:
         g.sample(M=5, H=3, I=2, **sizes)
         g.sample(M=37, H=20, I=17, **sizes)
-    for world in range(1, 4) if S > 1 else ():              # or every tile
+    for world in range(1, 5) if S > 1 else ():              # or every tile
         rows = -(-37 // world)
         g.sample(M=37, H=20, I=17, TAIL=world * -(-rows // block_m) * -(-20 // DN), WORLD=world)
     return g

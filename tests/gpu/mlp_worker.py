@@ -38,7 +38,10 @@ def main():
     ref = lambda t: dense.down_proj(dense.act_fn(dense.gate_proj(t)) * dense.up_proj(t))
     for seq in (True, False):
         mlp = et.nn.TensorParallelMLP.from_dense(dense, mesh=mesh, sequence_parallel=seq)
-        for M in (16, 33, 64, 100, 256, 300, 1000, 2048):   # 256, 300: every down tile in slices
+        # H = 1024 on 132 SMs: every down tile in slices from 129 rows to 2048 (at most 64 tiles of 256
+        # columns); at 4096 and 8192 every tile whole (the tail plans slice none of this small shape's:
+        # check_tail_slices runs that graph at each TAIL)
+        for M in (16, 33, 64, 100, 256, 300, 1000, 2048, 4096, 8192):
             x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
             C = -(-M // R)
             want = ref(x.float().to(torch.bfloat16))
