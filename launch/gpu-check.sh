@@ -4,7 +4,8 @@
 #   QUICK=1 bash launch/gpu-check.sh /tmp/r     # the tests + a few cells of each sweep: fits in one
 #                                                 10-minute device call (the full sweeps do not)
 # 1. every GPU test (pytest -m gpu; the Llama client test needs `pip install transformers`);
-# 2. the collectives benchmark and the synchronisation latencies (launch/sync_latency.py); 3. the GEMM+RS, AG+GEMM and MLP (sequence-parallel and replicated) sweep, then the MoE sweep (both
+# 2. the collectives benchmark and the synchronisation latencies (launch/sync_latency.py);
+# 3. the GEMM+RS, AG+GEMM and MLP (sequence-parallel and replicated) sweep, then the MoE sweep (both
 # schedules), through the Hydra main command (launch/bench-gpu.sh).
 # Records are appended under the results dir; a short table is printed last.
 # Each record names the commit measured (git rev-parse, "+dirty" for uncommitted code). Where the

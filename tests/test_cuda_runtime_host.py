@@ -559,10 +559,12 @@ def test_mlp_slices_every_down_tile_where_they_fit_one_wave():
     saved = mlp_op.TAIL_SPLITS
     try:   # ETDIST_MLP_TAIL_SPLITS=1: every down tile whole, these too
         mlp_op.TAIL_SPLITS = 1
+        mlp_op.kernel_plan.cache_clear()
         _, build, sizes = mlp_op.kernel_plan(512, 4096, 7168, bf16, 132, 2)
         assert build.keywords["tail_splits"] == 1 and sizes == {"M": 512}
     finally:
         mlp_op.TAIL_SPLITS = saved
+        mlp_op.kernel_plan.cache_clear()
 
 
 def test_mlp_plans_pass_their_graphs_checks():

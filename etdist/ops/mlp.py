@@ -25,13 +25,14 @@ TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up):
 # tiles' 5.6-5.9 (BENCHMARKS.md, eleventh session). Knob: ETDIST_MLP_DOWN_N (128: as before).
 DOWN_N = knobs.read("ETDIST_MLP_DOWN_N", knobs.tile_width, 256)
 # Above 128 rows, the last TAIL down tiles of each rank's order may run in TAIL_SPLITS contraction
-# slices (tail_plan picks TAIL per M; for the replicated graph, replicated_plan). A down tile is the MLP's longest task (K = I per rank: 4x a
-# gate/up tile's work on gemma2_27b's shape), and 144 of them on 132 SMs (gemma2_27b at M=1024) leave
-# twelve programs with a second one while the rest wait. Knob: ETDIST_MLP_TAIL_SPLITS (1: every tile
-# whole, as before). Measured on one H200 as a rank of two (launch/ops_ab.py, records mlp_w1_ab,
-# twenty-first session), 3 slices against whole: gemma2_27b / qwen3_32b at M=1000 and 1024 -9.5 /
-# -5.2 / -12.2 / -13.7%; where every down tile fits in one wave (llama31_8b, gemma2_9b) slicing
-# lost 3-10%, so the plan no longer slices there.
+# slices (tail_plan picks TAIL per M; for the replicated graph, replicated_plan). A down tile is the
+# MLP's longest task (K = I per rank: 4x a gate/up tile's work on gemma2_27b's shape), and 144 of
+# them on 132 SMs (gemma2_27b at M=1024) leave twelve programs with a second one while the rest
+# wait. Knob: ETDIST_MLP_TAIL_SPLITS (1: every tile whole, as before). Measured on one H200 as a
+# rank of two (launch/ops_ab.py, records mlp_w1_ab, twenty-first session), 3 slices against whole:
+# gemma2_27b / qwen3_32b at M=1000 and 1024 -9.5 / -5.2 / -12.2 / -13.7%; where every down tile
+# fits in one wave (llama31_8b, gemma2_9b) the tail plan's slices lost 3-10%, so it slices none
+# there (few_down_splits, below, decides those).
 TAIL_SPLITS = knobs.read("ETDIST_MLP_TAIL_SPLITS", knobs.positive_int, 3)
 # At or below 128 rows (the whole-gather graph) the down tiles are few (H / block_n: 32 on qwen3_8b's
 # shape, one row tile) and each streams a whole column of w_down: traced on one H200 at M=16, 32
@@ -133,20 +134,21 @@ def size_class(M: int, H: int, I: int, dtype: torch.dtype) -> tuple[bool, TileCo
     return whole, cfg, 16 if H % 16 == 0 and I % 16 == 0 else 1
 
 
+@functools.lru_cache(maxsize=4096)
 def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int):
     """What the op compiles for M rows of x [M, H] and a rank's I on a GPU of `sms` SMs among `world`
     ranks: (tile config, a builder of the graph, the graph's run-time sizes). At most WHOLE_MAX_M
     rows, the whole-gather graph (every weight read once) with its down tiles in slices and its gate/up
     tiles narrowed (ag_gemm.whole_width); above, the sequence-parallel graph: every down tile in
     few_down_splits' slices where they fit in one wave, else the last ones where tail_plan finds a
-    ragged wave.
+    ragged wave. Cached: the op asks at every call (2-6 us uncached on our CPU host).
     launch/trace_mlp.py traces the same plan."""
     whole, cfg, align = size_class(M, H, I, dtype)
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:
         return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms),
                                       up_n=_ag_gemm.whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab), {"M": M}
-    # the sliced graph only where its plan slices (its partials take TAIL_SPLITS x the memory)
+    # the sliced graph only where its plan slices (its partials take `splits` x the memory)
     own_from_x = bool(_ag_gemm.OWN_FROM_X)
     rows = -(-M // world)                                # rows per owner
     tiles = world * -(-rows // cfg.block_m) * -(-H // DOWN_N)   # down tiles per rank
@@ -185,7 +187,7 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
     mh = m * -(-H // down_n)                            # down tiles
     if whole:
         splits, tail = whole_down_splits(M, H, dataclasses.replace(cfg, block_n=down_n), sms), mh
-    elif mh <= sms or TAIL_SPLITS == 1:   # one slice's partials on a rank: world x M x H
+    elif mh <= sms:   # one slice's partials on a rank: world x M x H
         splits, tail = few_down_splits(mh, sms, slices_that_fit(M * world, H, world, dtype.itemsize,
                                                                 WHOLE_DOWN_SPLITS)), mh
     else:   # a ragged last wave
