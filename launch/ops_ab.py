@@ -8,8 +8,9 @@ with the partials stored and summed locally), alternated in one process against 
 A variant sets module attributes of the op's plan modules (etdist.ops.gemm_rs, ag_gemm, or mlp
 and ag_gemm; OPS names the ops: gemm_rs, ag_gemm, mlp, mlp_replicated = tensor_parallel_mlp with
 sequence_parallel=False) while it runs (`NAME=value`, joined by `+`; `base`: the op as it
-is), e.g. `SPLIT_TAIL=0`, `MAX_SPLITS=1`, `TAIL_SPLITS=1`, `WHOLE_32=32,128,64,4,6,swap`; the plan
-caches are cleared around it. Each variant's output is checked against a float32 reference before
+is), e.g. `SPLIT_TAIL=0`, `MAX_SPLITS=1`, `TAIL_SPLITS=1`, `ROW_POINTERS=0`,
+`WHOLE_32=32,128,64,4,6,swap`; the plan caches are cleared around it, and each variant keeps its
+own compiled kernels. Each variant's output is checked against a float32 reference before
 any timing. Every round times each variant once (etdist.measure.timing, 4 rotating weight copies),
 each right after a torch.mm timing (gemm_rs, ag_gemm: x @ w; mlp: both mms, no activation), the
 variants' order turning by one every round (a fixed order favoured the later slots by 2-3%); a time
@@ -29,13 +30,16 @@ from etdist.measure import baselines as B
 from etdist.measure import records
 from etdist.measure.shapes import MLP_SHAPES
 from etdist.measure.timing import time_ranks
+from etdist.kernels import gemm_tiles
 from etdist.ops import ag_gemm as ag_gemm_op
 from etdist.ops import gemm_rs as gemm_rs_op
 from etdist.ops import mlp as mlp_op
 
-# each op's plan modules (the MLP's whole-gather plan reads ag_gemm's WHOLE_* attributes)
-MODULES = {"gemm_rs": (gemm_rs_op,), "ag_gemm": (ag_gemm_op,), "mlp": (mlp_op, ag_gemm_op),
-           "mlp_replicated": (mlp_op, ag_gemm_op)}
+# each op's plan modules (the MLP's whole-gather plan reads ag_gemm's WHOLE_* attributes, every plan
+# gemm_rs's ROW_POINTERS), and the tile bodies' module (its TMA_ENABLED shapes the graphs too)
+MODULES = {"gemm_rs": (gemm_rs_op, gemm_tiles), "ag_gemm": (ag_gemm_op, gemm_rs_op, gemm_tiles),
+           "mlp": (mlp_op, ag_gemm_op, gemm_rs_op, gemm_tiles),
+           "mlp_replicated": (mlp_op, ag_gemm_op, gemm_rs_op, gemm_tiles)}
 COPIES = 4
 
 
@@ -54,7 +58,10 @@ def converted(current, text: str):
 
 class patched:
     """The attributes of the op's plan modules set to a variant's values inside the block (each name
-    in the first module that has it; plan caches cleared)."""
+    in the first module that has it; plan caches cleared), and each variant's own compiled kernels
+    (the ops' caches key on the plan's build arguments, not on every knob a graph reads)."""
+
+    kernels: dict = {}   # (module, variant) -> that variant's kernel cache
 
     def __init__(self, modules: tuple, values: dict):
         self.modules, self.values, self.saved = modules, values, []
@@ -66,6 +73,11 @@ class patched:
                     fn.cache_clear()
 
     def __enter__(self):
+        for module in self.modules:
+            if hasattr(module, "_KERNELS"):
+                own = self.kernels.setdefault((module.__name__, tuple(sorted(self.values.items()))), {})
+                self.saved.append((module, "_KERNELS", module._KERNELS))
+                module._KERNELS = own
         for k, v in self.values.items():
             module = next((m for m in self.modules if hasattr(m, k)), None)
             if module is None:

@@ -31,7 +31,7 @@ def test_generated_source_is_the_static_schedule(gemm_rs_ir):
     assert src.count("_et_wait(") == 1 and src.count("_et_notify(") == 1
     call = src[src.index("_et_body_matmul("):].split("\n")[0]
     assert call.startswith("_et_body_matmul((k // ")                   # tile k's owner, then its (i, j)
-    assert call.endswith(", s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 1, 1, 64, 64, 64, False, USE_ASM)")
+    assert call.endswith(", s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, 1, 1, 64, 64, 64, 0, USE_ASM)")
     assert "_et_body_reduce(i, j, 1, -1, partial, y, " in src           # one slice from every source
 
 
@@ -71,6 +71,23 @@ def test_aligned_gemm_tiles_load_through_tma(build):
     assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx, "a GEMM operand still loads through pointers"
     if not build.startswith("gemm_rs"):   # its operands are the inputs, written before the launch
         assert "fence.proxy.async.global" in ptx
+
+
+@pytest.mark.parametrize("build", ["ag_gemm", "mlp", "mlp_replicated_swap", "gemm_rs_tail"])
+def test_row_pointer_tiles_load_weights_through_tma_and_rows_through_pointers(build):
+    """row_pointers (the plans' choice where a row tile's box would run far past the rows: ops.gemm_rs.
+    row_pointers): the weights still load through descriptors, the rows through masked cp.async (the
+    swapped tile transposes the rows it loaded). test_op_megakernels_do_not_spill compiles the ops'
+    row-pointer kernels too."""
+    ir = {"ag_gemm": lambda: ag_gemm.all_gather_gemm(128, 128, torch.bfloat16, 64, align=16, row_pointers=True),
+          "mlp": lambda: mlp.tp_mlp(128, 128, torch.bfloat16, 64, align=16, row_pointers=True),
+          "mlp_replicated_swap": lambda: mlp.tp_mlp_replicated(32, 128, torch.bfloat16, 64, align=16, swap_ab=True,
+                                                               row_pointers=True),
+          "gemm_rs_tail": lambda: gemm_rs.gemm_reduce_scatter(128, 256, torch.bfloat16, 64, align=16, splits=4,
+                                                              wave=132, row_pointers=True)}[build]()
+    ptx = compile_ptx(ir.to_ir(), num_warps=8)
+    assert "cp.async.bulk.tensor" in ptx and "wgmma" in ptx, "the weights no longer load through TMA"
+    assert "cp.async.cg" in ptx or "cp.async.ca" in ptx, "the rows do not load through pointers"
 
 
 def test_local_events_use_gpu_scope():
@@ -310,7 +327,8 @@ def _op_kernels():
     from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op, mlp as mlp_op
     from etdist.workloads import moe
     bf = torch.bfloat16
-    for M in (16, 64, 128, 256, 8192):   # every size class (256: LARGE tiles in contraction slices)
+    # every size class (256: LARGE tiles in contraction slices; 129: rows through pointers)
+    for M in (16, 64, 128, 129, 256, 8192):
         cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132)
         yield f"gemm_rs M={M}", build, cfg.num_warps, cfg.num_stages
     # a decode candidate of launch/tune_decode.py's A/B (BENCHMARKS.md, seventh session)
@@ -334,6 +352,13 @@ def _op_kernels():
                                                         A.block_k, 16, swap_ab=A.swap_ab), A.num_warps, A.num_stages
         yield f"mlp_whole M={M}", functools.partial(mlp.tp_mlp_whole, W.block_m, W.block_n, bf, W.block_k, 16,
                                                     swap_ab=W.swap_ab), W.num_warps, W.num_stages
+        # a ragged M in the class: the rows through pointers (ops.gemm_rs.row_pointers)
+        yield f"ag_gemm_whole M={M - 1} rows", functools.partial(ag_gemm.all_gather_gemm_whole, A.block_m, A.block_n,
+                                                                 bf, A.block_k, 16, swap_ab=A.swap_ab,
+                                                                 row_pointers=True), A.num_warps, A.num_stages
+        yield f"mlp_whole M={M - 1} rows", functools.partial(mlp.tp_mlp_whole, W.block_m, W.block_n, bf, W.block_k, 16,
+                                                             swap_ab=W.swap_ab, row_pointers=True), \
+            W.num_warps, W.num_stages
         # the plans' narrowest GEMM tiles (ops.ag_gemm.whole_width), the down tiles in slices
         yield f"ag_gemm_whole M={M} narrow", functools.partial(ag_gemm.all_gather_gemm_whole, A.block_m, A.block_n, bf,
                                                                A.block_k, 16, gemm_n=ag_op.WHOLE_MIN_N,
@@ -351,6 +376,10 @@ def _op_kernels():
         T.num_stages
     yield "mlp tail", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, tail_splits=3,
                                          **own), T.num_warps, T.num_stages
+    yield "mlp rows", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, tail_splits=3,
+                                         row_pointers=True, **own), T.num_warps, T.num_stages
+    yield "ag_gemm narrow rows", lambda: ag_gemm.all_gather_gemm(A.block_m, A.block_n, bf, A.block_k, 16,
+                                                                 row_pointers=True, **own), A.num_warps, A.num_stages
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]
     # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the
     # megakernel has one register allocation, the expert GEMM loops spilled too.

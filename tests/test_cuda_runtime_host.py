@@ -1080,3 +1080,41 @@ def test_replicated_plan_slices_ragged_down_waves_and_bounds_its_partials():
         assert rows % 128 == 0 and world * rows * H * 2 <= SCRATCH_BYTES and world * rows * H < 2 ** 31
     assert mlp_op.replicated_rows(16384, 8, 2) == 4096
 
+
+
+def test_plans_load_rows_through_pointers_where_a_tile_runs_far_past_them(monkeypatch):
+    """ops.gemm_rs.row_pointers: a ragged last row tile that is the only one or less than half full
+    loads its rows through pointers (a descriptor's box zero-fills the rows past its tensor slowly);
+    full tiles and nearly full last tiles keep descriptors; gemm_rs's skinny classes keep them
+    always; ETDIST_ROW_POINTERS (the module's ROW_POINTERS) forces either way."""
+    from etdist.ops import ag_gemm as ag_op
+    from etdist.ops import gemm_rs as rs_op
+    from etdist.ops import mlp as mlp_op
+    rule = {(16, 32): True, (32, 32): False, (100, 128): True, (128, 128): False, (129, 128): True,
+            (191, 128): True, (192, 128): False, (500, 128): False, (1000, 128): False, (1024, 128): False}
+    assert {k: rs_op.row_pointers(*k) for k in rule} == rule
+    bf = torch.bfloat16
+
+    def chosen():
+        mlp_op.kernel_plan.cache_clear()
+        mlp_op.replicated_plan.cache_clear()
+        return {"gemm_rs 129 w1": rs_op.kernel_plan(129, 7168, 4096, bf, 132, 1)[3].keywords["row_pointers"],
+                "gemm_rs 258 w2": rs_op.kernel_plan(258, 7168, 4096, bf, 132, 2)[3].keywords["row_pointers"],
+                "gemm_rs 256 w2": rs_op.kernel_plan(256, 7168, 4096, bf, 132, 2)[3].keywords["row_pointers"],
+                "gemm_rs 100 skinny": "row_pointers" in rs_op.kernel_plan(100, 7168, 4096, bf, 132, 2)[3].keywords,
+                "ag_gemm 100 whole": ag_op.kernel_plan(100, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"],
+                "ag_gemm 1000 w2": ag_op.kernel_plan(1000, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"],
+                "mlp 16 whole": mlp_op.kernel_plan(16, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"],
+                "mlp 129 w1": mlp_op.kernel_plan(129, 4096, 7168, bf, 132, 1)[1].keywords["row_pointers"],
+                "mlp 1024 w2": mlp_op.kernel_plan(1024, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"],
+                "replicated 129": mlp_op.replicated_plan(129, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"],
+                "replicated 1024": mlp_op.replicated_plan(1024, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"]}
+    assert chosen() == {"gemm_rs 129 w1": True, "gemm_rs 258 w2": True, "gemm_rs 256 w2": False,
+                        "gemm_rs 100 skinny": False, "ag_gemm 100 whole": True, "ag_gemm 1000 w2": False,
+                        "mlp 16 whole": True, "mlp 129 w1": True, "mlp 1024 w2": False, "replicated 129": True,
+                        "replicated 1024": False}
+    for forced in (0, 1):
+        monkeypatch.setattr(rs_op, "ROW_POINTERS", forced)
+        assert {v for k, v in chosen().items() if "skinny" not in k} == {bool(forced)}
+    monkeypatch.undo()
+    chosen()   # the plan caches hold the rule's plans again

@@ -19,11 +19,28 @@ from .sync import async_proxy_fence
 TMA_ENABLED = knobs.read("ETDIST_TMA", knobs.flag, True)   # ETDIST_TMA=0: the pointer loads, for A/B runs
 
 
-def use_tma(align: int) -> bool:
-    """Whether a graph whose sizes are promised multiples of `align` loads through descriptors
-    (row strides must be multiples of 16 bytes; 16 elements covers every dtype)."""
-    return TMA_ENABLED and align % 16 == 0
+def use_tma(align: int, row_pointers: bool = False) -> int:
+    """The GEMM bodies' TMA constexpr for a graph whose sizes are promised multiples of `align`
+    (row strides must be multiples of 16 bytes; 16 elements covers every dtype): 0, pointer loads;
+    1, tensor descriptors; 2 (row_pointers), descriptors for the weights and masked pointer loads
+    for the rows (x, gathered rows, h), whose boxes run past the rows in ragged tiles: a
+    descriptor's box zero-fills the rows past its tensor slowly. launch/tma_oob_micro.py on one H200
+    (one 128x128x64 GEMM, K=16384, N=53248): at M=129 the second row tile's box (1 row, 127 past)
+    made the GEMM take 1063 us, against 747 with a descriptor over rows that exist and 723 through
+    pointers (M=128: 491 / 503 / 482)."""
+    if not (TMA_ENABLED and align % 16 == 0):
+        return 0
+    return 2 if row_pointers else 1
 
+
+@triton.jit
+def rows_box(a, rows, K, r0, k0, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """a[r0 : r0 + BLOCK_M, k0 : k0 + BLOCK_K] of a [rows, K] by masked pointer loads (zeros past
+    the rows and K): what a descriptor's box loads, without its slow fill past the rows."""
+    offs_m = (r0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(a + offs_m[:, None] * K + offs_k[None, :], mask=(offs_m[:, None] < rows) & (offs_k[None, :] < K),
+                   other=0.0)
 
 
 @triton.jit
@@ -40,7 +57,7 @@ def mm_acc_steps(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOC
     """mm_acc over the contraction steps [k_lo, k_hi) of BLOCK_K each (a split-K slice). SWAP_AB:
     with TMA, computed transposed (see mm_acc_tma); the same result."""
     if TMA:
-        return mm_acc_tma(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, USE_ASM, SWAP_AB)
+        return mm_acc_tma(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, USE_ASM, SWAP_AB, TMA)
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -61,24 +78,43 @@ def mm_acc_steps(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOC
 
 @triton.jit
 def mm_acc_tma(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
-    """mm_acc_steps through tensor descriptors. A rank that owns no rows (ragged M) loads nothing
-    (its base may lie past the tensor's end; a descriptor needs a non-empty shape). SWAP_AB: the
-    tile computed transposed, b_tile^T @ a_tile^T, so that BLOCK_N is the MMA's M side: a wgmma's
-    M is 64, and a tile of fewer rows (decode sizes) otherwise runs on the older mma.sync path."""
+               BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False,
+               TMA: tl.constexpr = 1):
+    """mm_acc_steps with the weights through a tensor descriptor, the rows as TMA says (use_tma).
+    A rank that owns no rows (ragged M) loads nothing (its base may lie past the tensor's end; a
+    descriptor needs a non-empty shape). SWAP_AB: the tile computed transposed, b_tile^T @
+    a_tile^T, so that BLOCK_N is the MMA's M side: a wgmma's M is 64, and a tile of fewer rows
+    (decode sizes) otherwise runs on the older mma.sync path."""
     async_proxy_fence(USE_ASM)   # `a` may have been written in this launch (gathered rows, h)
-    a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(rows, 1), K], strides=[K, 1],
-                                    block_shape=[BLOCK_M, BLOCK_K])
     b_d = tl.make_tensor_descriptor(b, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
+    k_end = tl.where(rows > 0, k_hi, k_lo)
+    return mm_loop_tma(a, rows, b_d, K, i, j, k_lo, k_end, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, TMA == 1)
+
+
+@triton.jit
+def mm_loop_tma(a, rows, b_d, K, i, j, k_lo, k_end, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, ROW_TMA: tl.constexpr):
+    """mm_acc_tma's steps [k_lo, k_end): the weights through b_d, the rows through a descriptor
+    (ROW_TMA) or masked pointer loads (rows_box)."""
+    if ROW_TMA:
+        a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(rows, 1), K], strides=[K, 1],
+                                        block_shape=[BLOCK_M, BLOCK_K])
     if SWAP_AB:
         acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k in range(k_lo, tl.where(rows > 0, k_hi, k_lo)):
-            acc_t = tl.dot(tl.trans(b_d.load([k * BLOCK_K, j * BLOCK_N])), tl.trans(a_d.load([i * BLOCK_M, k * BLOCK_K])),
-                           acc_t)
+        for k in range(k_lo, k_end):
+            if ROW_TMA:
+                a_t = a_d.load([i * BLOCK_M, k * BLOCK_K])
+            else:
+                a_t = rows_box(a, rows, K, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K)
+            acc_t = tl.dot(tl.trans(b_d.load([k * BLOCK_K, j * BLOCK_N])), tl.trans(a_t), acc_t)
         return tl.trans(acc_t)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_lo, tl.where(rows > 0, k_hi, k_lo)):
-        acc = tl.dot(a_d.load([i * BLOCK_M, k * BLOCK_K]), b_d.load([k * BLOCK_K, j * BLOCK_N]), acc)
+    for k in range(k_lo, k_end):
+        if ROW_TMA:
+            a_t = a_d.load([i * BLOCK_M, k * BLOCK_K])
+        else:
+            a_t = rows_box(a, rows, K, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K)
+        acc = tl.dot(a_t, b_d.load([k * BLOCK_K, j * BLOCK_N]), acc)
     return acc
 
 
@@ -216,17 +252,10 @@ def gemm_rs_skinny_matmul(s, j, x, w, partial, partial_peers, M, K, N, RANK, WOR
     b_ptrs = w + offs_k[:, None] * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if TMA:   # slices end at a multiple of BLOCK_K or at K, where the descriptor zero-fills
-        a_d = tl.make_tensor_descriptor(x, shape=[tl.maximum(M, 1), K], strides=[K, 1],
-                                        block_shape=[BLOCK_M, BLOCK_K])
+        # the steps as mm_loop_tma's, which counts them in BLOCK_K: k = s * KB + step * BLOCK_K
         b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
-        if SWAP_AB:
-            acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for k in range(s * KB, k_end, BLOCK_K):
-                acc_t = tl.dot(tl.trans(b_d.load([k, j * BLOCK_N])), tl.trans(a_d.load([0, k])), acc_t)
-            acc = tl.trans(acc_t)
-        else:
-            for k in range(s * KB, k_end, BLOCK_K):
-                acc = tl.dot(a_d.load([0, k]), b_d.load([k, j * BLOCK_N]), acc)
+        lo, hi = s * (KB // BLOCK_K), tl.cdiv(k_end, BLOCK_K)
+        acc = mm_loop_tma(x, M, b_d, K, 0, j, lo, hi, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, TMA == 1)
     else:
         for k in range(s * KB, k_end, BLOCK_K):
             k_ok = offs_k < k_end - (k - s * KB)
@@ -270,24 +299,10 @@ def swiglu_rows(a, rows, w_gate_up, h, H, I, i, j,
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if TMA:   # gate and up as two [H, I] views with row stride 2I
         async_proxy_fence(USE_ASM)   # `a` holds rows gathered in this launch
-        a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(rows, 1), H], strides=[H, 1],
-                                        block_shape=[BLOCK_M, BLOCK_K])
         g_d = tl.make_tensor_descriptor(w_gate_up, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
         u_d = tl.make_tensor_descriptor(w_gate_up + I, shape=[H, I], strides=[2 * I, 1],
                                         block_shape=[BLOCK_K, BLOCK_N])
-        if SWAP_AB:   # transposed, the weights on the MMA's M side (mm_acc_tma)
-            g_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            u_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for k in range(0, tl.where(rows > 0, tl.cdiv(H, BLOCK_K), 0)):
-                a_t = tl.trans(a_d.load([i * BLOCK_M, k * BLOCK_K]))
-                g_t = tl.dot(tl.trans(g_d.load([k * BLOCK_K, j * BLOCK_N])), a_t, g_t)
-                u_t = tl.dot(tl.trans(u_d.load([k * BLOCK_K, j * BLOCK_N])), a_t, u_t)
-            acc_g, acc_u = tl.trans(g_t), tl.trans(u_t)
-        else:
-            for k in range(0, tl.where(rows > 0, tl.cdiv(H, BLOCK_K), 0)):
-                a_t = a_d.load([i * BLOCK_M, k * BLOCK_K])
-                acc_g = tl.dot(a_t, g_d.load([k * BLOCK_K, j * BLOCK_N]), acc_g)
-                acc_u = tl.dot(a_t, u_d.load([k * BLOCK_K, j * BLOCK_N]), acc_u)
+        acc_g, acc_u = swiglu_loop_tma(a, rows, g_d, u_d, H, i, j, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, TMA == 1)
     else:
         for k in range(0, tl.cdiv(H, BLOCK_K)):
             k_ok = offs_k < H - k * BLOCK_K
@@ -300,6 +315,38 @@ def swiglu_rows(a, rows, w_gate_up, h, H, I, i, j,
             g_ptrs += BLOCK_K * 2 * I
     act = acc_g * tl.sigmoid(acc_g) * acc_u
     tl.store(h + offs_m[:, None] * I + offs_n[None, :], act.to(h.dtype.element_ty), mask=row_ok & col_ok)
+
+
+@triton.jit
+def swiglu_loop_tma(a, rows, g_d, u_d, H, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    SWAP_AB: tl.constexpr, ROW_TMA: tl.constexpr):
+    """swiglu_rows' gate and up accumulators, the weights through g_d / u_d and the rows through a
+    descriptor (ROW_TMA) or masked pointer loads (rows_box); SWAP_AB: transposed (mm_acc_tma)."""
+    if ROW_TMA:
+        a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(rows, 1), H], strides=[H, 1],
+                                        block_shape=[BLOCK_M, BLOCK_K])
+    steps = tl.where(rows > 0, tl.cdiv(H, BLOCK_K), 0)
+    if SWAP_AB:
+        g_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        u_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k in range(0, steps):
+            if ROW_TMA:
+                a_t = tl.trans(a_d.load([i * BLOCK_M, k * BLOCK_K]))
+            else:
+                a_t = tl.trans(rows_box(a, rows, H, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K))
+            g_t = tl.dot(tl.trans(g_d.load([k * BLOCK_K, j * BLOCK_N])), a_t, g_t)
+            u_t = tl.dot(tl.trans(u_d.load([k * BLOCK_K, j * BLOCK_N])), a_t, u_t)
+        return tl.trans(g_t), tl.trans(u_t)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, steps):
+        if ROW_TMA:
+            a_t = a_d.load([i * BLOCK_M, k * BLOCK_K])
+        else:
+            a_t = rows_box(a, rows, H, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K)
+        acc_g = tl.dot(a_t, g_d.load([k * BLOCK_K, j * BLOCK_N]), acc_g)
+        acc_u = tl.dot(a_t, u_d.load([k * BLOCK_K, j * BLOCK_N]), acc_u)
+    return acc_g, acc_u
 
 
 @triton.jit

@@ -10,7 +10,7 @@ from .. import knobs
 from ..collectives.compiled import call_op
 from ..workloads import ag_gemm
 from .gemm_rs import (LARGE, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands, fp32_config,
-                      no_rows, refusal_reaches_peers, total_rows_of)
+                      no_rows, refusal_reaches_peers, row_pointers, total_rows_of)
 
 # Up to WHOLE_MAX_M rows the gather (tiny) completes first and GEMM tiles span every row, so the
 # weights are read once; above, row tiles start per source as its rows arrive (overlap).
@@ -109,10 +109,11 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
-    if whole:
+    if whole:   # the GEMM tiles span every row
         return cfg, functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab,
-                                      gemm_n=whole_width(M, N, cfg, sms))
-    return cfg, functools.partial(ag_gemm.all_gather_gemm, *args, own_from_x=bool(OWN_FROM_X))
+                                      gemm_n=whole_width(M, N, cfg, sms), row_pointers=row_pointers(M, cfg.block_m))
+    return cfg, functools.partial(ag_gemm.all_gather_gemm, *args, own_from_x=bool(OWN_FROM_X),
+                                  row_pointers=row_pointers(-(-M // world), cfg.block_m))
 
 
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Optional[int] = None,

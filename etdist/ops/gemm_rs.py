@@ -126,7 +126,8 @@ def class_aims(classes) -> dict:
 
 
 SKINNY_TASKS_PER_SM = {cfg: _tasks for cfg in SKINNY_CLASSES} if _tasks else class_aims(_CLASSES)
-TILE_KNOBS = ("ETDIST_GEMM_RS_", "ETDIST_WHOLE_", "ETDIST_TMA", "ETDIST_MLP_", "ETDIST_AG_GEMM_")   # what the fused ops' plans read
+TILE_KNOBS = ("ETDIST_GEMM_RS_", "ETDIST_WHOLE_", "ETDIST_TMA", "ETDIST_MLP_", "ETDIST_AG_GEMM_",
+              "ETDIST_ROW_POINTERS")   # what the fused ops' plans read
 
 
 def skinny_tasks_per_sm(cfg: TileConfig) -> float:
@@ -139,6 +140,26 @@ def fp32_config(cfg: TileConfig) -> TileConfig:
     return dataclasses.replace(cfg, block_k=max(16, cfg.block_k // 2), num_stages=min(3, cfg.num_stages))
 
 _KERNELS: dict = {}
+
+# Rows through pointers (gemm_tiles.use_tma's row_pointers) in the plans whose row tiles leave a
+# descriptor's box running far past the rows (row_pointers): one H200 as a rank of two
+# (launch/ops_ab.py, records row_loads_ab, twenty-eighth session), pointers against descriptors for
+# every GEMM's rows: at M=129 (a second row tile of 1 row) ag_gemm -17 to -20%, gemm_rs -6 to -23%,
+# the MLPs -3 to -17%; at M=16 / 100 (one tile of 32 / 128 rows) ag_gemm and the MLPs 0 to -11%;
+# at M=192 (a half tile) -9 to +6%; at M=1000 / 1024 (full tiles) ag_gemm and gemm_rs within
+# +-2%, the MLPs up to +11% (llama31_70b). gemm_rs's skinny classes keep descriptors: -1 to +14%
+# at M=16 / 100. Knob: ETDIST_ROW_POINTERS=0 / 1 (never / always; unset, -1: the plans' rule).
+ROW_POINTERS = knobs.read("ETDIST_ROW_POINTERS", knobs.flag, -1)
+
+
+def row_pointers(rows: int, block_m: int) -> bool:
+    """Whether tiles of block_m rows over `rows` rows (a source's or an owner's) load them through
+    pointers: where the last tile is ragged and is either the only one or less than half full (one
+    row tile of 100 rows in 128; 129 rows in two tiles of 128, 1 row in the second)."""
+    if ROW_POINTERS != -1:
+        return bool(ROW_POINTERS)
+    last = rows % block_m
+    return last > 0 and (rows < block_m or 2 * last < block_m)
 
 
 def skinny_class(M: int) -> Optional[TileConfig]:
@@ -251,7 +272,8 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
         fuse = FUSE_OWN and splits == 1
         return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
                                                      cfg.block_k, align, splits=splits, wave=wave,
-                                                     own_last=OWN_LAST or fuse, fuse_own=fuse)
+                                                     own_last=OWN_LAST or fuse, fuse_own=fuse,
+                                                     row_pointers=row_pointers(-(-M // world), cfg.block_m))
     splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
     reduce_n = skinny_reduce_n(cfg.block_n, -(-N // cfg.block_n), sms)
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,

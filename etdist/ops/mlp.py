@@ -16,8 +16,8 @@ from ..collectives.compiled import call_op
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
 from .gemm_rs import (SCRATCH_BYTES, SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel,
-                      check_operands, fp32_config, no_rows, refusal_reaches_peers, slices_that_fit, total_rows_of,
-                      wave_splits)
+                      check_operands, fp32_config, no_rows, refusal_reaches_peers, row_pointers, slices_that_fit,
+                      total_rows_of, wave_splits)
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 # The down projection's tiles are twice as wide (one accumulator): traced at M=1024 (llama31_405b,
@@ -147,7 +147,8 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:
         return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms),
-                                      up_n=_ag_gemm.whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab), {"M": M}
+                                      up_n=_ag_gemm.whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab,
+                                      row_pointers=row_pointers(M, cfg.block_m)), {"M": M}
     # the sliced graph only where its plan slices (its partials take `splits` x the memory)
     own_from_x = bool(_ag_gemm.OWN_FROM_X)
     rows = -(-M // world)                                # rows per owner
@@ -159,7 +160,7 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
         splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M, H, world, dtype.itemsize, TAIL_SPLITS)
         tail = tail_plan(M, H, I, world, sms, splits, own_from_x=own_from_x) if splits > 1 else 0
     build = functools.partial(mlp_graph.tp_mlp, *args, down_n=DOWN_N, tail_splits=splits if tail else 1,
-                              own_from_x=own_from_x)
+                              own_from_x=own_from_x, row_pointers=row_pointers(rows, cfg.block_m))
     return cfg, build, ({"M": M, "TAIL": tail} if tail else {"M": M})
 
 
@@ -197,7 +198,8 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
             [(mh, REDUCE_US)], most=min(mh, sms))
     splits = splits if tail else 1
     build = functools.partial(mlp_graph.tp_mlp_replicated, cfg.block_m, down_n, dtype, cfg.block_k, align,
-                              down_splits=splits, up_n=up_n, swap_ab=cfg.swap_ab)
+                              down_splits=splits, up_n=up_n, swap_ab=cfg.swap_ab,
+                              row_pointers=row_pointers(M, cfg.block_m))
     return cfg, build, ({"M": M, "TAIL": tail} if splits > 1 else {"M": M})
 
 

@@ -19,9 +19,12 @@ from .params import positive_int
 
 
 def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
-                    block_k: int = 64, align: int = 1, group_m: int = 8, own_from_x: bool = False) -> et.Graph:
+                    block_k: int = 64, align: int = 1, group_m: int = 8, own_from_x: bool = False,
+                    row_pointers: bool = False) -> et.Graph:
     """own_from_x: this rank's own row tiles read x itself, without a wait, and the gather copies
-    rows to the peers only (otherwise they wait for the copy of x into `gathered`)."""
+    rows to the peers only (otherwise they wait for the copy of x into `gathered`). row_pointers:
+    the GEMM tiles load their rows through masked pointers, the weights through descriptors
+    (gemm_tiles.use_tma)."""
     g = et.Graph("ag_gemm")
     M = g.size("M")
     K, N = g.size("K", multiple_of=align), g.size("N", multiple_of=align)   # N: this rank's columns
@@ -40,7 +43,8 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
 
     @g.task(grid=(R, m_tiles * n_tiles), wait=lambda s, q: arrived[me, (me + s) % R, tile(q)[0]],
             triton=gemm_tiles.ag_matmul,
-            constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), OWN_FROM_X=bool(own_from_x)),
+            constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align, row_pointers),
+                            OWN_FROM_X=bool(own_from_x)),
             bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: tile(q)[0], j=lambda s, q: tile(q)[1]))
     def matmul(t, s, q):                                 # rows of source me + s, as they arrive, mine first
         i, j = t(tile(q)[0]), t(tile(q)[1])
@@ -57,12 +61,14 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
 
 def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                           block_k: int = 128, align: int = 1, group_m: int = 8,
-                          gemm_n: Optional[int] = None, swap_ab: bool = False) -> et.Graph:
+                          gemm_n: Optional[int] = None, swap_ab: bool = False,
+                          row_pointers: bool = False) -> et.Graph:
     """The small-M variant: the (small) gather completes first, then GEMM tiles run over all M
     rows at once, so the weights are read once (the graph above reads them once per source).
     gemm_n: the GEMM tiles' width (default block_n, which the gather's copy tiles keep): narrower
     where the tiles would be fewer than the SMs. swap_ab: the GEMM tiles computed transposed (the
-    weights on the MMA's M side: gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows."""
+    weights on the MMA's M side: gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows.
+    row_pointers: as in all_gather_gemm."""
     positive_int("all_gather_gemm_whole", "gemm_n", gemm_n, optional=True)
     gemm_n = block_n if gemm_n is None else gemm_n
     g = et.Graph("ag_gemm_whole")
@@ -79,8 +85,8 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
 
     @g.task(grid=(m_tiles * n_tiles,), wait=lambda q: all_in[me],
             triton=gemm_tiles.matmul_all_rows,
-            constexprs=dict(BLOCK_M=block_m, BLOCK_N=gemm_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align),
-                            SWAP_AB=bool(swap_ab)),
+            constexprs=dict(BLOCK_M=block_m, BLOCK_N=gemm_n, BLOCK_K=block_k,
+                            TMA=gemm_tiles.use_tma(align, row_pointers), SWAP_AB=bool(swap_ab)),
             bind=dict(i=lambda q: tile(q)[0], j=lambda q: tile(q)[1], a="gathered"))
     def matmul(t, q):
         rows, cols = et.block(t(tile(q)[0]), block_m, t.M), et.block(t(tile(q)[1]), gemm_n, t.N)

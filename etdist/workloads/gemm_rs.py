@@ -16,7 +16,8 @@ from .params import positive_int
 
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
                         block_k: int = 64, align: int = 1, group_m: int = 8, splits: int = 1,
-                        wave: int = 0, own_last: bool = False, fuse_own: bool = False) -> et.Graph:
+                        wave: int = 0, own_last: bool = False, fuse_own: bool = False,
+                        row_pointers: bool = False) -> et.Graph:
     """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16).
     align: K and N are promised multiples of it (16 lets the GPU kernel vectorise). group_m: the
     matmul tiles run in groups of that many row tiles per weight column (et.grouped). splits: a
@@ -33,7 +34,9 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     fuse_own (with own_last, whole tiles): each rank's own rows' tiles wait for the peers' partials
     of them and sum those in their epilogue, straight into y (gemm_tiles.gemm_rs_matmul_own): no
     partial of its own is stored and read back, and no reduce task runs. The peers compute those
-    partials in their first R - 1 blocks, while this rank computes theirs."""
+    partials in their first R - 1 blocks, while this rank computes theirs.
+    row_pointers: the matmul tiles load x's rows through masked pointers, the weights through
+    descriptors (gemm_tiles.use_tma)."""
     positive_int("gemm_reduce_scatter", "splits", splits)
     if isinstance(wave, bool) or not isinstance(wave, int) or wave < 0:
         raise et.GraphError(f"gemm_reduce_scatter: wave must be a non-negative int, got {wave!r}")
@@ -88,7 +91,8 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     def matmul_body(n, tile_of, **bind):  # the GPU body of tiles tile_of(*index), cut in n slices
         coords = {name: (lambda *k, d=d: at(tile_of(*k))[d]) for d, name in enumerate(("dst", "i", "j"))}
         return dict(notify=lambda *k: arrived[at(tile_of(*k))], triton=gemm_tiles.gemm_rs_matmul_slice,
-                    constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SPLITS=splits, PARTS=n),
+                    constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align, row_pointers), SPLITS=splits,
+                                    PARTS=n),
                     bind=dict(coords, **bind))
 
     if wave:   # the head's tiles whole, wave after wave
@@ -109,7 +113,7 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
 
         @g.task(grid=(mn,), wait=lambda q: arrived[me, own_tile(q)[0], own_tile(q)[1]],
                 triton=gemm_tiles.gemm_rs_matmul_own,
-                constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align)),
+                constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align, row_pointers)),
                 bind=dict(i=lambda q: own_tile(q)[0], j=lambda q: own_tile(q)[1]))
         def own(t, q):                   # y tile = my x @ w + the peers' partials of it
             i, j = (t(e) for e in own_tile(q))

@@ -28,7 +28,7 @@ from .params import positive_int
 
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
            align: int = 1, group_m: int = 8, down_n: int | None = None, tail_splits: int = 1,
-           own_from_x: bool = False) -> et.Graph:
+           own_from_x: bool = False, row_pointers: bool = False) -> et.Graph:
     """The graph; gate/up tiles are block_m x block_n of both projections (two accumulators), down
     tiles block_m x down_n (default block_n): one accumulator, so it can be twice as wide.
     tail_splits > 1: the last TAIL down tiles of each rank's order (a size bound at every call, at
@@ -36,7 +36,8 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     down tiles do not leave a ragged last wave, or, all in slices, SMs idle where they are fewer than
     the SMs (the op plans TAIL from the tasks each program is dealt).
     own_from_x: this rank's own gate/up tiles read x itself, first and without a wait, and the
-    gather copies rows to the peers only."""
+    gather copies rows to the peers only. row_pointers: the GEMM tiles load their rows (x, h)
+    through masked pointers, the weights through descriptors (gemm_tiles.use_tma)."""
     positive_int("tp_mlp", "tail_splits", tail_splits)
     g = et.Graph("mlp")
     M = g.size("M")
@@ -46,7 +47,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     DN = down_n or block_n
     m_tiles, i_tiles, h_tiles = et.cdiv(C, block_m), et.cdiv(I, block_n), et.cdiv(H, DN)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
-    gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align))   # the GEMM bodies' constexprs
+    gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align, row_pointers))   # the GEMM bodies' constexprs
 
     x = g.input("x", (owned(me), H), dtype)
     g.input("w_gate_up", (H, 2 * I), dtype)
@@ -131,7 +132,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
 def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
                  align: int = 1, group_m: int = 8, down_splits: int = 1, up_n: Optional[int] = None,
-                 swap_ab: bool = False) -> et.Graph:
+                 swap_ab: bool = False, row_pointers: bool = False) -> et.Graph:
     """The small-M variant: the (small) gather completes first; gate/up and down tiles then run
     over all M rows at once, so each weight is read once (the graph above reads them once per
     source and per destination rank). Down tiles store each owner's rows into its partial.
@@ -140,7 +141,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     shape) and would leave most SMs idle. up_n: the gate/up tiles' width (default block_n, which the
     gather's copy tiles and the down tiles keep): narrower where they would be fewer than the SMs.
     swap_ab: the GEMM tiles computed transposed (the weights on the MMA's M side:
-    gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows."""
+    gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows. row_pointers: as in tp_mlp."""
     positive_int("tp_mlp_whole", "down_splits", down_splits)
     positive_int("tp_mlp_whole", "up_n", up_n, optional=True)
     S, up_n = down_splits, block_n if up_n is None else up_n
@@ -152,7 +153,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     m_all, own_tiles = et.cdiv(M, block_m), et.cdiv(C, block_m)
     i_tiles, h_tiles = et.cdiv(I, up_n), et.cdiv(H, block_n)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
-    gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SWAP_AB=bool(swap_ab))   # the GEMM bodies
+    gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align, row_pointers), SWAP_AB=bool(swap_ab))
 
     x = g.input("x", (owned(me), H), dtype)
     g.input("w_gate_up", (H, 2 * I), dtype)
@@ -199,7 +200,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
 
 def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
                       align: int = 1, group_m: int = 8, down_splits: int = 1, up_n: Optional[int] = None,
-                      swap_ab: bool = False) -> et.Graph:
+                      swap_ab: bool = False, row_pointers: bool = False) -> et.Graph:
     """The MLP with replicated input and output (Megatron's tensor-parallel MLP, for models that are
     not sequence-parallel): every rank holds the whole x [M, H] and returns the whole y [M, H].
     Nothing is gathered: gate/up and down tiles run over all M rows (each weight read once), and
@@ -208,7 +209,7 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
     on every rank (not checked: a rank's x that differs gives every rank a wrong y, not a hang).
     down_splits > 1: the last TAIL down tiles (a size bound at every call: all of them at decode
     sizes, where the down tiles are fewer than the SMs; the few past the last whole wave above) run
-    in that many contraction slices side by side. up_n, swap_ab: as in tp_mlp_whole."""
+    in that many contraction slices side by side. up_n, swap_ab, row_pointers: as in tp_mlp_whole."""
     positive_int("tp_mlp_replicated", "down_splits", down_splits)
     positive_int("tp_mlp_replicated", "up_n", up_n, optional=True)
     S, up_n = down_splits, block_n if up_n is None else up_n
@@ -222,7 +223,7 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
     if S > 1:
         g.check(TAIL <= mh, "TAIL (down tiles in slices) must be at most the down tiles, cdiv(M, block_m) x "
                             "cdiv(H, block_n)")
-    gemm = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align),
+    gemm = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align, row_pointers),
                 SWAP_AB=bool(swap_ab))
 
     g.input("x", (M, H), dtype)

@@ -144,7 +144,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     one = bool(one_rank)
     copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH)
     # weights through TMA where rows are aligned
-    expert_gemm = dict(BM=block_m, BK=block, BE=BE, TMA=use_tma(align), HALF=bool(half_tails))
+    expert_gemm = dict(BM=block_m, BK=block, BE=BE, TMA=bool(use_tma(align)), HALF=bool(half_tails))
     # every expert that received a slot may end in a partial tile (at most min(E_local, R*S) do):
     max_tiles = et.cdiv(R * S, block_m) + et.minimum(EL, R * S)
     slot_blocks = et.cdiv(S, BS)

@@ -97,6 +97,21 @@ def cases():
     yield "mlp_whole_narrow_tma", mlp.tp_mlp_whole(T, 2 * T, torch.float32, T, align=16, down_splits=2, up_n=T,
                                                    swap_ab=True), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
+    # row_pointers (the plans' choice for tiles whose box runs far past the rows): the weights through
+    # descriptors, the rows (x, gathered rows, h) through masked pointer loads; plain and swapped tiles
+    yield "gemm_rs_tail_rows_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2,
+                                                               splits=2, wave=3, row_pointers=True), \
+        lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
+    yield "ag_gemm_rows_tma", ag_gemm.all_gather_gemm(T, 2 * T, torch.float32, T, align=16, group_m=2, own_from_x=True,
+                                                      row_pointers=True), \
+        lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
+    yield "mlp_tail_rows_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T, tail_splits=2,
+                                          own_from_x=True, row_pointers=True), \
+        lambda R, M: mlp.make_inputs(R, M, 48, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
+        {"TAIL": 1}
+    yield "mlp_whole_narrow_rows_tma", mlp.tp_mlp_whole(T, 2 * T, torch.float32, T, align=16, down_splits=2, up_n=T,
+                                                        swap_ab=True, row_pointers=True), \
+        lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
 
     # replicated in and out: every rank the whole x and y, the down tiles' partials pushed to every
     # rank, the last TAIL down tiles in 2 contraction slices (M=37: 2 of 6, M=5: 2 of 2; then
