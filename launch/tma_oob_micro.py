@@ -3,11 +3,18 @@
 padded allocation, so no box runs past its tensor), or through masked pointer loads; torch.mm beside.
 
     python launch/tma_oob_micro.py K N BN      # e.g. 16384 53248 128 (llama31_405b gate/up, a rank of 2)
+
+Timed as DESIGN.md's protocol (etdist.measure.timing); records in $OUT/tma_oob_micro.jsonl (default /tmp).
 """
+import os
 import sys
+
 import torch
 import triton
 import triton.language as tl
+
+from etdist.measure import records
+from etdist.measure.timing import time_batched
 
 
 @triton.jit
@@ -45,22 +52,8 @@ xbig = torch.randn(512, K, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(K, N, device="cuda", dtype=torch.bfloat16) / K ** 0.5
 
 
-def timed(fn, reps=20):
-    fn()
-    torch.cuda.synchronize()
-    best = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        best.append(a.elapsed_time(b) * 1e3 / reps)
-    return sorted(best)[len(best) // 2]
-
-
-print(f"K={K} N={N} tile 128x{BN}x64   us: tma(M rows) | tma(padded rows) | ptr A | torch.mm")
+env, model = records.env_info(), f"K={K} N={N} tile 128x{BN}x64"
+print(f"{model}   us: tma(M rows) | tma(padded rows) | ptr A | torch.mm")
 for M in (128, 129, 160, 192, 255, 256):
     x = xbig[:M]
     y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
@@ -73,6 +66,10 @@ for M in (128, 129, 160, 192, 255, 256):
         f()
         err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
         assert err < 2e-2, err
-        res.append(timed(f))
-    res.append(timed(lambda: x @ w))
+        res.append(time_batched(f))
+    res.append(time_batched(lambda: x @ w))
     print(f"M={M:4d}  " + "  ".join(f"{t:8.1f}" for t in res))
+    records.append(f"{os.environ.get('OUT', '/tmp')}/tma_oob_micro.jsonl", records.make_record(
+        workload="tma_oob_micro", model=model, M=M, world=1, schedule="static", ours_us=res[0],
+        baselines={"tma_rows_exist": res[1], "pointer_rows": res[2], "mm": res[3]}, floor_us=None, rel_err=err,
+        env=env, notes="launch/tma_oob_micro.py: ours = x through a descriptor of exactly M rows"))

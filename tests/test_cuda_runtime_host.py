@@ -665,7 +665,7 @@ def test_whole_gather_ops_take_their_tile_class_by_m(monkeypatch):
 
     asked = []
 
-    def caught(cache, key, cfg, schedule, build):
+    def caught(cache, cfg, schedule, build):
         asked.append((cfg, build().name))
         raise LookupError("caught before the compile")
 

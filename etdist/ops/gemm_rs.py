@@ -305,16 +305,20 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
         return empty
     cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index),
                                             mesh.world_size)
-    # keyed by the graph and every argument it is built with (a knob may give a skinny class the large
-    # graph's tile), and by the tile's warps and stages
-    key = (cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items())))
-    kernel = cached_kernel(_KERNELS, key, cfg, schedule, build)
+    kernel = cached_kernel(_KERNELS, cfg, schedule, build)
     return kernel(mesh, x=x, w=w, out=None if out is None else {"y": out})["y"]
 
 
-def cached_kernel(cache: dict, key: tuple, cfg: TileConfig, schedule: str, build):
-    """The op's megakernel for `key`: compiled from build() (a graph) on first use, with cfg's
-    warps and stages; one binary per size class, reused for every M."""
+def kernel_key(cfg: TileConfig, schedule: str, build) -> tuple:
+    """What the ops' kernel caches key on: the graph and every argument it is built with (a knob may
+    give a skinny class the large graph's tile), and the tile's warps and stages."""
+    return cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items()))
+
+
+def cached_kernel(cache: dict, cfg: TileConfig, schedule: str, build):
+    """The op's megakernel for its plan (kernel_key): compiled from build() (a graph) on first use,
+    with cfg's warps and stages; one binary per size class, reused for every M."""
+    key = kernel_key(cfg, schedule, build)
     kernel = cache.get(key)
     if kernel is None:
         kernel = cache[key] = et_compile(build(), schedule=schedule, target="cuda")

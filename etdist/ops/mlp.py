@@ -269,8 +269,6 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
 def _launch(plan, schedule: str, mesh, x, w_gate_up, w_down, out):
     """One launch of the megakernel `plan` (a kernel_plan or replicated_plan) builds."""
     cfg, build, sizes = plan
-    # keyed by the graph and every argument it is built with, and by the tile's warps and stages
-    key = (cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items())))
-    kernel = cached_kernel(_KERNELS, key, cfg, schedule, build)
+    kernel = cached_kernel(_KERNELS, cfg, schedule, build)
     return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes=sizes,
                   out=None if out is None else {"y": out})["y"]

@@ -63,10 +63,10 @@ def check_ok(mesh):
     # unseen sizes: whole LARGE tiles, in slices, rows through pointers or descriptors, the skinny classes
     unseen = [*range(3000, 3100, 7), *range(130, 1100, 97), *range(2, 64, 5), *range(66, 128, 9)]
     sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
-    binaries = {}   # plan -> the first M that needs it: one binary per plan serves every later M
+    binaries = {}   # the op's kernel key -> the first M that needs it: one binary serves every later M
     for M in unseen:
         cfg, _, _, build = op_module.kernel_plan(M, K, N, torch.bfloat16, sms, mesh.world_size)
-        binaries.setdefault((cfg, build.func, build.args, tuple(sorted(build.keywords.items()))), M)
+        binaries.setdefault(op_module.kernel_key(cfg, "static", build), M)
     for M in binaries.values():
         et.ops.gemm_reduce_scatter(torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16),
                                    torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16), mesh=mesh)
