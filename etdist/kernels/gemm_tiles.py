@@ -25,9 +25,9 @@ def use_tma(align: int, row_pointers: bool = False) -> int:
     1, tensor descriptors; 2 (row_pointers), descriptors for the weights and masked pointer loads
     for the rows (x, gathered rows, h), whose boxes run past the rows in ragged tiles: a
     descriptor's box zero-fills the rows past its tensor slowly. launch/tma_oob_micro.py on one H200
-    (one 128x128x64 GEMM, K=16384, N=53248): at M=129 the second row tile's box (1 row, 127 past)
-    made the GEMM take 1063 us, against 747 with a descriptor over rows that exist and 723 through
-    pointers (M=128: 491 / 503 / 482)."""
+    (one 128x128x64 GEMM, K=16384, N=53248; records tma_oob_micro): at M=129 the second row tile's
+    box (1 row, 127 past) made the GEMM take 1049 us, against 775 with a descriptor over rows that
+    exist and 817 through pointers (M=128: 487 / 503 / 487)."""
     if not (TMA_ENABLED and align % 16 == 0):
         return 0
     return 2 if row_pointers else 1
