@@ -377,7 +377,9 @@ def _op_kernels():
     yield "mlp tail", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, tail_splits=3,
                                          **own), T.num_warps, T.num_stages
     yield "mlp rows", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, tail_splits=3,
-                                         row_pointers=True, **own), T.num_warps, T.num_stages
+                                         row_pointers=True, padded=True), T.num_warps, T.num_stages
+    yield "mlp padded own", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N,
+                                               tail_splits=3, padded=True, **own), T.num_warps, T.num_stages
     yield "ag_gemm narrow rows", lambda: ag_gemm.all_gather_gemm(A.block_m, A.block_n, bf, A.block_k, 16,
                                                                  row_pointers=True, **own), A.num_warps, A.num_stages
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]

@@ -1118,3 +1118,36 @@ def test_plans_load_rows_through_pointers_where_a_tile_runs_far_past_them(monkey
         assert {v for k, v in chosen().items() if "skinny" not in k} == {bool(forced)}
     monkeypatch.undo()
     chosen()   # the plan caches hold the rule's plans again
+
+
+def test_mlp_plans_pad_the_gathered_rows_above_the_whole_gather_sizes(monkeypatch):
+    """ops.mlp.PAD_ROWS: above 128 rows the sequence-parallel MLP pads its gathered rows (gate/up
+    tiles read them through descriptors over whole row tiles) and, where row_pointers holds for a
+    rank's rows, gathers its own rows too instead of reading x (the caller's, which cannot be
+    padded); the whole-gather sizes do not pad. ETDIST_MLP_PAD_ROWS=0 and ETDIST_ROW_POINTERS=1 turn
+    it off. The graph pads the gathered rows by one row tile and hands the gate/up tiles TMA 3."""
+    from etdist.ops import gemm_rs as rs_op
+    from etdist.ops import mlp as mlp_op
+    bf = torch.bfloat16
+
+    def plan(M, world):
+        mlp_op.kernel_plan.cache_clear()
+        kw = mlp_op.kernel_plan(M, 4096, 7168, bf, 132, world)[1].keywords
+        return kw.get("padded", False), kw.get("own_from_x", False)
+    cells = {(16, 2): (False, False), (129, 1): (True, False), (258, 2): (True, False), (192, 1): (True, True),
+             (1024, 2): (True, True)}
+    assert {c: plan(*c) for c in cells} == cells
+    for attr, module, value in (("PAD_ROWS", mlp_op, False), ("ROW_POINTERS", rs_op, 1)):
+        monkeypatch.setattr(module, attr, value)
+        assert plan(129, 1) == (False, True) and plan(1024, 2) == (False, True)
+        monkeypatch.undo()
+    mlp_op.kernel_plan.cache_clear()
+
+    from etdist.fusion.expr import evaluate
+    from etdist.workloads import mlp as mlp_graph
+    ir = mlp_graph.tp_mlp(128, 128, bf, 64, align=16, padded=True, row_pointers=True).to_ir()
+    env = {"M": 129, "H": 256, "I": 256, "WORLD": 2, "RANK": 0}
+    assert [evaluate(d, env) for d in ir.tensor("ag_out").shape] == [2 * 65 + 128, 256]
+    assert [evaluate(d, env) for d in ir.tensor("h").shape] == [2 * 65, 256]
+    assert {t.name: dict(t.constexprs).get("TMA") for t in ir.tasks if "TMA" in dict(t.constexprs)} == \
+        {"gate_up": 3, "down": 2}

@@ -18,6 +18,7 @@ from . import ag_gemm as _ag_gemm
 from .gemm_rs import (SCRATCH_BYTES, SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel,
                       check_operands, fp32_config, no_rows, refusal_reaches_peers, row_pointers, slices_that_fit,
                       total_rows_of, wave_splits)
+from . import gemm_rs as _gemm_rs
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
 # The down projection's tiles are twice as wide (one accumulator): traced at M=1024 (llama31_405b,
@@ -46,6 +47,19 @@ TAIL_SPLITS = knobs.read("ETDIST_MLP_TAIL_SPLITS", knobs.positive_int, 3)
 # -37% (llama31_8b / gemma2_27b at M=256: 134 / 378 us -> 93 / 264), 96 tiles -6% to +4% a cell,
 # 108-128 tiles none sliced; -14.5% geomean over 40 cells of the sequence-parallel MLP.
 WHOLE_DOWN_SPLITS = 4
+# Above 128 rows the gathered rows lie in a buffer padded to whole row tiles, and the gate/up tiles
+# read them through descriptors over whole tiles (gemm_tiles.box_rows): a ragged tile's box then
+# reads rows that exist (their results are never stored) instead of TMA's slow zero fill past the
+# rows or the SwiGLU tiles' pointer loads; where row_pointers holds for a rank's rows (a short ragged
+# last tile), its own rows are gathered too (own_from_x off), as x is the caller's. On one H200 as a
+# rank of two (twenty-ninth session, launch/ops_ab.py, records row_tiles_ab and padded_rows_ab):
+# gate/up through pointers cost up to 12% at M=160 where down through pointers cost nothing; the
+# padded gate/up against the row_pointers rule: M=129 -6 to -13% on gemma2_27b / qwen3_32b /
+# llama31_70b, +2% on llama31_8b; M=160 -1 to -7%, +2-3% on llama31_8b; 192-1000 within +-1.6%.
+# Not taken: h padded too (-0.6% more, noise), the gathered rows of the whole-gather graph (+1-2% at
+# M=16) and of ag_gemm (+4-8% at 129 / 160), h in the replicated graph (+4-7%). Knob:
+# ETDIST_MLP_PAD_ROWS=0 (the row_pointers rule alone); ETDIST_ROW_POINTERS=1 turns it off too.
+PAD_ROWS = knobs.read("ETDIST_MLP_PAD_ROWS", knobs.flag, True)
 SEND_US, REDUCE_US = 1.0, 3.0   # least_busy_tail's guesses for a gathered row tile's copy and an owner's sum
 MIN_GAIN = 0.03   # least_busy_tail slices nothing for less: its model ignores the waits, and slices cost traffic
 _KERNELS: dict = {}
@@ -150,8 +164,9 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
                                       up_n=_ag_gemm.whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab,
                                       row_pointers=row_pointers(M, cfg.block_m)), {"M": M}
     # the sliced graph only where its plan slices (its partials take `splits` x the memory)
-    own_from_x = bool(_ag_gemm.OWN_FROM_X)
     rows = -(-M // world)                                # rows per owner
+    padded = bool(PAD_ROWS) and _gemm_rs.ROW_POINTERS != 1
+    own_from_x = bool(_ag_gemm.OWN_FROM_X) and not (padded and row_pointers(rows, cfg.block_m))
     tiles = world * -(-rows // cfg.block_m) * -(-H // DOWN_N)   # down tiles per rank
     splits = few_down_splits(tiles, sms, slices_that_fit(M, H, world, dtype.itemsize, WHOLE_DOWN_SPLITS))
     if splits > 1:   # every down tile in slices
@@ -160,7 +175,7 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
         splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M, H, world, dtype.itemsize, TAIL_SPLITS)
         tail = tail_plan(M, H, I, world, sms, splits, own_from_x=own_from_x) if splits > 1 else 0
     build = functools.partial(mlp_graph.tp_mlp, *args, down_n=DOWN_N, tail_splits=splits if tail else 1,
-                              own_from_x=own_from_x, row_pointers=row_pointers(rows, cfg.block_m))
+                              own_from_x=own_from_x, row_pointers=row_pointers(rows, cfg.block_m), padded=padded)
     return cfg, build, ({"M": M, "TAIL": tail} if tail else {"M": M})
 
 

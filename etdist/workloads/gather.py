@@ -6,7 +6,7 @@ from etdist.kernels import copy_tiles
 
 
 def gather_rows(g: et.Graph, x, C, owned, block_m: int, block_n: int, name: str, whole: bool = False,
-                peers_only: bool = False):
+                peers_only: bool = False, pad_rows: int = 0):
     """Every rank's rows of x [owned(me), K] land at rank * C in every rank's `name` [R * C, K]
     (so rows 0..M lie back to back). Each rank sends its tiles to every rank, itself first
     (with peers_only, to every other rank).
@@ -16,11 +16,13 @@ def gather_rows(g: et.Graph, x, C, owned, block_m: int, block_n: int, name: str,
     row tiles span all sources: small M, where reading the weights once matters most).
     peers_only: no copy of a rank's rows into its own `out`, for graphs whose tasks read a rank's
     own rows straight from x: ready[me, me, i] counts 0 (complete at once) while those rows of
-    `out` stay unwritten, so nothing may read them through `out`."""
+    `out` stay unwritten, so nothing may read them through `out`. pad_rows: `out` has that many rows
+    more (never written), so that a descriptor over whole row tiles stays inside it
+    (gemm_tiles.box_rows)."""
     R, me = g.world, g.rank
     K = x.shape[1]
     m_tiles, k_tiles = et.cdiv(C, block_m), et.cdiv(K, block_n)
-    out = g.scratch(name, (R * C, K), x.dtype, symmetric=True)
+    out = g.scratch(name, (R * C + pad_rows, K), x.dtype, symmetric=True)
     first = 1 if peers_only else 0       # the first destination, as an offset from me
     if whole:
         if peers_only:

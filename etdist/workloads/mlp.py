@@ -28,7 +28,7 @@ from .params import positive_int
 
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
            align: int = 1, group_m: int = 8, down_n: int | None = None, tail_splits: int = 1,
-           own_from_x: bool = False, row_pointers: bool = False) -> et.Graph:
+           own_from_x: bool = False, row_pointers: bool = False, padded: bool = False) -> et.Graph:
     """The graph; gate/up tiles are block_m x block_n of both projections (two accumulators), down
     tiles block_m x down_n (default block_n): one accumulator, so it can be twice as wide.
     tail_splits > 1: the last TAIL down tiles of each rank's order (a size bound at every call, at
@@ -37,7 +37,9 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     the SMs (the op plans TAIL from the tasks each program is dealt).
     own_from_x: this rank's own gate/up tiles read x itself, first and without a wait, and the
     gather copies rows to the peers only. row_pointers: the GEMM tiles load their rows (x, h)
-    through masked pointers, the weights through descriptors (gemm_tiles.use_tma)."""
+    through masked pointers, the weights through descriptors (gemm_tiles.use_tma). padded: the
+    gathered rows are padded to whole row tiles (block_m rows more) and the gate/up tiles read them
+    through descriptors over whole tiles (x, with own_from_x, through one over its rows)."""
     positive_int("tp_mlp", "tail_splits", tail_splits)
     g = et.Graph("mlp")
     M = g.size("M")
@@ -48,6 +50,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     m_tiles, i_tiles, h_tiles = et.cdiv(C, block_m), et.cdiv(I, block_n), et.cdiv(H, DN)
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     gemm = dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align, row_pointers))   # the GEMM bodies' constexprs
+    up_tma = gemm_tiles.use_tma(align, row_pointers, padded)   # the gate/up tiles'
 
     x = g.input("x", (owned(me), H), dtype)
     g.input("w_gate_up", (H, 2 * I), dtype)
@@ -75,14 +78,15 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
                       count=(lambda d, i, j: et.where(every, R * S, R - 1 + tile_parts(i, j))) if S > 1 else R)
 
     # with own_from_x my own rows' elements count 0: their tiles wait for nothing
-    _, rows_in = gather_rows(g, x, C, owned, block_m, block_n, "ag_out", peers_only=own_from_x)
+    _, rows_in = gather_rows(g, x, C, owned, block_m, block_n, "ag_out", peers_only=own_from_x,
+                             pad_rows=block_m if padded else 0)
 
     up_tile = lambda q: et.grouped(q, m_tiles, i_tiles, group_m)    # noqa: E731  (L2 reuse of weights)
     down_tile = lambda q: et.grouped(q, m_tiles, h_tiles, group_m)  # noqa: E731
 
     @g.task(grid=(R, m_tiles * i_tiles), wait=lambda s, q: rows_in[me, (me + s) % R, up_tile(q)[0]],
             notify=lambda s, q: h_ready[(me + s) % R, up_tile(q)[0]],
-            triton=gemm_tiles.swiglu_tile, constexprs=dict(gemm, OWN_FROM_X=bool(own_from_x)),
+            triton=gemm_tiles.swiglu_tile, constexprs=dict(gemm, TMA=up_tma, OWN_FROM_X=bool(own_from_x)),
             bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: up_tile(q)[0], j=lambda s, q: up_tile(q)[1]))
     def gate_up(t, s, q):                                   # rows of source me + s, as they arrive, mine first
         i, j = t(up_tile(q)[0]), t(up_tile(q)[1])

@@ -109,6 +109,17 @@ def cases():
                                           own_from_x=True, row_pointers=True), \
         lambda R, M: mlp.make_inputs(R, M, 48, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
         {"TAIL": 1}
+    # padded (the MLP's plan above 128 rows): the gathered rows padded to whole row tiles, which the
+    # gate/up tiles read through descriptors over whole tiles, h through pointers (where row_pointers
+    # holds: own rows gathered too); or own rows from x, through a descriptor over x's rows
+    yield "mlp_tail_padded_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T, tail_splits=2,
+                                            row_pointers=True, padded=True), \
+        lambda R, M: mlp.make_inputs(R, M, 48, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
+        {"TAIL": 1}
+    yield "mlp_padded_own_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T, tail_splits=2,
+                                           own_from_x=True, padded=True), \
+        lambda R, M: mlp.make_inputs(R, M, 48, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
+        {"TAIL": 1}
     yield "mlp_whole_narrow_rows_tma", mlp.tp_mlp_whole(T, 2 * T, torch.float32, T, align=16, down_splits=2, up_n=T,
                                                         swap_ab=True, row_pointers=True), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
