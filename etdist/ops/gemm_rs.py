@@ -150,9 +150,10 @@ _KERNELS: dict = {}
 # +-2%, the MLPs up to +11% (llama31_70b). gemm_rs's skinny classes keep descriptors: -1 to +14%
 # at M=16 / 100. The rule against descriptors everywhere (records row_pointers_ab, 4 shapes x 7 M):
 # geomean over 28 cells ag_gemm -8.6%, gemm_rs -4.7%, the MLPs -2.0 / -2.7%; at M=129 -27 / -16 /
-# -11 / -13%; its miss, the MLPs at M=160 on llama31_70b, +10 / +13%. Unmeasured at world 2, where a
-# rank's 65-127 rows (M = 129-255) make every row tile ragged. Knob: ETDIST_ROW_POINTERS=0 / 1
-# (never / always; unset, -1: the plans' rule).
+# -11 / -13%; its miss, the MLPs at M=160 on llama31_70b, +10 / +13% (the SwiGLU tiles' pointer
+# loads: above 128 rows the MLP's plan pads its gathered rows instead, ops.mlp.PAD_ROWS).
+# Unmeasured at world 2, where a rank's 65-127 rows (M = 129-255) make every row tile ragged.
+# Knob: ETDIST_ROW_POINTERS=0 / 1 (never / always; unset, -1: the plans' rule).
 ROW_POINTERS = knobs.read("ETDIST_ROW_POINTERS", knobs.flag, -1)
 
 

@@ -52,12 +52,12 @@ WHOLE_DOWN_SPLITS = 4
 # reads rows that exist (their results are never stored) instead of TMA's slow zero fill past the
 # rows or the SwiGLU tiles' pointer loads; where row_pointers holds for a rank's rows (a short ragged
 # last tile), its own rows are gathered too (own_from_x off), as x is the caller's. On one H200 as a
-# rank of two (twenty-ninth session, launch/ops_ab.py, records row_tiles_ab and padded_rows_ab):
+# rank of two (twenty-ninth session, launch/ops_ab.py, records row_gemm_split_ab and padded_rows_ab):
 # gate/up through pointers cost up to 12% at M=160 where down through pointers cost nothing; the
 # padded gate/up against the row_pointers rule: M=129 -6 to -13% on gemma2_27b / qwen3_32b /
-# llama31_70b, +2% on llama31_8b; M=160 -1 to -7%, +2-3% on llama31_8b; 192-1000 within +-1.6%.
-# Not taken: h padded too (-0.6% more, noise), the gathered rows of the whole-gather graph (+1-2% at
-# M=16) and of ag_gemm (+4-8% at 129 / 160), h in the replicated graph (+4-7%). Knob:
+# llama31_70b, +2% on llama31_8b; M=160 -1 to -7%, +2-3% on llama31_8b; 192-1024 -1 to +2.5% (noise).
+# Not taken: h padded too (-0.6% more, noise), the gathered rows of the whole-gather graph (+1-4% at
+# M=16) and of ag_gemm (+2-8% at 129 / 160), h in the replicated graph (+2-7%). Knob:
 # ETDIST_MLP_PAD_ROWS=0 (the row_pointers rule alone); ETDIST_ROW_POINTERS=1 turns it off too.
 PAD_ROWS = knobs.read("ETDIST_MLP_PAD_ROWS", knobs.flag, True)
 SEND_US, REDUCE_US = 1.0, 3.0   # least_busy_tail's guesses for a gathered row tile's copy and an owner's sum
