@@ -24,10 +24,10 @@ def use_tma(align: int, row_pointers: bool = False, padded: bool = False) -> int
     (row strides must be multiples of 16 bytes; 16 elements covers every dtype): 0, pointer loads;
     1, tensor descriptors; 2 (row_pointers), descriptors for the weights and masked pointer loads
     for the rows (x, gathered rows, h), whose boxes run past the rows in ragged tiles; 3 (padded,
-    which wins: the rows lie in a buffer of the graph's own padded to whole row tiles, the gathered
-    rows or h), descriptors that declare the rows rounded up to whole tiles (box_rows), so that no
-    box runs past them. A descriptor's box zero-fills the rows past its tensor slowly. launch/tma_oob_micro.py on one H200
-    (one 128x128x64 GEMM, K=16384, N=53248; records tma_oob_micro): at M=129 the second row tile's
+    which wins; the SwiGLU tiles of tp_mlp only: their gathered rows lie in a buffer padded to whole
+    row tiles), descriptors that declare the rows rounded up to whole tiles (box_rows), so that no
+    box runs past them. A descriptor's box zero-fills the rows past its tensor slowly.
+    launch/tma_oob_micro.py on one H200 (one 128x128x64 GEMM, K=16384, N=53248; records tma_oob_micro): at M=129 the second row tile's
     box (1 row, 127 past) made the GEMM take 1049 us, against 775 with a descriptor over rows that
     exist and 817 through pointers (M=128: 487 / 503 / 487)."""
     if not (TMA_ENABLED and align % 16 == 0):
@@ -54,21 +54,20 @@ def rows_box(a, rows, K, r0, k0, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def mm_acc(a, rows, box, b, K, N, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def mm_acc(a, rows, b, K, N, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
            TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
-    """fp32 accumulator of tile (i, j) of a[rows, K] @ b[K, N] (a offset to row 0; box: the rows its
-    descriptor declares, box_rows)."""
-    return mm_acc_steps(a, rows, box, b, K, N, i, j, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM,
+    """fp32 accumulator of tile (i, j) of a[rows, K] @ b[K, N] (a offset to row 0)."""
+    return mm_acc_steps(a, rows, b, K, N, i, j, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM,
                         SWAP_AB)
 
 
 @triton.jit
-def mm_acc_steps(a, rows, box, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def mm_acc_steps(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
     """mm_acc over the contraction steps [k_lo, k_hi) of BLOCK_K each (a split-K slice). SWAP_AB:
     with TMA, computed transposed (see mm_acc_tma); the same result."""
     if TMA:
-        return mm_acc_tma(a, rows, box, b, K, N, i, j, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, USE_ASM, SWAP_AB, TMA)
+        return mm_acc_tma(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, USE_ASM, SWAP_AB, TMA)
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -88,11 +87,10 @@ def mm_acc_steps(a, rows, box, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def mm_acc_tma(a, rows, box, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def mm_acc_tma(a, rows, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False,
                TMA: tl.constexpr = 1):
-    """mm_acc_steps with the weights through a tensor descriptor, the rows as TMA says (use_tma; a
-    descriptor over them declares `box` rows).
+    """mm_acc_steps with the weights through a tensor descriptor, the rows as TMA says (use_tma).
     A rank that owns no rows (ragged M) loads nothing (its base may lie past the tensor's end; a
     descriptor needs a non-empty shape). SWAP_AB: the tile computed transposed, b_tile^T @
     a_tile^T, so that BLOCK_N is the MMA's M side: a wgmma's M is 64, and a tile of fewer rows
@@ -100,16 +98,16 @@ def mm_acc_tma(a, rows, box, b, K, N, i, j, k_lo, k_hi, BLOCK_M: tl.constexpr, B
     async_proxy_fence(USE_ASM)   # `a` may have been written in this launch (gathered rows, h)
     b_d = tl.make_tensor_descriptor(b, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
     k_end = tl.where(rows > 0, k_hi, k_lo)
-    return mm_loop_tma(a, rows, box, b_d, K, i, j, k_lo, k_end, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, TMA != 2)
+    return mm_loop_tma(a, rows, b_d, K, i, j, k_lo, k_end, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, TMA != 2)
 
 
 @triton.jit
-def mm_loop_tma(a, rows, box, b_d, K, i, j, k_lo, k_end, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def mm_loop_tma(a, rows, b_d, K, i, j, k_lo, k_end, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, ROW_TMA: tl.constexpr):
     """mm_acc_tma's steps [k_lo, k_end): the weights through b_d, the rows through a descriptor
-    (ROW_TMA, declaring `box` rows) or masked pointer loads (rows_box)."""
+    (ROW_TMA) or masked pointer loads (rows_box)."""
     if ROW_TMA:
-        a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(box, 1), K], strides=[K, 1],
+        a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(rows, 1), K], strides=[K, 1],
                                         block_shape=[BLOCK_M, BLOCK_K])
     if SWAP_AB:
         acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -131,11 +129,11 @@ def mm_loop_tma(a, rows, box, b_d, K, i, j, k_lo, k_end, BLOCK_M: tl.constexpr, 
 
 
 @triton.jit
-def mm_tile(a, rows, box, b, K, N, c, ldc, i, j,
+def mm_tile(a, rows, b, K, N, c, ldc, i, j,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     """c[i-th BLOCK_M rows, j-th BLOCK_N cols] = a[rows, K] @ b[K, N] (a, c offset to row 0)."""
-    acc = mm_acc(a, rows, box, b, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
+    acc = mm_acc(a, rows, b, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
     store_tile(acc, c, ldc, rows, N, i, j, BLOCK_M, BLOCK_N)
 
 
@@ -190,8 +188,8 @@ def gemm_rs_matmul_slice(dst, i, j, s, x, w, partial, partial_peers, M, K, N, RA
     steps = tl.cdiv(K, BLOCK_K)
     per = tl.cdiv(steps, PARTS)
     rows = owned_rows(M, WORLD, dst)
-    acc = mm_acc_steps(x + dst * C * K, rows, box_rows(rows, BLOCK_M, TMA), w, K, N, i, j, s * per,
-                       tl.minimum(steps, (s + 1) * per), BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+    acc = mm_acc_steps(x + dst * C * K, rows, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
+                       BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
     out = aligned_peer(partial, partial_peers, dst) + (RANK * SPLITS + s) * C * N
     store_tile(acc, out, N, rows, N, i, j, BLOCK_M, BLOCK_N)
 
@@ -204,7 +202,7 @@ def gemm_rs_matmul_own(i, j, x, w, partial, y, M, K, N, RANK, WORLD, BLOCK_M: tl
     partial of my own is stored, and no reduce task reads it back."""
     C = (M + WORLD - 1) // WORLD
     rows = owned_rows(M, WORLD, RANK)
-    acc = mm_acc(x + RANK * C * K, rows, rows, w, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+    acc = mm_acc(x + RANK * C * K, rows, w, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
@@ -267,7 +265,7 @@ def gemm_rs_skinny_matmul(s, j, x, w, partial, partial_peers, M, K, N, RANK, WOR
         # the steps as mm_loop_tma's, which counts them in BLOCK_K: k = s * KB + step * BLOCK_K
         b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
         lo, hi = s * (KB // BLOCK_K), tl.cdiv(k_end, BLOCK_K)
-        acc = mm_loop_tma(x, M, M, b_d, K, 0, j, lo, hi, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, TMA == 1)
+        acc = mm_loop_tma(x, M, b_d, K, 0, j, lo, hi, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, TMA == 1)
     else:
         for k in range(s * KB, k_end, BLOCK_K):
             k_ok = offs_k < k_end - (k - s * KB)
@@ -299,7 +297,8 @@ def swiglu_rows(a, rows, box, w_gate_up, h, H, I, i, j,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     """h[tile i of `rows` rows; cols tile j] = silu(a @ w_gate) * (a @ w_up), with
-    w_gate_up = [w_gate | w_up] ([H, 2I]); a, h offset to row 0: two accumulators, one pass."""
+    w_gate_up = [w_gate | w_up] ([H, 2I]); a, h offset to row 0: two accumulators, one pass. box:
+    the rows a descriptor over `a` declares (box_rows)."""
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -386,8 +385,7 @@ def swiglu_all_rows(i, j, ag_out, w_gate_up, h, M, H, I,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
     """SwiGLU tile (i, j) over all M gathered rows (the chunks lie back to back: rows 0..M)."""
-    swiglu_rows(ag_out, M, box_rows(M, BLOCK_M, TMA), w_gate_up, h, H, I, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA,
-                USE_ASM, SWAP_AB)
+    swiglu_rows(ag_out, M, M, w_gate_up, h, H, I, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
 
 
 @triton.jit
@@ -395,8 +393,7 @@ def matmul_all_rows(i, j, a, w, y, M, K, N,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
     """y tile (i, j) = a[M rows] @ w: a GEMM tile over every gathered row."""
-    mm_tile(a, M, box_rows(M, BLOCK_M, TMA), w, K, N, y, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM,
-            SWAP_AB)
+    mm_tile(a, M, w, K, N, y, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
 
 
 @triton.jit
@@ -409,7 +406,7 @@ def matmul_scatter_rows_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RA
     weights once."""
     steps = tl.cdiv(K, BLOCK_K)
     per = tl.cdiv(steps, SPLITS)
-    acc = mm_acc_steps(x, M, box_rows(M, BLOCK_M, TMA), w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
+    acc = mm_acc_steps(x, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
                        BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
     store_to_owners(acc, i * BLOCK_M + tl.arange(0, BLOCK_M), j * BLOCK_N + tl.arange(0, BLOCK_N),
                     partial, partial_peers, RANK * SPLITS + s, M, N, WORLD)
@@ -426,7 +423,7 @@ def matmul_broadcast_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK,
     itself (sum_partials)."""
     steps = tl.cdiv(K, BLOCK_K)
     per = tl.cdiv(steps, PARTS)
-    acc = mm_acc_steps(x, M, box_rows(M, BLOCK_M, TMA), w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
+    acc = mm_acc_steps(x, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
                        BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
     for k in range(1, WORLD + 1):
         out = aligned_peer(partial, partial_peers, (RANK + k) % WORLD) + (RANK * SPLITS + s) * M * N
@@ -449,11 +446,8 @@ def ag_matmul(s, i, j, gathered, x, w, y, M, K, N, RANK, WORLD,
     OWN_FROM_X: this rank's own rows read from x."""
     C = (M + WORLD - 1) // WORLD
     a = gathered + s * C * K
-    rows = owned_rows(M, WORLD, s)
-    box = box_rows(rows, BLOCK_M, TMA)
     if OWN_FROM_X:
         if s == RANK:
             a = x
-            box = rows   # x is the caller's: not padded
-    mm_tile(a, rows, box, w, K, N, y + s * C * N, N, i, j,
+    mm_tile(a, owned_rows(M, WORLD, s), w, K, N, y + s * C * N, N, i, j,
             BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
