@@ -60,6 +60,13 @@
 #   ownx   ag_gemm and the fused MLP at M=1000/8192 on three shapes, own row tiles read from x
 #          (ETDIST_AG_GEMM_OWN_FROM_X=1, the default since the twenty-third session, one GPU only so
 #          far) against waiting for the copy of x into the gathered buffer (0) (~5 min);
+#   mid    ag_gemm and the fused MLP at M=129/160/256 on two shapes (each rank's rows one row tile):
+#          the sources' tiles in source order (ETDIST_INTERLEAVE_SOURCES=0, as before) against side by
+#          side (1, the default since the thirtieth session: each weight tile read once, not once per
+#          source; on one GPU only the same two orders of two row tiles were measured), alternated
+#          twice (~5 min);
+#   midwhole the same cells, the per-source graphs above 128 rows (ETDIST_WHOLE_MAX_M=128, the default)
+#          against the whole-gather graphs up to 256 rows (256), alternated twice (~5 min);
 #   opsdyn the three fused ops under both schedules at M=16/128/1024 on two shapes: what the ready
 #          queue costs their kernels, where every task exists (never benchmarked before; ~2 min);
 #   moetrace  launch/trace_moe.py at 1 and 1024 tokens (qwen3_30b_a3b-sized, EP=2, both schedules):
@@ -171,6 +178,14 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       echo "== ag_gemm and the MLP above 128 rows: own rows through the gather (0), then straight from x (1, the default)"
       MODELS_OVERRIDE=qwen3_8b,gemma2_27b,llama31_70b WORKLOADS=ag_gemm,mlp \
         ab ownx ETDIST_AG_GEMM_OWN_FROM_X "0 1" 540 'bench.tokens=[1000,8192]' bench.symm_mem=false ;;
+    mid)
+      echo "== ag_gemm and the MLP at M=129-256: sources in order (0), then side by side (1, the default)"
+      MODELS_OVERRIDE=llama31_8b,llama31_70b WORKLOADS=ag_gemm,mlp \
+        ab mid ETDIST_INTERLEAVE_SOURCES "0 1" 480 'bench.tokens=[129,160,256]' bench.symm_mem=false ;;
+    midwhole)
+      echo "== ag_gemm and the MLP at M=129-256: per-source graphs (128, the default), then whole-gather ones (256)"
+      MODELS_OVERRIDE=llama31_8b,llama31_70b WORKLOADS=ag_gemm,mlp \
+        ab midwhole ETDIST_WHOLE_MAX_M "128 256" 480 'bench.tokens=[129,160,256]' bench.symm_mem=false ;;
     opsdyn)
       echo "== gemm_rs, ag_gemm and the MLP, static and dynamic schedules"
       RESULTS=$RESULTS/opsdyn SCHEDULE=both MODELS_OVERRIDE=qwen3_8b,llama31_70b timeout 300 \
@@ -181,7 +196,7 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
         OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_moe.py $tokens \
           2>&1 | quiet | grep -vE 'UserWarning|_warn_once' | tail -32
       done ;;
-    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, chain, moetail, moelarge, rstail, rsown, rsfuse, mlptail, ownx, opsdyn, moetrace)"; exit 2 ;;
+    *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, chain, moetail, moelarge, rstail, rsown, rsfuse, mlptail, ownx, mid, midwhole, opsdyn, moetrace)"; exit 2 ;;
   esac
   echo "-- $step done at $((SECONDS - T0)) s"
 done

@@ -1151,3 +1151,26 @@ def test_mlp_plans_pad_the_gathered_rows_above_the_whole_gather_sizes(monkeypatc
     assert [evaluate(d, env) for d in ir.tensor("h").shape] == [2 * 65, 256]
     assert {t.name: dict(t.constexprs).get("TMA") for t in ir.tasks if "TMA" in dict(t.constexprs)} == \
         {"gate_up": 3, "down": 2}
+
+
+def test_interleaved_sources_only_where_each_source_is_one_row_tile(monkeypatch):
+    """ops.ag_gemm.INTERLEAVE_SOURCES (ETDIST_INTERLEAVE_SOURCES): the per-source graphs of ag_gemm
+    and the MLP put the sources' tiles side by side at two or more ranks where each rank's rows are
+    one row tile (M <= 256 at world 2, <= 512 at world 4), the MLP only with its down tiles all
+    whole or all in slices; nowhere at one rank or at the whole-gather sizes; 0 turns it off."""
+    from etdist.ops import ag_gemm as ag_op
+    from etdist.ops import mlp as mlp_op
+    bf = torch.bfloat16
+
+    def plans(M, world):
+        mlp_op.kernel_plan.cache_clear()   # ag_gemm's plan is not cached
+        ag = ag_op.kernel_plan(M, 8192, 28672, bf, 132, world)[1].keywords
+        mlp = mlp_op.kernel_plan(M, 8192, 14336, bf, 132, world)[1].keywords
+        return ag.get("interleave", False), mlp.get("interleave", False)
+
+    want = {(128, 2): (False, False), (129, 2): (True, True), (256, 2): (True, True), (257, 2): (False, False),
+            (129, 1): (False, False), (512, 4): (True, True), (1000, 2): (False, False)}
+    assert {c: plans(*c) for c in want} == want
+    monkeypatch.setattr(ag_op, "INTERLEAVE_SOURCES", False)
+    assert {c: plans(*c) for c in want} == {c: (False, False) for c in want}
+    mlp_op.kernel_plan.cache_clear()

@@ -170,6 +170,38 @@ def test_tensor_parallel_mlp_slices_the_last_down_tiles(schedule, world, M):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("M", [37, 13, 1])
+def test_interleaved_sources_give_the_same_result(schedule, world, M):
+    """interleave=True: each source's tile q beside the other sources' tile q (gather.source_order),
+    ag_gemm's and the MLP's gate/up tiles, and the MLP's down tiles owner by owner, whole or every
+    one in 3 slices (TAIL = all of them); a TAIL of some tiles is refused, as the last tiles of an
+    interleaved order are no single owner's."""
+    ag = et.compile(ag_gemm.all_gather_gemm(block_m=8, block_n=8, own_from_x=True, interleave=True),
+                    schedule=schedule, programs=3)
+    inputs = ag_gemm.make_inputs(world, M, 12, 19, seed=world * 100 + M)
+    want = ag_gemm.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
+    whole = et.compile(mlp.tp_mlp(block_m=8, block_n=8, own_from_x=True, interleave=True), schedule=schedule,
+                       programs=3)
+    sliced = et.compile(mlp.tp_mlp(block_m=8, block_n=8, block_k=2, down_n=4, tail_splits=3, interleave=True),
+                        schedule=schedule, programs=3)
+    m_inputs = mlp.make_inputs(world, M, H=12, I=12 * world, seed=world * 10 + M)
+    m_want = mlp.reference(*([i[k] for i in m_inputs] for k in ("x", "w_gate_up", "w_down")))
+    every = world * -(-(-(-M // world)) // 8) * 3   # every down tile: owners x row tiles x 3 column tiles
+    for seed in range(0, 12, 3):
+        got = ag.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
+        m_got = whole.run(m_inputs, sizes={"M": M}, interleave="random", seed=seed + 1)
+        s_got = [sliced.run(m_inputs, sizes={"M": M, "TAIL": tail}, interleave="random", seed=seed + 2)
+                 for tail in (0, every)]
+        for r in range(world):
+            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+            assert rel_err(m_got[r]["y"], m_want[r]) < TOL, (r, seed)
+            assert all(rel_err(o[r]["y"], m_want[r]) < TOL for o in s_got), (r, seed)
+    if every > 1:
+        with pytest.raises(et.InputError, match="0 or every down tile with interleaved owners"):
+            sliced.run(m_inputs, sizes={"M": M, "TAIL": 1})
+
+
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 16, 1])
 def test_replicated_mlp_ends_in_an_all_reduce(schedule, world, M):
     """tp_mlp_replicated: every rank holds the whole x and gets the whole y; each down tile pushes

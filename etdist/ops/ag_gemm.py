@@ -71,7 +71,24 @@ NARROW_RATE = 0.94   # LARGE_NARROW's work per SM-second against LARGE's, in ful
 # where the whole gather goes, so an upper bound): ag_gemm -2.0% geomean, all 8 cells faster; MLP
 # -1.1%, 7 of 8.
 OWN_FROM_X = knobs.read("ETDIST_AG_GEMM_OWN_FROM_X", knobs.flag, True)
+# Above WHOLE_MAX_M rows, where each source's rows are one row tile (M <= 256 at world 2), the
+# per-source tiles in source-major order read every weight tile once per source: at world 2 the
+# MLP at M = 129 / 160 took 1.6x its M = 128 time (records mlp_mid_world2). INTERLEAVE_SOURCES puts
+# the sources' tiles q side by side (workloads.gather.source_order; the MLP's down tiles too), so
+# they read each weight tile once. One GPU has one source, but the same two orders of two row tiles
+# (tile order group_m=1: row tile 0 across every column, then row tile 1, against the default
+# grouped order) on one H100 as a rank of two (thirtieth session, records source_order_proxy_ab,
+# M = 129-256 on 4 shapes): the row-major order +30% geomean for the MLP (llama31_70b +38-48%) and
+# +38% for ag_gemm (+13-67% a cell). On two GPUs from the thirtieth session, unmeasured there yet
+# (`bash launch/decode-ab.sh mid`). Knob: ETDIST_INTERLEAVE_SOURCES=0 (source order, as before).
+INTERLEAVE_SOURCES = knobs.read("ETDIST_INTERLEAVE_SOURCES", knobs.flag, True)
 _KERNELS: dict = {}
+
+
+def interleave_sources(rows: int, block_m: int, world: int) -> bool:
+    """Whether the per-source graphs put the sources' tiles side by side (INTERLEAVE_SOURCES):
+    where each source's `rows` are one row tile, at two or more ranks."""
+    return bool(INTERLEAVE_SOURCES) and world > 1 and rows <= block_m
 
 
 def whole_tile(op: str, M: int) -> TileConfig:
@@ -112,8 +129,10 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     if whole:   # the GEMM tiles span every row
         return cfg, functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab,
                                       gemm_n=whole_width(M, N, cfg, sms), row_pointers=row_pointers(M, cfg.block_m))
+    rows = -(-M // world)                                # rows per source
     return cfg, functools.partial(ag_gemm.all_gather_gemm, *args, own_from_x=bool(OWN_FROM_X),
-                                  row_pointers=row_pointers(-(-M // world), cfg.block_m))
+                                  row_pointers=row_pointers(rows, cfg.block_m),
+                                  interleave=interleave_sources(rows, cfg.block_m, world))
 
 
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Optional[int] = None,

@@ -14,17 +14,17 @@ import torch
 import etdist as et
 from etdist.kernels import gemm_tiles
 
-from .gather import gather_rows
+from .gather import gather_rows, source_order
 from .params import positive_int
 
 
 def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
                     block_k: int = 64, align: int = 1, group_m: int = 8, own_from_x: bool = False,
-                    row_pointers: bool = False) -> et.Graph:
+                    row_pointers: bool = False, interleave: bool = False) -> et.Graph:
     """own_from_x: this rank's own row tiles read x itself, without a wait, and the gather copies
     rows to the peers only (otherwise they wait for the copy of x into `gathered`). row_pointers:
     the GEMM tiles load their rows through masked pointers, the weights through descriptors
-    (gemm_tiles.use_tma)."""
+    (gemm_tiles.use_tma). interleave: the sources' tiles side by side (gather.source_order)."""
     g = et.Graph("ag_gemm")
     M = g.size("M")
     K, N = g.size("K", multiple_of=align), g.size("N", multiple_of=align)   # N: this rank's columns
@@ -40,13 +40,16 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
     _, arrived = gather_rows(g, x, C, owned, block_m, block_n, "gathered", peers_only=own_from_x)
 
     tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731  (L2 reuse of w)
+    grid, sq = source_order(R, m_tiles * n_tiles, interleave)   # index (u, v) -> (s, q)
 
-    @g.task(grid=(R, m_tiles * n_tiles), wait=lambda s, q: arrived[me, (me + s) % R, tile(q)[0]],
+    @g.task(grid=grid, wait=lambda u, v: arrived[me, (me + sq(u, v)[0]) % R, tile(sq(u, v)[1])[0]],
             triton=gemm_tiles.ag_matmul,
             constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align, row_pointers),
                             OWN_FROM_X=bool(own_from_x)),
-            bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: tile(q)[0], j=lambda s, q: tile(q)[1]))
-    def matmul(t, s, q):                                 # rows of source me + s, as they arrive, mine first
+            bind=dict(s=lambda u, v: (me + sq(u, v)[0]) % R, i=lambda u, v: tile(sq(u, v)[1])[0],
+                      j=lambda u, v: tile(sq(u, v)[1])[1]))
+    def matmul(t, u, v):                                 # rows of source me + s, as they arrive, mine first
+        s, q = sq(u, v)
         i, j = t(tile(q)[0]), t(tile(q)[1])
         src = (t.rank + s) % t.world
         rows = et.block(i, block_m, t(owned(src)))

@@ -44,3 +44,15 @@ def gather_rows(g: et.Graph, x, C, owned, block_m: int, block_n: int, name: str,
         to[et.shift(rows, t.rank * t(C)), cols] = getattr(t, x.name)[rows, cols]
 
     return out, ready
+
+
+def source_order(R, tiles, interleave: bool):
+    """The grid of per-source tasks over `tiles` tiles of each source's rows, and the map from its
+    index to (source offset s, tile q): source-major (every tile of source me, then me + 1, ...:
+    the rows in the order they arrive) or, interleaved, the source fastest, so that the sources'
+    tiles q run side by side and read their weight tile once from HBM (the source-major order
+    reads all the weights once per source where each source's rows are one row tile)."""
+    if interleave:
+        return (tiles, R), lambda q, s: (s, q)
+    return (R, tiles), lambda s, q: (s, q)
+

@@ -21,14 +21,15 @@ import torch.nn.functional as F
 import etdist as et
 from etdist.kernels import gemm_tiles
 
-from .gather import gather_rows
+from .gather import gather_rows, source_order
 from .gemm_rs import reduce_partials
 from .params import positive_int
 
 
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
            align: int = 1, group_m: int = 8, down_n: int | None = None, tail_splits: int = 1,
-           own_from_x: bool = False, row_pointers: bool = False, padded: bool = False) -> et.Graph:
+           own_from_x: bool = False, row_pointers: bool = False, padded: bool = False,
+           interleave: bool = False) -> et.Graph:
     """The graph; gate/up tiles are block_m x block_n of both projections (two accumulators), down
     tiles block_m x down_n (default block_n): one accumulator, so it can be twice as wide.
     tail_splits > 1: the last TAIL down tiles of each rank's order (a size bound at every call, at
@@ -39,7 +40,9 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     gather copies rows to the peers only. row_pointers: the GEMM tiles load their rows (x, h)
     through masked pointers, the weights through descriptors (gemm_tiles.use_tma). padded: the
     gathered rows are padded to whole row tiles (block_m rows more) and the gate/up tiles read them
-    through descriptors over whole tiles (x, with own_from_x, through one over its rows)."""
+    through descriptors over whole tiles (x, with own_from_x, through one over its rows).
+    interleave: the sources' gate/up tiles side by side (gather.source_order), and the owners' down
+    tiles likewise (then TAIL is 0 or every down tile)."""
     positive_int("tp_mlp", "tail_splits", tail_splits)
     g = et.Graph("mlp")
     M = g.size("M")
@@ -57,12 +60,15 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     g.input("w_down", (I, H), dtype)
     g.scratch("h", (R * C, I), dtype)                       # SwiGLU activations, all rows
     S = tail_splits
-    mn = m_tiles * h_tiles               # down tiles per owner; mine run in the order v = d * mn + q
+    mn = m_tiles * h_tiles               # down tiles per owner; mine in the order v = d * mn + q (interleaved: q * R + d)
     TAIL = g.size("TAIL") if S > 1 else 0   # the last TAIL of them in S slices: all of owner me + R - 1
     every = et.eq(TAIL, R * mn) if S > 1 else False   # or all of them: every source's tiles in slices
     if S > 1:
         g.check(et.logical_or(TAIL <= mn, every),
                 "TAIL (down tiles in slices) must be at most one owner's down tiles, or all of them")
+        if interleave:   # the last tiles of the order are no longer one owner's
+            g.check(et.logical_or(et.eq(TAIL, 0), every),
+                    "TAIL (down tiles in slices) must be 0 or every down tile with interleaved owners")
     g.scratch("partial", (R * S, C, H), dtype, symmetric=True)  # on the owner: partial[src, slice]
     g.output("y", (owned(me), H), dtype)
     h_ready = g.event("h_ready", (R, m_tiles), count=i_tiles)             # [source chunk, row tile]
@@ -84,11 +90,15 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     up_tile = lambda q: et.grouped(q, m_tiles, i_tiles, group_m)    # noqa: E731  (L2 reuse of weights)
     down_tile = lambda q: et.grouped(q, m_tiles, h_tiles, group_m)  # noqa: E731
 
-    @g.task(grid=(R, m_tiles * i_tiles), wait=lambda s, q: rows_in[me, (me + s) % R, up_tile(q)[0]],
-            notify=lambda s, q: h_ready[(me + s) % R, up_tile(q)[0]],
+    grid, sq = source_order(R, m_tiles * i_tiles, interleave)   # index (u, v) -> (s, q)
+
+    @g.task(grid=grid, wait=lambda u, v: rows_in[me, (me + sq(u, v)[0]) % R, up_tile(sq(u, v)[1])[0]],
+            notify=lambda u, v: h_ready[(me + sq(u, v)[0]) % R, up_tile(sq(u, v)[1])[0]],
             triton=gemm_tiles.swiglu_tile, constexprs=dict(gemm, TMA=up_tma, OWN_FROM_X=bool(own_from_x)),
-            bind=dict(s=lambda s, q: (me + s) % R, i=lambda s, q: up_tile(q)[0], j=lambda s, q: up_tile(q)[1]))
-    def gate_up(t, s, q):                                   # rows of source me + s, as they arrive, mine first
+            bind=dict(s=lambda u, v: (me + sq(u, v)[0]) % R, i=lambda u, v: up_tile(sq(u, v)[1])[0],
+                      j=lambda u, v: up_tile(sq(u, v)[1])[1]))
+    def gate_up(t, u, v):                                   # rows of source me + s, as they arrive, mine first
+        s, q = sq(u, v)
         i, j = t(up_tile(q)[0]), t(up_tile(q)[1])
         src = (t.rank + s) % t.world
         rows = et.block(i, block_m, t(owned(src)))
@@ -96,8 +106,11 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
         a = t.x[rows] if own_from_x and s == 0 else t.ag_out[et.shift(rows, src * t(C))]
         t.h[et.shift(rows, src * t(C)), cols] = _swiglu(t, a, cols)
 
-    def down_slice(t, v, s, n):          # slice s of n of my partial of rank me + d's tile q (v = d * mn + q)
-        d, q = t(v // mn), t(v % mn)
+    def owner_tile(v):                   # down tile v of my order -> (d, q): rank me + d's tile q
+        return (v % R, v // R) if interleave else (v // mn, v % mn)
+
+    def down_slice(t, v, s, n):          # slice s of n of my partial of rank me + d's tile q
+        d, q = t(owner_tile(v)[0]), t(owner_tile(v)[1])
         i, j = t(down_tile(q)[0]), t(down_tile(q)[1])
         dst = (t.rank + d) % t.world
         rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, DN, t.H)
@@ -105,7 +118,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
         t.peer(dst).partial[t.rank * S + s, rows, cols] = t.h[et.shift(rows, dst * t(C)), ks] @ t.w_down[ks, cols]
 
     def down_body(n, v_of, **bind):      # the GPU body of down tiles v_of(*index), in n slices
-        dq = lambda *k: (v_of(*k) // mn, v_of(*k) % mn)   # noqa: E731
+        dq = lambda *k: owner_tile(v_of(*k))   # noqa: E731
         return dict(wait=lambda *k: h_ready[(me + dq(*k)[0]) % R, down_tile(dq(*k)[1])[0]],
                     notify=lambda *k: arrived[((me + dq(*k)[0]) % R, *down_tile(dq(*k)[1]))],
                     triton=gemm_tiles.gemm_rs_matmul_slice, constexprs=dict(gemm, BLOCK_N=DN, SPLITS=S, PARTS=n),
