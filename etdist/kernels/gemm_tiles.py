@@ -54,6 +54,15 @@ def rows_box(a, rows, K, r0, k0, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def row_tile(a_d, a, rows, K, r0, k0, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROW_TMA: tl.constexpr):
+    """a[r0 : r0 + BLOCK_M, k0 : k0 + BLOCK_K] through the descriptor a_d (ROW_TMA) or masked
+    pointer loads (rows_box; a_d is then unused)."""
+    if ROW_TMA:
+        return a_d.load([r0, k0])
+    return rows_box(a, rows, K, r0, k0, BLOCK_M, BLOCK_K)
+
+
+@triton.jit
 def mm_acc(a, rows, b, K, N, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
            TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     """fp32 accumulator of tile (i, j) of a[rows, K] @ b[K, N] (a offset to row 0)."""
@@ -106,24 +115,19 @@ def mm_loop_tma(a, rows, b_d, K, i, j, k_lo, k_end, BLOCK_M: tl.constexpr, BLOCK
                 BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, ROW_TMA: tl.constexpr):
     """mm_acc_tma's steps [k_lo, k_end): the weights through b_d, the rows through a descriptor
     (ROW_TMA) or masked pointer loads (rows_box)."""
+    a_d = a
     if ROW_TMA:
         a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(rows, 1), K], strides=[K, 1],
                                         block_shape=[BLOCK_M, BLOCK_K])
     if SWAP_AB:
         acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in range(k_lo, k_end):
-            if ROW_TMA:
-                a_t = a_d.load([i * BLOCK_M, k * BLOCK_K])
-            else:
-                a_t = rows_box(a, rows, K, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K)
+            a_t = row_tile(a_d, a, rows, K, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K, ROW_TMA)
             acc_t = tl.dot(tl.trans(b_d.load([k * BLOCK_K, j * BLOCK_N])), tl.trans(a_t), acc_t)
         return tl.trans(acc_t)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_lo, k_end):
-        if ROW_TMA:
-            a_t = a_d.load([i * BLOCK_M, k * BLOCK_K])
-        else:
-            a_t = rows_box(a, rows, K, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K)
+        a_t = row_tile(a_d, a, rows, K, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K, ROW_TMA)
         acc = tl.dot(a_t, b_d.load([k * BLOCK_K, j * BLOCK_N]), acc)
     return acc
 
@@ -335,6 +339,7 @@ def swiglu_loop_tma(a, rows, box, g_d, u_d, H, i, j, BLOCK_M: tl.constexpr, BLOC
     """swiglu_rows' gate and up accumulators, the weights through g_d / u_d and the rows through a
     descriptor (ROW_TMA, declaring `box` rows) or masked pointer loads (rows_box); SWAP_AB:
     transposed (mm_acc_tma)."""
+    a_d = a
     if ROW_TMA:
         a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(box, 1), H], strides=[H, 1],
                                         block_shape=[BLOCK_M, BLOCK_K])
@@ -343,20 +348,14 @@ def swiglu_loop_tma(a, rows, box, g_d, u_d, H, i, j, BLOCK_M: tl.constexpr, BLOC
         g_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         u_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in range(0, steps):
-            if ROW_TMA:
-                a_t = tl.trans(a_d.load([i * BLOCK_M, k * BLOCK_K]))
-            else:
-                a_t = tl.trans(rows_box(a, rows, H, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K))
+            a_t = tl.trans(row_tile(a_d, a, rows, H, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K, ROW_TMA))
             g_t = tl.dot(tl.trans(g_d.load([k * BLOCK_K, j * BLOCK_N])), a_t, g_t)
             u_t = tl.dot(tl.trans(u_d.load([k * BLOCK_K, j * BLOCK_N])), a_t, u_t)
         return tl.trans(g_t), tl.trans(u_t)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, steps):
-        if ROW_TMA:
-            a_t = a_d.load([i * BLOCK_M, k * BLOCK_K])
-        else:
-            a_t = rows_box(a, rows, H, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K)
+        a_t = row_tile(a_d, a, rows, H, i * BLOCK_M, k * BLOCK_K, BLOCK_M, BLOCK_K, ROW_TMA)
         acc_g = tl.dot(a_t, g_d.load([k * BLOCK_K, j * BLOCK_N]), acc_g)
         acc_u = tl.dot(a_t, u_d.load([k * BLOCK_K, j * BLOCK_N]), acc_u)
     return acc_g, acc_u

@@ -165,8 +165,9 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
                                       row_pointers=row_pointers(M, cfg.block_m)), {"M": M}
     # the sliced graph only where its plan slices (its partials take `splits` x the memory)
     rows = -(-M // world)                                # rows per owner
+    pointers = row_pointers(rows, cfg.block_m)
     padded = bool(PAD_ROWS) and _gemm_rs.ROW_POINTERS != 1
-    own_from_x = bool(_ag_gemm.OWN_FROM_X) and not (padded and row_pointers(rows, cfg.block_m))
+    own_from_x = bool(_ag_gemm.OWN_FROM_X) and not (padded and pointers)
     tiles = world * -(-rows // cfg.block_m) * -(-H // DOWN_N)   # down tiles per rank
     splits = few_down_splits(tiles, sms, slices_that_fit(M, H, world, dtype.itemsize, WHOLE_DOWN_SPLITS))
     if splits > 1:   # every down tile in slices
@@ -177,7 +178,7 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     # interleaved owners need the down tiles all whole or all in slices (a tail is one owner's)
     interleave = _ag_gemm.interleave_sources(rows, cfg.block_m, world) and tail in (0, tiles)
     build = functools.partial(mlp_graph.tp_mlp, *args, down_n=DOWN_N, tail_splits=splits if tail else 1,
-                              own_from_x=own_from_x, row_pointers=row_pointers(rows, cfg.block_m), padded=padded,
+                              own_from_x=own_from_x, row_pointers=pointers, padded=padded,
                               interleave=interleave)
     return cfg, build, ({"M": M, "TAIL": tail} if tail else {"M": M})
 

@@ -48,7 +48,7 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
                             OWN_FROM_X=bool(own_from_x)),
             bind=dict(s=lambda u, v: (me + sq(u, v)[0]) % R, i=lambda u, v: tile(sq(u, v)[1])[0],
                       j=lambda u, v: tile(sq(u, v)[1])[1]))
-    def matmul(t, u, v):                                 # rows of source me + s, as they arrive, mine first
+    def matmul(t, u, v):                                 # rows of source me + s (mine first, or side by side)
         s, q = sq(u, v)
         i, j = t(tile(q)[0]), t(tile(q)[1])
         src = (t.rank + s) % t.world

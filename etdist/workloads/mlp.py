@@ -97,7 +97,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
             triton=gemm_tiles.swiglu_tile, constexprs=dict(gemm, TMA=up_tma, OWN_FROM_X=bool(own_from_x)),
             bind=dict(s=lambda u, v: (me + sq(u, v)[0]) % R, i=lambda u, v: up_tile(sq(u, v)[1])[0],
                       j=lambda u, v: up_tile(sq(u, v)[1])[1]))
-    def gate_up(t, u, v):                                   # rows of source me + s, as they arrive, mine first
+    def gate_up(t, u, v):                                   # rows of source me + s (mine first, or side by side)
         s, q = sq(u, v)
         i, j = t(up_tile(q)[0]), t(up_tile(q)[1])
         src = (t.rank + s) % t.world
