@@ -60,11 +60,11 @@
 #   ownx   ag_gemm and the fused MLP at M=1000/8192 on three shapes, own row tiles read from x
 #          (ETDIST_AG_GEMM_OWN_FROM_X=1, the default since the twenty-third session, one GPU only so
 #          far) against waiting for the copy of x into the gathered buffer (0) (~5 min);
-#   mid    ag_gemm and the fused MLP at M=129/160/256 on two shapes (each rank's rows one row tile):
-#          the sources' tiles in source order (ETDIST_INTERLEAVE_SOURCES=0, as before) against side by
-#          side (1, the default since the thirtieth session: each weight tile read once, not once per
-#          source; on one GPU only the same two orders of two row tiles were measured), alternated
-#          twice (~5 min);
+#   mid    gemm_rs, ag_gemm and the fused MLP at M=129/160/256 on two shapes (each rank's rows one
+#          row tile): the sources' (gemm_rs: owners') tiles in source order (ETDIST_INTERLEAVE_SOURCES=0,
+#          as before) against side by side (1, the default since the thirtieth session, gemm_rs the
+#          thirty-first: each weight tile read once, not once per source; on one GPU only the same
+#          two orders of two row tiles were measured), alternated twice (~7 min);
 #   midwhole the same cells, the per-source graphs above 128 rows (ETDIST_WHOLE_MAX_M=128, the default)
 #          against the whole-gather graphs up to 256 rows (256), alternated twice (~5 min);
 #   opsdyn the three fused ops under both schedules at M=16/128/1024 on two shapes: what the ready
@@ -179,9 +179,9 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
       MODELS_OVERRIDE=qwen3_8b,gemma2_27b,llama31_70b WORKLOADS=ag_gemm,mlp \
         ab ownx ETDIST_AG_GEMM_OWN_FROM_X "0 1" 540 'bench.tokens=[1000,8192]' bench.symm_mem=false ;;
     mid)
-      echo "== ag_gemm and the MLP at M=129-256: sources in order (0), then side by side (1, the default)"
-      MODELS_OVERRIDE=llama31_8b,llama31_70b WORKLOADS=ag_gemm,mlp \
-        ab mid ETDIST_INTERLEAVE_SOURCES "0 1" 480 'bench.tokens=[129,160,256]' bench.symm_mem=false ;;
+      echo "== gemm_rs, ag_gemm and the MLP at M=129-256: sources (owners) in order (0), then side by side (1, the default)"
+      MODELS_OVERRIDE=llama31_8b,llama31_70b WORKLOADS=gemm_rs,ag_gemm,mlp \
+        ab mid ETDIST_INTERLEAVE_SOURCES "0 1" 600 'bench.tokens=[129,160,256]' bench.symm_mem=false ;;
     midwhole)
       echo "== ag_gemm and the MLP at M=129-256: per-source graphs (128, the default), then whole-gather ones (256)"
       MODELS_OVERRIDE=llama31_8b,llama31_70b WORKLOADS=ag_gemm,mlp \

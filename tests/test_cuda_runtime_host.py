@@ -406,8 +406,9 @@ def test_large_graph_plans_split_k_by_waves_and_weight_traffic():
     """Above 128 rows LARGE tiles go in as many contraction slices as plan_cost rates best. gemma2_27b's
     down projection (K=18432, N=4608) at M=1024 makes 144 tiles on 132 SMs: two waves for 1.09 waves
     of work; in 4 slices, 576 tasks in 5 waves of a quarter each. At M=256 on gpt3_175b's shape the
-    weights alone take longer than the whole tiles' single wave: slicing only adds partials. Many
-    waves (M=8192) or full ones (llama31_70b at 1024: 256 tiles): whole tiles."""
+    weights, read once per owner, take longer than the whole tiles' single wave: slicing only adds
+    partials (the owners' tiles side by side read them once: 4 slices). Many waves (M=8192) or full
+    ones (llama31_70b at 1024: 256 tiles): whole tiles."""
     from etdist.ops.gemm_rs import LARGE, HBM_TBS, SM_TFLOPS, kernel_plan, large_plan, plan_cost
     tile_us = 2 * 128 * 256 * 18432 / (SM_TFLOPS * 1e6)
     assert plan_cost(1024, 18432, 4608, 2, 132, LARGE) == 2 * tile_us               # compute-bound: 2 waves
@@ -415,10 +416,16 @@ def test_large_graph_plans_split_k_by_waves_and_weight_traffic():
     assert plan_cost(1024, 18432, 4608, 4, 144, LARGE) == tile_us                    # 4 x 2 x 18: one wave on 144 SMs
     weights_us = 2 * 2 * 24576 * 12288 / (HBM_TBS * 1e6)                             # once per destination
     assert plan_cost(256, 24576, 12288, 2, 132, LARGE) > weights_us                  # memory-bound (and a bit more)
-    for M, K, N, want in ((1024, 18432, 4608, 4), (1000, 12800, 5120, 4), (256, 14336, 8192, 2), (256, 24576, 12288, 1),
-                          (1024, 6144, 4096, 1), (1024, 14336, 8192, 1), (8192, 18432, 4608, 1)):
+    # with the owners' tiles side by side (one row tile each: M <= 256 on two ranks) the weights are
+    # read once, and the single wave of whole tiles is the longer: 4 slices
+    assert plan_cost(256, 24576, 12288, 2, 132, LARGE, interleave=True) == tile_us * 24576 / 18432
+    for M, K, N, want, interleaved in ((1024, 18432, 4608, 4, 4), (1000, 12800, 5120, 4, 4), (256, 14336, 8192, 2, 2),
+                                       (256, 24576, 12288, 1, 4), (1024, 6144, 4096, 1, 1), (1024, 14336, 8192, 1, 1),
+                                       (8192, 18432, 4608, 1, 1)):
         assert large_plan(M, K, N, 2, 132) == want, (M, K, N)
-        cfg, splits, _, build = kernel_plan(M, K, N, torch.bfloat16, 132, world=2)
+        assert large_plan(M, K, N, 2, 132, interleave=True) == interleaved, (M, K, N)
+        cfg, splits, _, build = kernel_plan(M, K, N, torch.bfloat16, 132, world=2)   # interleaved at M <= 256
+        want = interleaved if M <= 256 else want
         g = build()
         assert (cfg, splits, g.name) == (LARGE, want, "gemm_rs")
         assert dict(next(t for t in g.to_ir().tasks if t.name == "matmul").constexprs)["SPLITS"] == want
@@ -432,7 +439,7 @@ def test_split_k_knob_reaches_the_plan():
             "    print(M, cfg.block_n, s)")
     assert _probe_lines(code, ETDIST_GEMM_RS_MAX_SPLITS="1") == [["256", "256", "1"], ["1024", "256", "1"],
                                                                   ["1024", "256", "1"]]
-    assert _probe_lines(code) == [["256", "256", "3"], ["1024", "256", "4"], ["1024", "256", "1"]]
+    assert _probe_lines(code) == [["256", "256", "4"], ["1024", "256", "4"], ["1024", "256", "1"]]
 
 
 def test_tail_plan_splits_only_the_last_waves_tiles():
@@ -466,9 +473,9 @@ def test_split_tail_knob_builds_the_wave_graph():
             "for M, K, N in ((1024, 18432, 4608), (8192, 6144, 4096), (256, 6144, 4096)):\n"
             "    cfg, s, _, b = op.kernel_plan(M, K, N, torch.bfloat16, 132, world=2)\n"
             "    print(M, s, b.keywords.get('wave', 0), len(b().to_ir().tasks))")
-    assert _probe_lines(code) == [["1024", "4", "132", "3"], ["8192", "1", "0", "2"], ["256", "3", "0", "2"]]
+    assert _probe_lines(code) == [["1024", "4", "132", "3"], ["8192", "1", "0", "2"], ["256", "4", "0", "2"]]
     assert _probe_lines(code, ETDIST_GEMM_RS_SPLIT_TAIL="0") == [["1024", "4", "0", "2"], ["8192", "1", "0", "2"],
-                                                                 ["256", "3", "0", "2"]]
+                                                                 ["256", "4", "0", "2"]]
 
 
 def test_skinny_classes_sum_narrow_column_tiles():
@@ -1154,23 +1161,31 @@ def test_mlp_plans_pad_the_gathered_rows_above_the_whole_gather_sizes(monkeypatc
 
 
 def test_interleaved_sources_only_where_each_source_is_one_row_tile(monkeypatch):
-    """ops.ag_gemm.INTERLEAVE_SOURCES (ETDIST_INTERLEAVE_SOURCES): the per-source graphs of ag_gemm
-    and the MLP put the sources' tiles side by side at two or more ranks where each rank's rows are
-    one row tile (M <= 256 at world 2, <= 512 at world 4), the MLP only with its down tiles all
-    whole or all in slices; nowhere at one rank or at the whole-gather sizes; 0 turns it off."""
+    """ops.gemm_rs.INTERLEAVE_SOURCES (ETDIST_INTERLEAVE_SOURCES): the per-source graphs of ag_gemm
+    and the MLP, and gemm_rs's per-owner graph, put the sources' (owners') tiles side by side at two
+    or more ranks where each rank's rows are one row tile (M <= 256 at world 2, <= 512 at world 4),
+    the MLP only with its down tiles all whole or all in slices, gemm_rs in place of its own tiles
+    last (whole tiles: llama31_405b's shape at M <= 256); nowhere at one rank or at the skinny /
+    whole-gather sizes; 0 turns it off (and gemm_rs's whole tiles go back to own_last)."""
     from etdist.ops import ag_gemm as ag_op
+    from etdist.ops import gemm_rs as rs_op
     from etdist.ops import mlp as mlp_op
     bf = torch.bfloat16
 
     def plans(M, world):
-        mlp_op.kernel_plan.cache_clear()   # ag_gemm's plan is not cached
+        mlp_op.kernel_plan.cache_clear()   # ag_gemm's and gemm_rs's plans are not cached
         ag = ag_op.kernel_plan(M, 8192, 28672, bf, 132, world)[1].keywords
         mlp = mlp_op.kernel_plan(M, 8192, 14336, bf, 132, world)[1].keywords
-        return ag.get("interleave", False), mlp.get("interleave", False)
+        rs = rs_op.kernel_plan(M, 24576, 12288, bf, 132, world)[3].keywords
+        return ag.get("interleave", False), mlp.get("interleave", False), rs.get("interleave", False)
 
-    want = {(128, 2): (False, False), (129, 2): (True, True), (256, 2): (True, True), (257, 2): (False, False),
-            (129, 1): (False, False), (512, 4): (True, True), (1000, 2): (False, False)}
+    want = {(128, 2): (False, False, False), (129, 2): (True, True, True), (256, 2): (True, True, True),
+            (257, 2): (False, False, False), (129, 1): (False, False, False), (512, 4): (True, True, True),
+            (1000, 2): (False, False, False)}
     assert {c: plans(*c) for c in want} == want
-    monkeypatch.setattr(ag_op, "INTERLEAVE_SOURCES", False)
-    assert {c: plans(*c) for c in want} == {c: (False, False) for c in want}
+    whole = rs_op.kernel_plan(256, 26624, 16384, bf, 132, 2)   # whole tiles, owners side by side
+    assert whole[1] == 1 and not whole[3].keywords["own_last"] and not whole[3].keywords["fuse_own"]
+    monkeypatch.setattr(rs_op, "INTERLEAVE_SOURCES", False)
+    assert {c: plans(*c) for c in want} == {c: (False, False, False) for c in want}
+    assert rs_op.kernel_plan(256, 26624, 16384, bf, 132, 2)[3].keywords["fuse_own"]
     mlp_op.kernel_plan.cache_clear()

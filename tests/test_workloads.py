@@ -92,6 +92,28 @@ def test_gemm_reduce_scatter_with_own_tiles_reduced_in_their_epilogue(schedule, 
         gemm_rs.gemm_reduce_scatter(fuse_own=True)
 
 
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("M", [37, 3])
+@pytest.mark.parametrize("splits,wave", [(1, 0), (3, 0), (3, 4), (3, 7)])
+def test_gemm_reduce_scatter_with_the_owners_tiles_side_by_side(schedule, world, M, splits, wave):
+    """interleave: every owner's tile q, then every owner's tile q + 1 (u = q x R + owner), whole,
+    in 3 slices, or sliced past the whole waves (whose tiles are then no single owner's): each
+    owner's reduce still waits for and sums exactly the slices its tiles were cut in. Not with
+    own_last, whose order is owner by owner."""
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8, block_k=2, splits=splits, wave=wave,
+                                                    interleave=True), schedule=schedule, programs=3)
+    _check_gemm_rs(kernel, world, M, 12, 19, world * 100 + M + splits, range(6))
+    b = bind(MapTable.build(kernel.ir), {"M": M, "K": 12, "N": 19, "WORLD": world})
+    mn = -(-(-(-M // world)) // 8) * 3        # row tiles of an owner's cdiv(M, R) rows x 3 column tiles
+    for r in range(world):                    # the owners of a rank's tiles in id order (slice 0 of each)
+        owners = [dst for f in b.functions if f.maps.spec.name.startswith("matmul") for k in range(f.size)
+                  if f.unravel(k)[-1] == 0 or f.maps.spec.name == "matmul_whole"
+                  for _, (dst, _, _) in f.maps.notify_elements(f.unravel(k), {**b.sizes, "RANK": r})]
+        assert owners == [d for _ in range(mn) for d in range(world)], (r, owners)
+    with pytest.raises(et.GraphError, match="interleave puts the owners' tiles side by side, own_last"):
+        gemm_rs.gemm_reduce_scatter(own_last=True, interleave=True)
+
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [16, 5, 1])
 @pytest.mark.parametrize("reduce_n", [None, 2])

@@ -10,7 +10,7 @@ from .. import knobs
 from ..collectives.compiled import call_op
 from ..workloads import ag_gemm
 from .gemm_rs import (LARGE, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands, fp32_config,
-                      no_rows, refusal_reaches_peers, row_pointers, total_rows_of)
+                      interleave_sources, no_rows, refusal_reaches_peers, row_pointers, total_rows_of)
 
 # Up to WHOLE_MAX_M rows the gather (tiny) completes first and GEMM tiles span every row, so the
 # weights are read once; above, row tiles start per source as its rows arrive (overlap).
@@ -71,24 +71,7 @@ NARROW_RATE = 0.94   # LARGE_NARROW's work per SM-second against LARGE's, in ful
 # where the whole gather goes, so an upper bound): ag_gemm -2.0% geomean, all 8 cells faster; MLP
 # -1.1%, 7 of 8.
 OWN_FROM_X = knobs.read("ETDIST_AG_GEMM_OWN_FROM_X", knobs.flag, True)
-# Above WHOLE_MAX_M rows, where each source's rows are one row tile (M <= 256 at world 2), the
-# per-source tiles in source-major order read every weight tile once per source: at world 2 the
-# MLP at M = 129 / 160 took 1.6x its M = 128 time (records mlp_mid_world2). INTERLEAVE_SOURCES puts
-# the sources' tiles q side by side (workloads.gather.source_order; the MLP's down tiles too), so
-# they read each weight tile once. One GPU has one source, but the same two orders of two row tiles
-# (tile order group_m=1: row tile 0 across every column, then row tile 1, against the default
-# grouped order) on one H100 as a rank of two (thirtieth session, records source_order_proxy_ab,
-# M = 129-256 on 4 shapes): the row-major order +30% geomean for the MLP (llama31_70b +38-48%) and
-# +38% for ag_gemm (+13-67% a cell). On two GPUs from the thirtieth session, unmeasured there yet
-# (`bash launch/decode-ab.sh mid`). Knob: ETDIST_INTERLEAVE_SOURCES=0 (source order, as before).
-INTERLEAVE_SOURCES = knobs.read("ETDIST_INTERLEAVE_SOURCES", knobs.flag, True)
 _KERNELS: dict = {}
-
-
-def interleave_sources(rows: int, block_m: int, world: int) -> bool:
-    """Whether the per-source graphs put the sources' tiles side by side (INTERLEAVE_SOURCES):
-    where each source's `rows` are one row tile, at two or more ranks."""
-    return bool(INTERLEAVE_SOURCES) and world > 1 and rows <= block_m
 
 
 def whole_tile(op: str, M: int) -> TileConfig:

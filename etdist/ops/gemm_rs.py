@@ -167,6 +167,34 @@ def row_pointers(rows: int, block_m: int) -> bool:
     return last > 0 and (rows < block_m or 2 * last < block_m)
 
 
+# Above the decode sizes, where each source's (ag_gemm, the MLP) or owner's (gemm_rs) rows are one
+# row tile (M <= 256 at world 2), the per-source tiles in source-major order read every weight tile
+# once per source: at world 2 the MLP at M = 129 / 160 took 1.6x its M = 128 time (records
+# mlp_mid_world2). INTERLEAVE_SOURCES puts the sources' tiles q side by side
+# (workloads.gather.source_order; the MLP's down tiles and gemm_rs's tiles owner by owner), so they
+# read each weight tile once. One GPU has one source, but the same two orders of two row tiles (tile
+# order group_m=1: row tile 0 across every column, then row tile 1, against the default grouped
+# order) on one H100 as a rank of two (thirtieth session, M = 129-256 on 4 shapes): the row-major
+# order +30% geomean for the MLP (llama31_70b +38-48%), +38% for ag_gemm (+13-67% a cell; records
+# source_order_proxy_ab) and +20% for gemm_rs (+35-38% on llama31_70b / gemma2_27b at 129 / 160;
+# records rs_source_order_proxy_ab). gemm_rs interleaved from the thirty-first session: as its tiles
+# then read the weights once, plan_cost counts them once, and its plans at M = 129-256 become the
+# one-GPU plans of the same rows (more slices on the 8-9B shapes and gpt3_175b; whole tiles on
+# llama31_405b, with a reduce task, as fuse_own needs own tiles last). On one H100 as a rank of two
+# (records rs_interleave_proxy_ab, 8 shapes x M = 129 / 160 / 256), the former world-2 plan in the
+# world-2 order (its slices, owner-major order as group_m=1, fused whole tiles) took 1.19x the new
+# plan's time geomean (1.04-1.66x a cell; llama31_405b 1.16-1.66x); the former slices in the new
+# order 1.03x. Unmeasured on two GPUs yet (`bash launch/decode-ab.sh mid`).
+# Knob: ETDIST_INTERLEAVE_SOURCES=0 (source order, as before).
+INTERLEAVE_SOURCES = knobs.read("ETDIST_INTERLEAVE_SOURCES", knobs.flag, True)
+
+
+def interleave_sources(rows: int, block_m: int, world: int) -> bool:
+    """Whether the per-source (per-owner) graphs put the sources' tiles side by side
+    (INTERLEAVE_SOURCES): where each source's `rows` are one row tile, at two or more ranks."""
+    return bool(INTERLEAVE_SOURCES) and world > 1 and rows <= block_m
+
+
 def skinny_class(M: int) -> Optional[TileConfig]:
     """The smallest skinny class that holds M rows (None above 128: the large graph's tiles)."""
     return next((cfg for cfg in SKINNY_CLASSES if M <= cfg.block_m), None)
@@ -179,24 +207,26 @@ def large_tiles(M: int, N: int, world: int, cfg: TileConfig) -> int:
 
 
 def plan_cost(M: int, K: int, N: int, world: int, sms: int, cfg: TileConfig, splits: int = 1,
-              itemsize: int = 2) -> float:
+              itemsize: int = 2, interleave: bool = False) -> float:
     """Estimated us of the large graph with `cfg`'s tiles in `splits` contraction slices: the slower
     of its compute, in whole waves (every SM pays for a whole last wave however few tasks it holds;
     tasks: world destinations x row tiles x column tiles x slices), and its HBM traffic (weights
-    read once per destination, x, partials written and summed)."""
+    read once per destination, or once with the owners' tiles interleaved; x; partials written and
+    summed)."""
     rows = -(-M // world)                     # rows per owner
     tasks = large_tiles(M, N, world, cfg) * splits
     flops = 2 * cfg.block_m * cfg.block_n * K / splits
     compute = -(-tasks // sms) * flops / (SM_TFLOPS * 1e6) * (1 + SPLIT_COST * (splits - 1))
-    traffic = itemsize * (world * K * N + M * K + 2 * world * splits * rows * N)
+    reads = 1 if interleave else world        # of the weights
+    traffic = itemsize * (reads * K * N + M * K + 2 * world * splits * rows * N)
     return max(compute, traffic / (HBM_TBS * 1e6))
 
 
 @functools.lru_cache(maxsize=4096)
-def large_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2) -> int:
+def large_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2, interleave: bool = False) -> int:
     """Contraction slices of the large graph's LARGE tiles: the fewest that plan_cost rates best
     (cached: the op asks at every call)."""
-    costs = [plan_cost(M, K, N, world, sms, LARGE, s, itemsize) for s in range(1, MAX_SPLITS + 1)]
+    costs = [plan_cost(M, K, N, world, sms, LARGE, s, itemsize, interleave) for s in range(1, MAX_SPLITS + 1)]
     return 1 + costs.index(min(costs))
 
 
@@ -211,14 +241,14 @@ def slices_that_fit(M: int, N: int, world: int, itemsize: int, splits: int) -> i
 
 
 @functools.lru_cache(maxsize=4096)
-def tail_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2) -> int:
+def tail_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2, interleave: bool = False) -> int:
     """Contraction slices of the LARGE tiles past the last whole wave on `sms` SMs: the fewest that
     make their waves shortest, counting SPLIT_COST per extra slice (72 tiles left: 3 slices make 216
     tasks, two waves of thirds, 0.67 of a whole wave), at most MAX_SPLITS. Fewer tiles than SMs are
     all tail: large_plan's roofline, which knows when the weights' traffic bounds the kernel."""
     tiles = large_tiles(M, N, world, LARGE)
     if tiles < sms:
-        return slices_that_fit(M, N, world, itemsize, large_plan(M, K, N, world, sms, itemsize))
+        return slices_that_fit(M, N, world, itemsize, large_plan(M, K, N, world, sms, itemsize, interleave))
     tail = tiles % sms
     if not tail:
         return 1
@@ -270,15 +300,20 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1  # aligned rows vectorise
     # builders as partials: `build.func` names the graph, which the op's kernel cache keys on
     if not skinny:
-        splits, wave = large_plan(M, K, N, world, sms, dtype.itemsize), 0
+        rows = -(-M // world)                            # rows per owner
+        # the owners' tiles side by side (each reads the weights once): not owner by owner, so
+        # neither own_last nor fuse_own
+        interleave = interleave_sources(rows, cfg.block_m, world) and not OWN_LAST
+        splits, wave = large_plan(M, K, N, world, sms, dtype.itemsize, interleave), 0
         if SPLIT_TAIL and splits > 1 and large_tiles(M, N, world, cfg) >= sms:
-            tail = tail_plan(M, K, N, world, sms, dtype.itemsize)
+            tail = tail_plan(M, K, N, world, sms, dtype.itemsize, interleave)
             splits, wave = (tail, sms) if tail > 1 else (splits, 0)
-        fuse = FUSE_OWN and splits == 1
+        fuse = FUSE_OWN and splits == 1 and not interleave
         return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
                                                      cfg.block_k, align, splits=splits, wave=wave,
                                                      own_last=OWN_LAST or fuse, fuse_own=fuse,
-                                                     row_pointers=row_pointers(-(-M // world), cfg.block_m))
+                                                     row_pointers=row_pointers(rows, cfg.block_m),
+                                                     interleave=interleave)
     splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
     reduce_n = skinny_reduce_n(cfg.block_n, -(-N // cfg.block_n), sms)
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,

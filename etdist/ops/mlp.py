@@ -176,7 +176,7 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
         splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M, H, world, dtype.itemsize, TAIL_SPLITS)
         tail = tail_plan(M, H, I, world, sms, splits, own_from_x=own_from_x) if splits > 1 else 0
     # interleaved owners need the down tiles all whole or all in slices (a tail is one owner's)
-    interleave = _ag_gemm.interleave_sources(rows, cfg.block_m, world) and tail in (0, tiles)
+    interleave = _gemm_rs.interleave_sources(rows, cfg.block_m, world) and tail in (0, tiles)
     build = functools.partial(mlp_graph.tp_mlp, *args, down_n=DOWN_N, tail_splits=splits if tail else 1,
                               own_from_x=own_from_x, row_pointers=pointers, padded=padded,
                               interleave=interleave)

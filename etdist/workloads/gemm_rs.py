@@ -17,7 +17,7 @@ from .params import positive_int
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
                         block_k: int = 64, align: int = 1, group_m: int = 8, splits: int = 1,
                         wave: int = 0, own_last: bool = False, fuse_own: bool = False,
-                        row_pointers: bool = False) -> et.Graph:
+                        row_pointers: bool = False, interleave: bool = False) -> et.Graph:
     """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16).
     align: K and N are promised multiples of it (16 lets the GPU kernel vectorise). group_m: the
     matmul tiles run in groups of that many row tiles per weight column (et.grouped). splits: a
@@ -36,13 +36,20 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     partial of its own is stored and read back, and no reduce task runs. The peers compute those
     partials in their first R - 1 blocks, while this rank computes theirs.
     row_pointers: the matmul tiles load x's rows through masked pointers, the weights through
-    descriptors (gemm_tiles.use_tma)."""
+    descriptors (gemm_tiles.use_tma).
+    interleave: the owners' tiles q side by side (u = q * R + owner, as gather.source_order), so
+    that they read each weight tile once from HBM where each owner's rows are one row tile (owner by
+    owner, every owner's tiles read all the weights again). Not with own_last (its order is owner
+    by owner)."""
     positive_int("gemm_reduce_scatter", "splits", splits)
     if isinstance(wave, bool) or not isinstance(wave, int) or wave < 0:
         raise et.GraphError(f"gemm_reduce_scatter: wave must be a non-negative int, got {wave!r}")
     if fuse_own and (not own_last or splits != 1):
         raise et.GraphError("gemm_reduce_scatter: fuse_own needs own_last=True and whole tiles (splits=1), "
                             f"got own_last={own_last!r}, splits={splits!r}")
+    if interleave and own_last:
+        raise et.GraphError("gemm_reduce_scatter: interleave puts the owners' tiles side by side, own_last "
+                            "puts them owner by owner: pass one of them")
     wave = 0 if fuse_own else wave       # fused: every tile whole, none past a wave to slice
     g = et.Graph("gemm_rs")
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
@@ -51,7 +58,7 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     m_tiles, n_tiles = et.cdiv(C, block_m), et.cdiv(N, block_n)
     mn = m_tiles * n_tiles
-    count = R * mn                       # tile u = k * mn + q: my partial of rank dst(k)'s tile q
+    count = R * mn                       # tile u = k * mn + q (interleaved: q * R + k): my partial of dst(k)'s tile q
     head = count // wave * wave if wave else 0   # the tiles of whole waves, run whole
     if own_last and wave:                # the sliced tiles all mine: each owner sums one source's slices
         head = et.where(head > 0, et.maximum(head, (R - 1) * mn), 0)
@@ -62,8 +69,12 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     def dst(k):                          # the owner of my k-th block of tiles
         return (me + 1 + k) % R if own_last else k
 
+    def u_of(k, q):                      # the tile of my k-th owner's tile q
+        return q * R + k if interleave else k * mn + q
+
     def at(u):                           # tile u as (dst, row tile, column tile)
-        return (dst(u // mn), *et.grouped(u % mn, m_tiles, n_tiles, group_m))
+        k, q = (u % R, u // R) if interleave else (u // mn, u % mn)
+        return (dst(k), *et.grouped(q, m_tiles, n_tiles, group_m))
 
     g.input("x", (M, K), dtype)
     g.input("w", (K, N), dtype)
@@ -76,9 +87,9 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
         own_parts = lambda i, j: parts((R - 1) * mn + q_of(i, j))  # noqa: E731
         arrivals = lambda d, i, j: (R - 1) * parts(q_of(i, j)) + own_parts(i, j)  # noqa: E731
         split_src = et.where(head > 0, me, -1) if wave else -1   # -1: every source in slices
-    else:          # tile q of owner d is u = d * mn + q on every source
-        own_parts = lambda i, j: parts(me * mn + q_of(i, j))  # noqa: E731
-        arrivals = lambda d, i, j: R * parts(d * mn + q_of(i, j))  # noqa: E731
+    else:          # tile q of owner d is u_of(d, q) on every source
+        own_parts = lambda i, j: parts(u_of(me, q_of(i, j)))  # noqa: E731
+        arrivals = lambda d, i, j: R * parts(u_of(d, q_of(i, j)))  # noqa: E731
         split_src = -1
     arrived = g.event("arrived", (R, m_tiles, n_tiles), count=arrivals, distributed=True)  # per source and slice
 

@@ -124,11 +124,16 @@ def cases():
                                                         swap_ab=True, row_pointers=True), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
 
-    # the sources' tiles side by side (interleave: ops.ag_gemm.INTERLEAVE_SOURCES, where each source's
-    # rows are one row tile), the MLP's down tiles owner by owner, every one in slices
+    # the sources' tiles side by side (interleave: ops.gemm_rs.INTERLEAVE_SOURCES, where each source's
+    # rows are one row tile), the MLP's down tiles owner by owner, every one in slices; gemm_rs's
+    # owners' tiles side by side, those past the whole waves in slices
     yield "ag_gemm_interleaved_tma", ag_gemm.all_gather_gemm(T, 2 * T, torch.float32, T, align=16, group_m=2,
                                                              own_from_x=True, row_pointers=True, interleave=True), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
+    yield "gemm_rs_interleaved_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2,
+                                                                 splits=2, wave=3, row_pointers=True,
+                                                                 interleave=True), \
+        lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "mlp_interleaved_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T, tail_splits=2,
                                             own_from_x=True, padded=True, interleave=True), \
         lambda R, M: mlp.make_inputs(R, M, 48, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
