@@ -201,3 +201,30 @@ def test_a_peer_that_skips_a_collective_is_named_not_gloos_raw_error(tmp_path):
                        capture_output=True, text=True, timeout=300, env=env)
     assert "named: rank 0: the ranks' host" in p.stdout and "every rank must make the same calls" in p.stdout, \
         (p.stdout + p.stderr)[-3000:]
+
+
+def test_ranks_may_share_a_gpu_for_correctness_checks_only(monkeypatch):
+    """init_mesh(share_gpu=True) / ETDIST_SHARE_GPU=1 deals the ranks over the GPUs by local rank
+    (two ranks on one GPU: NVSHMEM's multi-process-per-GPU mode) where the plain mesh refuses more
+    ranks than GPUs; a bad value is named; the cpu backend ignores it. While the current mesh's
+    ranks share a GPU, etdist.measure refuses to time (their kernels take turns on it)."""
+    from etdist.mesh import mesh as mesh_module
+    from etdist.measure import timing
+    launch = resolve_launch(detect_launch(), 2, 1, 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(MeshError, match=r"only 1 GPU\(s\) here.*init_mesh\(share_gpu=True\) or ETDIST_SHARE_GPU=1"):
+        mesh_module._pick_device(launch, "nvshmem", None)
+    assert mesh_module._pick_device(launch, "nvshmem", None, share_gpu=True) == torch.device("cuda", 0)
+    with pytest.raises(MeshError, match="share_gpu must be True or False, got 'yes'"):
+        init_mesh(backend="cpu", share_gpu="yes")
+    monkeypatch.setenv("ETDIST_SHARE_GPU", "2")
+    with pytest.raises(ValueError, match="ETDIST_SHARE_GPU='2': want 0 or 1"):
+        init_mesh(backend="cpu")
+    monkeypatch.setenv("ETDIST_SHARE_GPU", "1")
+    with init_mesh(backend="cpu") as mesh:
+        assert mesh.shares_gpu is False and timing.time_batched(lambda: None, device="cpu", batches=1) >= 0
+        monkeypatch.setattr(mesh, "shares_gpu", True)   # as an nvshmem mesh made with share_gpu=True
+        with pytest.raises(MeshError, match="not timing: the mesh's ranks share a GPU"):
+            timing.time_batched(lambda: None, device="cpu")
+        with pytest.raises(MeshError, match="not timing"):
+            timing.time_alternated({"a": lambda: None}, device="cpu")

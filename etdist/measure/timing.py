@@ -16,6 +16,8 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from ..mesh import MeshError, timing_refused
+
 
 def _use_cuda(device) -> bool:
     if device is None:
@@ -45,6 +47,9 @@ def _per_call(fn, *, calls, batches, warmup, barrier, device) -> list[float]:
     if calls < 1 or batches < 1 or warmup < 0:
         raise ValueError(f"need calls >= 1, batches >= 1, warmup >= 0; "
                          f"got {calls}, {batches}, {warmup}")
+    why = timing_refused()
+    if why:
+        raise MeshError(f"not timing: {why}")
     cuda = _use_cuda(device)
     pinned = cuda and device is not None
     with torch.cuda.device(device) if pinned else contextlib.nullcontext():

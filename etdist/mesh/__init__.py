@@ -2,7 +2,8 @@
 from .control import ControlLayout, ErrorKind, ErrorRecord, Event
 from .errors import MeshError, PeerTimeoutError, ShapeMismatchError
 from .launch import Launch, Launcher, detect_launch
-from .mesh import Mesh, current_mesh, init_mesh
+from .mesh import Mesh, current_mesh, init_mesh, timing_refused
 
 __all__ = ["init_mesh", "current_mesh", "Mesh", "Launch", "Launcher", "detect_launch", "MeshError",
-           "PeerTimeoutError", "ShapeMismatchError", "ControlLayout", "ErrorKind", "ErrorRecord", "Event"]
+           "PeerTimeoutError", "ShapeMismatchError", "timing_refused", "ControlLayout", "ErrorKind", "ErrorRecord",
+           "Event"]

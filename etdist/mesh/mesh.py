@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from .. import knobs
 from .control import ERR_WORDS, ControlLayout, ErrorKind, ErrorRecord, Event
 from .errors import MeshError, PeerTimeoutError, ShapeMismatchError
 from .hostcomm import HostComm, make_host_comm
@@ -61,6 +62,14 @@ def mesh_by_key(key: str) -> "Mesh":
     return mesh
 
 
+def timing_refused() -> Optional[str]:
+    """Why times taken now would mean nothing (the current mesh's ranks share a GPU), or None."""
+    if _CURRENT is not None and _CURRENT.shares_gpu:
+        return ("the mesh's ranks share a GPU (init_mesh(share_gpu=True) / ETDIST_SHARE_GPU=1): their kernels take "
+                "turns on it, so a time measures the turns, not the op; it serves correctness checks only")
+    return None
+
+
 def current_mesh() -> "Mesh":
     """The mesh of the last init_mesh() not yet closed, for ops that take mesh=None."""
     if _CURRENT is None:
@@ -79,8 +88,9 @@ class Mesh:
     """Use init_mesh() to make one."""
 
     def __init__(self, launch: Launch, backend: str, device: torch.device, comm: HostComm, impl,
-                 watchdog_s: float):
+                 watchdog_s: float, shares_gpu: bool = False):
         self.launch, self.backend, self.device, self.comm, self.impl = launch, backend, device, comm, impl
+        self.shares_gpu = shares_gpu   # init_mesh(share_gpu=True): ranks take turns on a GPU, times mean nothing
         self.rank, self.world_size, self.local_rank = launch.rank, launch.world_size, launch.local_rank
         self.watchdog_s = watchdog_s
         self.layout = ControlLayout(self.world_size)
@@ -292,19 +302,22 @@ class Mesh:
                 f"device={self.device}, launcher={self.launch.launcher.value})")
 
 
-def _pick_device(launch: Launch, backend: str, device) -> torch.device:
+def _pick_device(launch: Launch, backend: str, device, share_gpu: bool = False) -> torch.device:
     if backend == "cpu":
         if device is not None and torch.device(device).type != "cpu":
             raise MeshError(f"device {device} with backend 'cpu': the cpu backend runs on the CPU; "
                             "drop device= or use backend='nvshmem' for GPUs")
         return torch.device("cpu")
     n = torch.cuda.device_count()
+    if device is None and share_gpu:     # ranks dealt over the GPUs, several to a GPU
+        device = torch.device("cuda", launch.local_rank % n)
     if device is None:
         if launch.local_world_size > n:
             how = (f"torchrun --nproc_per_node={n}" if launch.launcher is Launcher.TORCHRUN
                    else f"mpirun -n {n}" if launch.launcher.is_mpi else f"{n} ranks per node")
             raise MeshError(f"world size {launch.world_size} with {launch.local_world_size} ranks on this node "
-                            f"but only {n} GPU(s) here: run {how} (or init_mesh(backend='cpu'))")
+                            f"but only {n} GPU(s) here: run {how} (or init_mesh(backend='cpu'); for correctness "
+                            f"checks only, ranks may share GPUs: init_mesh(share_gpu=True) or ETDIST_SHARE_GPU=1)")
         device = torch.device("cuda", launch.local_rank)
     device = torch.device(device)
     if device.type != "cuda" or device.index is None or not 0 <= device.index < n:
@@ -324,13 +337,19 @@ def _check_one_rank_per_gpu(comm: HostComm, device: torch.device) -> None:
 
 
 def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, rank: Optional[int] = None,
-              local_rank: Optional[int] = None, device=None, watchdog_s: Optional[float] = None) -> Mesh:
+              local_rank: Optional[int] = None, device=None, watchdog_s: Optional[float] = None,
+              share_gpu: Optional[bool] = None) -> Mesh:
     """Find the other ranks and set up symmetric memory.
 
     backend: "nvshmem" (GPUs, nvshmem4py) or "cpu" (memory-mapped files); default nvshmem when CUDA
     is available, cpu otherwise. world_size/rank/local_rank/device override what the launcher set.
     watchdog_s: how long any cross-rank wait may spin before every rank raises (default
     ETDIST_WATCHDOG_S or 30).
+    share_gpu: several ranks on one GPU (default ETDIST_SHARE_GPU=1 / 0), ranks dealt over the GPUs by
+    local rank: NVSHMEM's multi-process-per-GPU mode, for correctness checks of more ranks than a
+    machine has GPUs. The ranks' kernels take turns on the GPU, so etdist.measure refuses to time
+    on such a mesh, and NCCL (torch.distributed's CUDA collectives) refuses two ranks on one GPU.
+    No effect with backend 'cpu'.
     """
     global _CURRENT
     launch = resolve_launch(detect_launch(), world_size, rank, local_rank)
@@ -359,7 +378,12 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
             or watchdog_s <= 0:
         raise MeshError(f"watchdog_s must be a finite number of seconds > 0 (init_mesh(watchdog_s=...) or "
                         f"ETDIST_WATCHDOG_S), got {watchdog_s!r}")
-    dev = _pick_device(launch, backend, device)
+    if share_gpu is None:
+        share_gpu = knobs.now("ETDIST_SHARE_GPU", knobs.flag, False)
+    if not isinstance(share_gpu, bool):
+        raise MeshError(f"share_gpu must be True or False, got {share_gpu!r}")
+    share_gpu = share_gpu and backend == "nvshmem"
+    dev = _pick_device(launch, backend, device, share_gpu)
     comm = make_host_comm(launch, timeout_s=max(60.0, 4 * watchdog_s), want_nccl=backend == "nvshmem")
     try:
         if backend == "cpu":
@@ -368,11 +392,12 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
             impl = CpuBackend(launch.rank, launch.world_size, comm)
         else:
             torch.cuda.set_device(dev)
-            _check_one_rank_per_gpu(comm, dev)
+            if not share_gpu:
+                _check_one_rank_per_gpu(comm, dev)
             from .nvshmem_backend import NvshmemBackend
 
             impl = NvshmemBackend(launch.rank, launch.world_size, launch.local_world_size, dev, comm, watchdog_s)
-        mesh = Mesh(launch, backend, dev, comm, impl, watchdog_s)
+        mesh = Mesh(launch, backend, dev, comm, impl, watchdog_s, shares_gpu=share_gpu)
     except BaseException:
         comm.close()
         raise

@@ -184,7 +184,8 @@ def row_pointers(rows: int, block_m: int) -> bool:
 # (records rs_interleave_proxy_ab, 8 shapes x M = 129 / 160 / 256), the former world-2 plan in the
 # world-2 order (its slices, owner-major order as group_m=1, fused whole tiles) took 1.19x the new
 # plan's time geomean (1.04-1.66x a cell; llama31_405b 1.16-1.66x); the former slices in the new
-# order 1.03x. Unmeasured on two GPUs yet (`bash launch/decode-ab.sh mid`).
+# order 1.03x. Checked against float64 at two and three ranks sharing one H100
+# (tests/gpu/shared_gpu_worker.py); unmeasured on two GPUs yet (`bash launch/decode-ab.sh mid`).
 # Knob: ETDIST_INTERLEAVE_SOURCES=0 (source order, as before).
 INTERLEAVE_SOURCES = knobs.read("ETDIST_INTERLEAVE_SOURCES", knobs.flag, True)
 

@@ -106,6 +106,19 @@ def test_all_gather_gemm_and_tensor_parallel_mlp(world):
         assert out.count(check) == world, out[-5000:]
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_sharing_one_gpu_match_float64(world):
+    """More ranks than GPUs, on one GPU (init_mesh(share_gpu=True)): gemm_rs, ag_gemm and both MLPs
+    at every size class, the per-source plans with their sources side by side and in order, both
+    schedules at M=129, against float64. Runs on any GPU machine: the cross-rank protocols where
+    only one GPU is lent (its times would mean nothing, and etdist.measure refuses them)."""
+    if torch.cuda.device_count() < 1:
+        pytest.skip("needs a GPU")
+    rc, out = torchrun(world, worker=pathlib.Path(__file__).with_name("shared_gpu_worker.py"), timeout=900,
+                       env={"ETDIST_SHARE_GPU": "1", "CUDA_VISIBLE_DEVICES": "0", "ETDIST_WATCHDOG_S": "60"})
+    assert rc == 0 and out.count("OK shared-gpu rank") == world, out[-5000:]
+
+
 def test_llama_with_tensor_parallel_mlps_matches_dense():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
