@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Re-check every GPU claim with one command, on a GPU machine (2+ GPUs for the cross-GPU parts):
+# Re-check every GPU claim with one command, on a GPU machine (2+ GPUs for the cross-GPU timings;
+# with one, the two-rank tests run with both ranks on it, init_mesh(share_gpu=True)):
 #   bash launch/gpu-check.sh [results dir, default bench/results]
 #   QUICK=1 bash launch/gpu-check.sh /tmp/r     # the tests + a few cells of each sweep: fits in one
 #                                                 10-minute device call (the full sweeps do not)

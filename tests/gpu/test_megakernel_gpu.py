@@ -13,6 +13,18 @@ ENV = dict(os.environ, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="lo", NVSHMEM_DISABLE_N
 pytestmark = pytest.mark.gpu
 
 
+def ranks_env(world: int) -> dict:
+    """The environment of a `world`-rank run here: one rank per GPU where there are enough; else
+    the ranks share the GPUs (init_mesh(share_gpu=True): NVSHMEM's multi-process-per-GPU mode,
+    correctness only, no NCCL); no GPU: skip."""
+    n = torch.cuda.device_count()
+    if n >= world:
+        return {}
+    if n < 1:
+        pytest.skip("needs a GPU")
+    return {"ETDIST_SHARE_GPU": "1"}
+
+
 def torchrun(n, *args, timeout=600, worker=WORKER, env=None):
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", str(worker), *args],
                        capture_output=True, text=True, timeout=timeout, env={**ENV, **(env or {})})
@@ -21,9 +33,8 @@ def torchrun(n, *args, timeout=600, worker=WORKER, env=None):
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_gemm_reduce_scatter_matches_reference(world):
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} GPUs")
-    rc, out = torchrun(world)
+    env = ranks_env(world)
+    rc, out = torchrun(world, env=env)
     assert rc == 0, out[-5000:]
     for check in ("correctness", "no-recompile", "bad-input", "idle-threads"):
         assert out.count(f"OK {check}") == world, out[-5000:]
@@ -36,9 +47,9 @@ def test_gemm_reduce_scatter_tail_plan_matches_reference(split_tail, own_last, f
     (ETDIST_GEMM_RS_SPLIT_TAIL=0), each rank's own tiles last (ETDIST_GEMM_RS_OWN_LAST=1: only its
     own tail tiles in slices), and whole-tile plans with a reduce task (ETDIST_GEMM_RS_FUSE_OWN=0):
     the same checks."""
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
-    rc, out = torchrun(2, env={"ETDIST_GEMM_RS_SPLIT_TAIL": split_tail, "ETDIST_GEMM_RS_OWN_LAST": own_last,
+    env = ranks_env(2)
+    rc, out = torchrun(2, env={**env, "ETDIST_GEMM_RS_SPLIT_TAIL": split_tail,
+                               "ETDIST_GEMM_RS_OWN_LAST": own_last,
                                "ETDIST_GEMM_RS_FUSE_OWN": fuse_own})
     assert rc == 0, out[-5000:]
     for check in ("correctness", "no-recompile", "bad-input"):
@@ -49,9 +60,8 @@ def test_gemm_reduce_scatter_tail_plan_matches_reference(split_tail, own_last, f
 @pytest.mark.parametrize("case", ["trace", "dynamic"])
 def test_trace_mode_and_dynamic_schedule(case, world):
     """trace: every task recorded; dynamic: the ready-queue schedule matches the reference."""
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} GPUs")
-    rc, out = torchrun(world, "--case", case)
+    env = ranks_env(world)
+    rc, out = torchrun(world, "--case", case, env=env)
     assert rc == 0 and out.count(f"OK {case}") == world, out[-5000:]
 
 
@@ -60,9 +70,8 @@ def test_ops_replay_from_cuda_graphs(world):
     """gemm_rs, ag_gemm and the MLP captured in CUDA graphs: replays with fresh inputs match the
     reference, eager calls in between too (both schedules); graphs captured at several M of one size
     class replay correctly, interleaved and after an eager call at a larger M."""
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} GPUs")
-    rc, out = torchrun(world, "--case", "graph")
+    env = ranks_env(world)
+    rc, out = torchrun(world, "--case", "graph", env=env)
     assert rc == 0, out[-5000:]
     assert out.count("OK graph rank") == world and out.count("OK graphs-per-size") == world, out[-5000:]
 
@@ -77,31 +86,27 @@ def test_launches_on_two_streams_run_in_call_order(world):
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_call_refused_while_capturing_stops_every_rank(world):
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} GPUs")
-    rc, out = torchrun(world, "--case", "capture-refusal", timeout=120)
+    env = ranks_env(world)
+    rc, out = torchrun(world, "--case", "capture-refusal", timeout=120, env=env)
     assert out.count("OK capture-refusal") == world, out[-5000:]
 
 
 def test_missing_peer_raises_within_watchdog():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
-    rc, out = torchrun(2, "--case", "peer-skips", timeout=120)
+    env = ranks_env(2)
+    rc, out = torchrun(2, "--case", "peer-skips", timeout=120, env=env)
     assert out.count("OK watchdog") == 2 and "OK error-word" in out, out[-5000:]
 
 
 def test_a_refusal_on_one_rank_stops_the_other_ranks_launch():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
-    rc, out = torchrun(2, "--case", "refusal", timeout=120)
+    env = ranks_env(2)
+    rc, out = torchrun(2, "--case", "refusal", timeout=120, env=env)
     assert out.count("OK refusal") == 2, out[-5000:]
 
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_all_gather_gemm_and_tensor_parallel_mlp(world):
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} GPUs")
-    _, out = torchrun(world, worker=pathlib.Path(__file__).with_name("mlp_worker.py"))
+    env = ranks_env(world)
+    _, out = torchrun(world, worker=pathlib.Path(__file__).with_name("mlp_worker.py"), env=env)
     for check in ("OK ag_gemm", "OK mlp-seq", "OK mlp-replicated", "OK mlp-tail", "OK mlp-fp32"):
         assert out.count(check) == world, out[-5000:]
 
@@ -131,9 +136,8 @@ def test_llama_with_tensor_parallel_mlps_matches_dense():
 def test_ops_and_layers_under_torch_compile(world):
     """fullgraph=True (no graph breaks), dynamic sizes, and mode="reduce-overhead" (inductor's CUDA
     graphs): every result as when run eagerly."""
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} GPUs")
-    rc, out = torchrun(world, worker=pathlib.Path(__file__).with_name("compile_worker.py"))
+    env = ranks_env(world)
+    rc, out = torchrun(world, worker=pathlib.Path(__file__).with_name("compile_worker.py"), env=env)
     for check in ("OK compile-ops", "OK compile-nn", "OK compile-cudagraphs"):
         assert out.count(check) == world, out[-5000:]
 
@@ -142,9 +146,9 @@ def test_ops_and_layers_under_torch_compile(world):
 def test_moe_layer_both_schedules(world):
     """Both schedules eagerly and replayed from a CUDA graph with new tokens, bf16 in both tile
     classes; the torch baselines. One rank: the GPU bodies move no rows (x read in place)."""
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} GPUs")
-    _, out = torchrun(world, worker=pathlib.Path(__file__).with_name("moe_worker.py"))
+    env = ranks_env(world)
+    _, out = torchrun(world, worker=pathlib.Path(__file__).with_name("moe_worker.py"), env=env)
+    baselines = () if env else ("OK moe-baselines",)   # NCCL's: not where ranks share a GPU
     for check in ("OK moe static", "OK moe dynamic", "OK moe-graph static", "OK moe-graph dynamic",
-                  "OK moe-bf16 static", "OK moe-bf16 dynamic", "OK moe-baselines"):
+                  "OK moe-bf16 static", "OK moe-bf16 dynamic", *baselines):
         assert out.count(check) == world, out[-5000:]
