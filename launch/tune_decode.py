@@ -77,6 +77,7 @@ for cfg, tasks_per_sm in zip(CONFIGS, TASKS_PER_SM):
     ag_op.WHOLE_32 = ag_op.WHOLE_AG = ag_op.WHOLE_MLP = ag_op.WHOLE_128 = cfg   # every whole-gather class
     rs_op.SKINNY_CLASSES = (cfg,)
     rs_op.SKINNY_TASKS_PER_SM = {cfg: tasks_per_sm}
+    et.ops.clear_plan_caches()   # the ops' cached plans hold the previous config's tiles
     label = (f"{cfg.block_m},{cfg.block_n},{cfg.block_k},{cfg.num_warps},{cfg.num_stages},{tasks_per_sm:g}"
              + (",swap" if cfg.swap_ab else ""))
     times, worst = {}, 0.0

@@ -12,6 +12,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_op_plans():
+    """Tests patch the ops' plan knobs (module attributes): no cached plan outlives a test."""
+    yield
+    import sys
+    if "etdist.ops" in sys.modules:
+        sys.modules["etdist.ops"].clear_plan_caches()
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| / max |want| in float64; 0 for empty tensors."""
     if want.numel() == 0:

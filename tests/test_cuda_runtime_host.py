@@ -566,12 +566,12 @@ def test_mlp_slices_every_down_tile_where_they_fit_one_wave():
     saved = mlp_op.TAIL_SPLITS
     try:   # ETDIST_MLP_TAIL_SPLITS=1: every down tile whole, these too
         mlp_op.TAIL_SPLITS = 1
-        mlp_op.kernel_plan.cache_clear()
+        et.ops.clear_plan_caches()
         _, build, sizes = mlp_op.kernel_plan(512, 4096, 7168, bf16, 132, 2)
         assert build.keywords["tail_splits"] == 1 and sizes == {"M": 512}
     finally:
         mlp_op.TAIL_SPLITS = saved
-        mlp_op.kernel_plan.cache_clear()
+        et.ops.clear_plan_caches()
 
 
 def test_mlp_plans_pass_their_graphs_checks():
@@ -1074,14 +1074,14 @@ def test_replicated_plan_slices_ragged_down_waves_and_bounds_its_partials():
     saved = mlp_op.TAIL_SPLITS
     try:
         mlp_op.TAIL_SPLITS = 1
-        mlp_op.replicated_plan.cache_clear()
+        et.ops.clear_plan_caches()
         _, build, sizes = mlp_op.replicated_plan(1024, 4608, 18432, bf16, 132, 2)
         assert build.keywords["down_splits"] == 1 and sizes == {"M": 1024}
         _, build, sizes = mlp_op.replicated_plan(256, 4096, 7168, bf16, 132, 2)
         assert build.keywords["down_splits"] == 1 and sizes == {"M": 256}
     finally:
         mlp_op.TAIL_SPLITS = saved
-        mlp_op.replicated_plan.cache_clear()
+        et.ops.clear_plan_caches()
     for H, world in ((16384, 8), (8192, 2), (4096, 1)):
         rows = mlp_op.replicated_rows(H, world, 2)
         assert rows % 128 == 0 and world * rows * H * 2 <= SCRATCH_BYTES and world * rows * H < 2 ** 31
@@ -1103,8 +1103,7 @@ def test_plans_load_rows_through_pointers_where_a_tile_runs_far_past_them(monkey
     bf = torch.bfloat16
 
     def chosen():
-        mlp_op.kernel_plan.cache_clear()
-        mlp_op.replicated_plan.cache_clear()
+        et.ops.clear_plan_caches()
         return {"gemm_rs 129 w1": rs_op.kernel_plan(129, 7168, 4096, bf, 132, 1)[3].keywords["row_pointers"],
                 "gemm_rs 258 w2": rs_op.kernel_plan(258, 7168, 4096, bf, 132, 2)[3].keywords["row_pointers"],
                 "gemm_rs 256 w2": rs_op.kernel_plan(256, 7168, 4096, bf, 132, 2)[3].keywords["row_pointers"],
@@ -1138,7 +1137,7 @@ def test_mlp_plans_pad_the_gathered_rows_above_the_whole_gather_sizes(monkeypatc
     bf = torch.bfloat16
 
     def plan(M, world):
-        mlp_op.kernel_plan.cache_clear()
+        et.ops.clear_plan_caches()
         kw = mlp_op.kernel_plan(M, 4096, 7168, bf, 132, world)[1].keywords
         return kw.get("padded", False), kw.get("own_from_x", False)
     cells = {(16, 2): (False, False), (129, 1): (True, False), (258, 2): (True, False), (192, 1): (True, True),
@@ -1148,7 +1147,7 @@ def test_mlp_plans_pad_the_gathered_rows_above_the_whole_gather_sizes(monkeypatc
         monkeypatch.setattr(module, attr, value)
         assert plan(129, 1) == (False, True) and plan(1024, 2) == (False, True)
         monkeypatch.undo()
-    mlp_op.kernel_plan.cache_clear()
+    et.ops.clear_plan_caches()
 
     from etdist.fusion.expr import evaluate
     from etdist.workloads import mlp as mlp_graph
@@ -1173,7 +1172,7 @@ def test_interleaved_sources_only_where_each_source_is_one_row_tile(monkeypatch)
     bf = torch.bfloat16
 
     def plans(M, world):
-        mlp_op.kernel_plan.cache_clear()   # ag_gemm's and gemm_rs's plans are not cached
+        et.ops.clear_plan_caches()
         ag = ag_op.kernel_plan(M, 8192, 28672, bf, 132, world)[1].keywords
         mlp = mlp_op.kernel_plan(M, 8192, 14336, bf, 132, world)[1].keywords
         rs = rs_op.kernel_plan(M, 24576, 12288, bf, 132, world)[3].keywords
@@ -1188,4 +1187,4 @@ def test_interleaved_sources_only_where_each_source_is_one_row_tile(monkeypatch)
     monkeypatch.setattr(rs_op, "INTERLEAVE_SOURCES", False)
     assert {c: plans(*c) for c in want} == {c: (False, False, False) for c in want}
     assert rs_op.kernel_plan(256, 26624, 16384, bf, 132, 2)[3].keywords["fuse_own"]
-    mlp_op.kernel_plan.cache_clear()
+    et.ops.clear_plan_caches()

@@ -288,10 +288,12 @@ def skinny_splits(N: int, sms: int, block_n: int, tasks_per_sm: float) -> int:
     return max(1, min(8, int(tasks_per_sm * sms / -(-N // block_n))))
 
 
+@functools.lru_cache(maxsize=4096)
 def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int = 2):
     """What the op compiles for x [M, K] @ w [K, N] on a GPU of `sms` SMs among `world` ranks: (tile
     config, split-K slices, alignment, a builder of the graph). launch/trace_gemm_rs.py traces the
-    same plan."""
+    same plan. Cached (~1.7 us a call uncached, on the eager decode path): after changing a knob's
+    module attribute, ops.clear_plan_caches()."""
     cfg = skinny_class(M)
     skinny = cfg is not None
     cfg = cfg or LARGE

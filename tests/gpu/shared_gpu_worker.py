@@ -13,7 +13,6 @@ import torch
 
 import etdist as et
 from etdist.ops import gemm_rs as gemm_rs_op
-from etdist.ops import mlp as mlp_op
 from etdist.workloads import ag_gemm, gemm_rs, mlp
 
 # the size classes at two and three ranks: skinny / whole-gather (16, 100), each rank's rows one
@@ -39,8 +38,8 @@ def main():
         checks += 1
 
     for interleave in (True, False):
-        gemm_rs_op.INTERLEAVE_SOURCES = interleave   # every per-source plan reads it at each call
-        mlp_op.kernel_plan.cache_clear()
+        gemm_rs_op.INTERLEAVE_SOURCES = interleave   # read by every per-source plan
+        et.ops.clear_plan_caches()
         for M in MS:
             t0 = time.time()
             schedules = ("static", "dynamic") if M == 129 else ("static",)
