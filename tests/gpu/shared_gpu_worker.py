@@ -40,6 +40,8 @@ def main():
     for interleave in (True, False):
         gemm_rs_op.INTERLEAVE_SOURCES = interleave   # read by every per-source plan
         et.ops.clear_plan_caches()
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        assert gemm_rs_op.kernel_plan(129, 1536, 1024, bf, sms, R)[3].keywords["interleave"] == interleave
         for M in MS:
             t0 = time.time()
             schedules = ("static", "dynamic") if M == 129 else ("static",)
