@@ -1,6 +1,7 @@
-"""GPU checks of the mesh and collectives: real NVSHMEM, 2 GPUs, ranks launched as subprocesses.
+"""GPU checks of the mesh and collectives: real NVSHMEM, 2 ranks launched as subprocesses, one per
+GPU, or both on one GPU where there is only one (init_mesh(share_gpu=True): correctness only).
 
-Run on a GPU machine: `pytest -m gpu tests/gpu`. Skipped without 2 CUDA GPUs.
+Run on a GPU machine: `pytest -m gpu tests/gpu`. Skipped without a CUDA GPU.
 """
 import os
 import shutil
@@ -10,8 +11,7 @@ import sys
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")]
 
 ENV = dict(os.environ, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="lo", NVSHMEM_DISABLE_NVLS="1", NCCL_NVLS_ENABLE="0",
            TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1")
@@ -22,6 +22,11 @@ def _run(cmd, timeout=240, **env):
     return p.returncode, p.stdout + p.stderr
 
 
+def shared() -> dict:
+    """Two ranks on a machine of one GPU: both on it (ETDIST_SHARE_GPU=1)."""
+    return {} if torch.cuda.device_count() >= 2 else {"ETDIST_SHARE_GPU": "1"}
+
+
 def torchrun(n, *args, **env):
     return _run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "-m",
                  "etdist.collectives.selfcheck", *args], **env)
@@ -29,16 +34,18 @@ def torchrun(n, *args, **env):
 
 @pytest.mark.parametrize("case", ["ok", "graph", "skip-notify", "shape", "empty-shape", "same-gpu"])
 def test_selfcheck_torchrun(case):
-    rc, out = torchrun(2, "--case", case, "--watchdog", "3")
+    # same-gpu: both ranks ask for GPU 0 and the plain mesh must refuse (no sharing asked for)
+    rc, out = torchrun(2, "--case", case, "--watchdog", "3", **({} if case == "same-gpu" else shared()))
     assert rc == 0 and out.count("as expected") == 2, out[-4000:]
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
 @pytest.mark.parametrize("case", ["ok", "skip-notify"])
 def test_selfcheck_mpirun(case):
+    env = shared()
     rc, out = _run(["mpirun", "--allow-run-as-root", "-n", "2", "-x", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
-                    "-x", "NVSHMEM_DISABLE_NVLS", "-x", "PYTHONPATH", sys.executable, "-m",
-                    "etdist.collectives.selfcheck", "--case", case, "--watchdog", "3"])
+                    "-x", "NVSHMEM_DISABLE_NVLS", "-x", "PYTHONPATH", *(a for k in env for a in ("-x", k)),
+                    sys.executable, "-m", "etdist.collectives.selfcheck", "--case", case, "--watchdog", "3"], **env)
     assert rc == 0 and out.count("as expected") == 2, out[-4000:]
 
 
@@ -62,5 +69,5 @@ def test_nvshmem_missing():
 
 def test_bootstrap_failure_is_bounded():
     rc, out = torchrun(2, "--case", "ok", "--watchdog", "3", timeout=90,
-                       NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="no_such_if0")
+                       NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="no_such_if0", **shared())
     assert rc != 0 and "NVSHMEM bootstrap" in out, out[-3000:]
