@@ -70,6 +70,7 @@ for name, call in (("gemm_rs", lambda: et.ops.gemm_reduce_scatter(x, w)),
     ({"ETDIST_TMA": "abc"}, "ETDIST_TMA='abc'"),
     ({"ETDIST_MLP_DOWN_N": "96"}, "ETDIST_MLP_DOWN_N='96'"),
     ({"ETDIST_GEMM_RS_MAX_SPLITS": "0"}, "ETDIST_GEMM_RS_MAX_SPLITS='0'"),
+    ({"ETDIST_INTERLEAVE_SOURCES": "yes"}, "ETDIST_INTERLEAVE_SOURCES='yes'"),
 ])
 def test_the_fused_ops_name_a_bad_tile_knob_before_anything_else(env, named):
     """Before the mesh is even looked up (there is none here): the knob is the first thing wrong."""

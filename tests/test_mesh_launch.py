@@ -206,8 +206,9 @@ def test_a_peer_that_skips_a_collective_is_named_not_gloos_raw_error(tmp_path):
 def test_ranks_may_share_a_gpu_for_correctness_checks_only(monkeypatch):
     """init_mesh(share_gpu=True) / ETDIST_SHARE_GPU=1 deals the ranks over the GPUs by local rank
     (two ranks on one GPU: NVSHMEM's multi-process-per-GPU mode) where the plain mesh refuses more
-    ranks than GPUs; a bad value is named; the cpu backend ignores it. While the current mesh's
-    ranks share a GPU, etdist.measure refuses to time (their kernels take turns on it)."""
+    ranks than GPUs; a bad value is named; the cpu backend ignores it. The mesh shares a GPU only
+    where two ranks did land on one (asked for: else refused), and only then etdist.measure
+    refuses to time (their kernels take turns on it)."""
     from etdist.mesh import mesh as mesh_module
     from etdist.measure import timing
     launch = resolve_launch(detect_launch(), 2, 1, 1)
@@ -215,10 +216,21 @@ def test_ranks_may_share_a_gpu_for_correctness_checks_only(monkeypatch):
     with pytest.raises(MeshError, match=r"only 1 GPU\(s\) here.*init_mesh\(share_gpu=True\) or ETDIST_SHARE_GPU=1"):
         mesh_module._pick_device(launch, "nvshmem", None)
     assert mesh_module._pick_device(launch, "nvshmem", None, share_gpu=True) == torch.device("cuda", 0)
+    class Comm:   # every rank's (host, GPU) as the host group gathers them
+        def __init__(self, gpus):
+            self.gpus = gpus
+
+        def allgather(self, mine):
+            return [(mine[0], g) for g in self.gpus]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type("P", (), {"uuid": "GPU-0"}))
+    assert mesh_module._ranks_share_a_gpu(Comm(["GPU-0", "GPU-1"]), torch.device("cuda", 0), True) is False
+    assert mesh_module._ranks_share_a_gpu(Comm(["GPU-0", "GPU-0"]), torch.device("cuda", 0), True) is True
+    with pytest.raises(MeshError, match="ranks 0 and 1 are both on GPU GPU-0 .*init_mesh\\(share_gpu=True\\)"):
+        mesh_module._ranks_share_a_gpu(Comm(["GPU-0", "GPU-0"]), torch.device("cuda", 0), False)
     with pytest.raises(MeshError, match="share_gpu must be True or False, got 'yes'"):
         init_mesh(backend="cpu", share_gpu="yes")
     monkeypatch.setenv("ETDIST_SHARE_GPU", "2")
-    with pytest.raises(ValueError, match="ETDIST_SHARE_GPU='2': want 0 or 1"):
+    with pytest.raises(MeshError, match="ETDIST_SHARE_GPU='2': want 0 or 1"):
         init_mesh(backend="cpu")
     monkeypatch.setenv("ETDIST_SHARE_GPU", "1")
     with init_mesh(backend="cpu") as mesh:

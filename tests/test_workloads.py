@@ -92,7 +92,6 @@ def test_gemm_reduce_scatter_with_own_tiles_reduced_in_their_epilogue(schedule, 
         gemm_rs.gemm_reduce_scatter(fuse_own=True)
 
 
-
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 3])
 @pytest.mark.parametrize("splits,wave", [(1, 0), (3, 0), (3, 4), (3, 7)])
@@ -113,6 +112,7 @@ def test_gemm_reduce_scatter_with_the_owners_tiles_side_by_side(schedule, world,
         assert owners == [d for _ in range(mn) for d in range(world)], (r, owners)
     with pytest.raises(et.GraphError, match="interleave puts the owners' tiles side by side, own_last"):
         gemm_rs.gemm_reduce_scatter(own_last=True, interleave=True)
+
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [16, 5, 1])

@@ -19,6 +19,13 @@ import torch.distributed as dist
 from ..mesh import MeshError, timing_refused
 
 
+def refuse_shared_gpu() -> None:
+    """Raise MeshError where times would mean nothing: the current mesh's ranks share a GPU."""
+    why = timing_refused()
+    if why:
+        raise MeshError(f"not timing: {why}")
+
+
 def _use_cuda(device) -> bool:
     if device is None:
         return torch.cuda.is_available()
@@ -47,9 +54,7 @@ def _per_call(fn, *, calls, batches, warmup, barrier, device) -> list[float]:
     if calls < 1 or batches < 1 or warmup < 0:
         raise ValueError(f"need calls >= 1, batches >= 1, warmup >= 0; "
                          f"got {calls}, {batches}, {warmup}")
-    why = timing_refused()
-    if why:
-        raise MeshError(f"not timing: {why}")
+    refuse_shared_gpu()
     cuda = _use_cuda(device)
     pinned = cuda and device is not None
     with torch.cuda.device(device) if pinned else contextlib.nullcontext():
@@ -97,6 +102,7 @@ def time_ranks(fn: Callable[[], object], *, group=None, single: bool = False, **
     """The protocol end to end on every rank of `group`: a barrier over the group (when
     torch.distributed is initialised), `time_batched` (or `time_single` if single=True) with
     **kwargs, then the slowest rank's figure. Collective."""
+    refuse_shared_gpu()   # on every rank alike, before any collective
     if dist.is_available() and dist.is_initialized():
         kwargs.setdefault("barrier", lambda: dist.barrier(group=group))
     t = (time_single if single else time_batched)(fn, **kwargs)
@@ -131,6 +137,7 @@ def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 4, gr
     """
     if rounds < 1:
         raise ValueError(f"need rounds >= 1, got {rounds}")
+    refuse_shared_gpu()   # on every rank alike, before any collective
     distributed = dist.is_available() and dist.is_initialized()
     names = list(fns)
     if distributed and dist.get_world_size(group) > 1:

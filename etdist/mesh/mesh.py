@@ -325,15 +325,20 @@ def _pick_device(launch: Launch, backend: str, device, share_gpu: bool = False) 
     return device
 
 
-def _check_one_rank_per_gpu(comm: HostComm, device: torch.device) -> None:
+def _ranks_share_a_gpu(comm: HostComm, device: torch.device, share_gpu: bool) -> bool:
+    """Collective: whether two ranks landed on one GPU; refused unless share_gpu was asked for."""
     ident = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
     everyone = comm.allgather(ident)
     seen: Dict[tuple, int] = {}
     for r, i in enumerate(everyone):
         if i in seen:
+            if share_gpu:
+                return True
             raise MeshError(f"ranks {seen[i]} and {r} are both on GPU {i[1]} of host {i[0]}: one rank per GPU "
-                            f"(set the device from LOCAL_RANK, or don't pin CUDA_VISIBLE_DEVICES to one GPU)")
+                            f"(set the device from LOCAL_RANK, or don't pin CUDA_VISIBLE_DEVICES to one GPU; "
+                            f"for correctness checks only: init_mesh(share_gpu=True) or ETDIST_SHARE_GPU=1)")
         seen[i] = r
+    return False
 
 
 def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, rank: Optional[int] = None,
@@ -347,9 +352,9 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
     ETDIST_WATCHDOG_S or 30).
     share_gpu: several ranks on one GPU (default ETDIST_SHARE_GPU=1 / 0), ranks dealt over the GPUs by
     local rank: NVSHMEM's multi-process-per-GPU mode, for correctness checks of more ranks than a
-    machine has GPUs. The ranks' kernels take turns on the GPU, so etdist.measure refuses to time
-    on such a mesh, and NCCL (torch.distributed's CUDA collectives) refuses two ranks on one GPU.
-    No effect with backend 'cpu'.
+    machine has GPUs. Where ranks do land on one GPU (mesh.shares_gpu), their kernels take turns on
+    it, so etdist.measure refuses to time, and NCCL (torch.distributed's CUDA collectives) refuses
+    two ranks on one GPU. No effect with backend 'cpu' (a bad ETDIST_SHARE_GPU is still refused).
     """
     global _CURRENT
     launch = resolve_launch(detect_launch(), world_size, rank, local_rank)
@@ -379,12 +384,16 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
         raise MeshError(f"watchdog_s must be a finite number of seconds > 0 (init_mesh(watchdog_s=...) or "
                         f"ETDIST_WATCHDOG_S), got {watchdog_s!r}")
     if share_gpu is None:
-        share_gpu = knobs.now("ETDIST_SHARE_GPU", knobs.flag, False)
+        try:
+            share_gpu = knobs.now("ETDIST_SHARE_GPU", knobs.flag, False)
+        except knobs.KnobError as e:
+            raise MeshError(str(e)) from None
     if not isinstance(share_gpu, bool):
         raise MeshError(f"share_gpu must be True or False, got {share_gpu!r}")
     share_gpu = share_gpu and backend == "nvshmem"
     dev = _pick_device(launch, backend, device, share_gpu)
     comm = make_host_comm(launch, timeout_s=max(60.0, 4 * watchdog_s), want_nccl=backend == "nvshmem")
+    shared = False
     try:
         if backend == "cpu":
             from .cpu_backend import CpuBackend
@@ -392,12 +401,11 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
             impl = CpuBackend(launch.rank, launch.world_size, comm)
         else:
             torch.cuda.set_device(dev)
-            if not share_gpu:
-                _check_one_rank_per_gpu(comm, dev)
+            shared = _ranks_share_a_gpu(comm, dev, share_gpu)   # what times may be taken: see timing_refused
             from .nvshmem_backend import NvshmemBackend
 
             impl = NvshmemBackend(launch.rank, launch.world_size, launch.local_world_size, dev, comm, watchdog_s)
-        mesh = Mesh(launch, backend, dev, comm, impl, watchdog_s, shares_gpu=share_gpu)
+        mesh = Mesh(launch, backend, dev, comm, impl, watchdog_s, shares_gpu=shared)
     except BaseException:
         comm.close()
         raise

@@ -45,7 +45,8 @@ def _override(name: str, default: TileConfig) -> TileConfig:
 WHOLE_32, WHOLE_AG, WHOLE_MLP = _override("32", WHOLE_32), _override("AG", WHOLE_AG), _override("MLP", WHOLE_MLP)
 WHOLE_128 = _override("128", WHOLE_128)
 # op -> its size classes: (the most rows a class serves, the module attribute holding its tile),
-# the last serving every M above; read at every call (an A/B may replace the attributes)
+# the last serving every M above; read when a plan is made (an A/B may replace the attributes, then
+# call ops.clear_plan_caches())
 WHOLE_TILES = {"all_gather_gemm": ((32, "WHOLE_32"), (64, "WHOLE_AG"), (None, "WHOLE_128")),
                "tensor_parallel_mlp": ((32, "WHOLE_32"), (64, "WHOLE_MLP"), (None, "WHOLE_128"))}
 # The whole-gather GEMM tiles span every row, so at decode sizes they can be fewer than the SMs (48

@@ -127,7 +127,7 @@ def class_aims(classes) -> dict:
 
 SKINNY_TASKS_PER_SM = {cfg: _tasks for cfg in SKINNY_CLASSES} if _tasks else class_aims(_CLASSES)
 TILE_KNOBS = ("ETDIST_GEMM_RS_", "ETDIST_WHOLE_", "ETDIST_TMA", "ETDIST_MLP_", "ETDIST_AG_GEMM_",
-              "ETDIST_ROW_POINTERS")   # what the fused ops' plans read
+              "ETDIST_ROW_POINTERS", "ETDIST_INTERLEAVE_SOURCES")   # what the fused ops' plans read
 
 
 def skinny_tasks_per_sm(cfg: TileConfig) -> float:
@@ -171,8 +171,8 @@ def row_pointers(rows: int, block_m: int) -> bool:
 # row tile (M <= 256 at world 2), the per-source tiles in source-major order read every weight tile
 # once per source: at world 2 the MLP at M = 129 / 160 took 1.6x its M = 128 time (records
 # mlp_mid_world2). INTERLEAVE_SOURCES puts the sources' tiles q side by side
-# (workloads.gather.source_order; the MLP's down tiles and gemm_rs's tiles owner by owner), so they
-# read each weight tile once. One GPU has one source, but the same two orders of two row tiles (tile
+# (workloads.gather.source_order; the MLP's down tiles and gemm_rs's tiles with their owners side
+# by side too), so they read each weight tile once. One GPU has one source, but the same two orders of two row tiles (tile
 # order group_m=1: row tile 0 across every column, then row tile 1, against the default grouped
 # order) on one H100 as a rank of two (thirtieth session, M = 129-256 on 4 shapes): the row-major
 # order +30% geomean for the MLP (llama31_70b +38-48%), +38% for ag_gemm (+13-67% a cell; records

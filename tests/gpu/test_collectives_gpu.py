@@ -14,7 +14,8 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")]
 
 ENV = dict(os.environ, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="lo", NVSHMEM_DISABLE_NVLS="1", NCCL_NVLS_ENABLE="0",
-           TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1")
+           TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1",
+           ETDIST_SHARE_GPU="0")   # the refusal tests need the plain mesh; shared() asks for sharing
 
 
 def _run(cmd, timeout=240, **env):

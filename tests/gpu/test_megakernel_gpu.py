@@ -9,7 +9,7 @@ import torch
 
 WORKER = str(pathlib.Path(__file__).with_name("gemm_rs_worker.py"))
 ENV = dict(os.environ, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="lo", NVSHMEM_DISABLE_NVLS="1", NCCL_NVLS_ENABLE="0",
-           TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1")
+           TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1", ETDIST_SHARE_GPU="0")   # ranks_env asks
 pytestmark = pytest.mark.gpu
 
 
