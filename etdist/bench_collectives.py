@@ -196,8 +196,8 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="also time the tuning knobs (printed only)")
     args = ap.parse_args(argv)
     mesh = init_mesh()
-    if timing_refused():   # its own CUDA-event timing, not etdist.measure's (and NCCL refuses shared GPUs)
-        raise SystemExit(f"etdist.bench_collectives: {timing_refused()}")
+    if why := timing_refused():   # its own CUDA-event timing, not etdist.measure's (and NCCL refuses shared GPUs)
+        raise SystemExit(f"etdist.bench_collectives: {why}")
     r, w = mesh.rank, mesh.world_size
     stream = torch.cuda.current_stream()
     ce = peer_copy_gbps(mesh)

@@ -66,12 +66,6 @@ class patched:
     def __init__(self, modules: tuple, values: dict):
         self.modules, self.values, self.saved = modules, values, []
 
-    def _clear(self):
-        for module in self.modules:
-            for fn in vars(module).values():
-                if isinstance(fn, functools._lru_cache_wrapper):
-                    fn.cache_clear()
-
     def __enter__(self):
         for module in self.modules:
             if hasattr(module, "_KERNELS"):
@@ -84,13 +78,13 @@ class patched:
                 raise AttributeError(f"none of {[m.__name__ for m in self.modules]} has {k}")
             self.saved.append((module, k, getattr(module, k)))
             setattr(module, k, converted(getattr(module, k), v))
-        self._clear()
+        et.ops.clear_plan_caches()
 
     def __exit__(self, *exc):
         for module, k, v in reversed(self.saved):
             setattr(module, k, v)
         self.saved = []
-        self._clear()
+        et.ops.clear_plan_caches()
 
 
 def operands(op: str, M: int, H: int, I: int, dev):

@@ -102,8 +102,8 @@ def main():
     mesh = et.init_mesh()
     if mesh.world_size != 2:
         raise SystemExit(f"sync_latency.py needs exactly 2 ranks, got {mesh.world_size}")
-    if et.mesh.timing_refused():   # its own CUDA-event timing, not etdist.measure's
-        raise SystemExit(f"sync_latency.py: {et.mesh.timing_refused()}")
+    if why := et.mesh.timing_refused():   # its own CUDA-event timing, not etdist.measure's
+        raise SystemExit(f"sync_latency.py: {why}")
     gpu = mesh.device.type == "cuda"
     if not gpu and not args.check:
         raise SystemExit("without GPUs run it with --check under TRITON_INTERPRET=1 (a functional run)")

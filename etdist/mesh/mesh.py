@@ -390,7 +390,6 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
             raise MeshError(str(e)) from None
     if not isinstance(share_gpu, bool):
         raise MeshError(f"share_gpu must be True or False, got {share_gpu!r}")
-    share_gpu = share_gpu and backend == "nvshmem"
     dev = _pick_device(launch, backend, device, share_gpu)
     comm = make_host_comm(launch, timeout_s=max(60.0, 4 * watchdog_s), want_nccl=backend == "nvshmem")
     shared = False

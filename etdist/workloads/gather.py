@@ -56,3 +56,12 @@ def source_order(R, tiles, interleave: bool):
         return (tiles, R), lambda q, s: (s, q)
     return (R, tiles), lambda s, q: (s, q)
 
+
+def owner_order(R, tiles, interleave: bool):
+    """source_order's two orders as one flat index u over R owners' `tiles` tiles each: the maps
+    u -> (owner offset k, tile q) and back; owner-major (u = k * tiles + q) or, interleaved, the
+    owner fastest (u = q * R + k)."""
+    if interleave:
+        return (lambda u: (u % R, u // R)), (lambda k, q: q * R + k)
+    return (lambda u: (u // tiles, u % tiles)), (lambda k, q: k * tiles + q)
+

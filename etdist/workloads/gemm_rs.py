@@ -11,6 +11,7 @@ import torch
 import etdist as et
 from etdist.kernels import gemm_tiles
 
+from .gather import owner_order
 from .params import positive_int
 
 
@@ -69,11 +70,10 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     def dst(k):                          # the owner of my k-th block of tiles
         return (me + 1 + k) % R if own_last else k
 
-    def u_of(k, q):                      # the tile of my k-th owner's tile q
-        return q * R + k if interleave else k * mn + q
+    kq_of, u_of = owner_order(R, mn, interleave)   # tile u <-> (my k-th owner, its tile q)
 
     def at(u):                           # tile u as (dst, row tile, column tile)
-        k, q = (u % R, u // R) if interleave else (u // mn, u % mn)
+        k, q = kq_of(u)
         return (dst(k), *et.grouped(q, m_tiles, n_tiles, group_m))
 
     g.input("x", (M, K), dtype)

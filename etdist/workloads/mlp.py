@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import etdist as et
 from etdist.kernels import gemm_tiles
 
-from .gather import gather_rows, source_order
+from .gather import gather_rows, owner_order, source_order
 from .gemm_rs import reduce_partials
 from .params import positive_int
 
@@ -60,7 +60,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
     g.input("w_down", (I, H), dtype)
     g.scratch("h", (R * C, I), dtype)                       # SwiGLU activations, all rows
     S = tail_splits
-    mn = m_tiles * h_tiles               # down tiles per owner; mine in the order v = d * mn + q (interleaved: q * R + d)
+    mn = m_tiles * h_tiles               # down tiles per owner, mine in owner_order: v = d * mn + q or q * R + d
     TAIL = g.size("TAIL") if S > 1 else 0   # the last TAIL of them in S slices: all of owner me + R - 1
     every = et.eq(TAIL, R * mn) if S > 1 else False   # or all of them: every source's tiles in slices
     if S > 1:
@@ -106,8 +106,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
         a = t.x[rows] if own_from_x and s == 0 else t.ag_out[et.shift(rows, src * t(C))]
         t.h[et.shift(rows, src * t(C)), cols] = _swiglu(t, a, cols)
 
-    def owner_tile(v):                   # down tile v of my order -> (d, q): rank me + d's tile q
-        return (v % R, v // R) if interleave else (v // mn, v % mn)
+    owner_tile, _ = owner_order(R, mn, interleave)   # down tile v of my order -> (d, q): rank me + d's tile q
 
     def down_slice(t, v, s, n):          # slice s of n of my partial of rank me + d's tile q
         d, q = t(owner_tile(v)[0]), t(owner_tile(v)[1])
