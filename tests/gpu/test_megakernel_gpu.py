@@ -125,10 +125,9 @@ def test_ranks_sharing_one_gpu_match_float64(world):
 
 
 def test_llama_with_tensor_parallel_mlps_matches_dense():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
+    env = ranks_env(2)
     pytest.importorskip("transformers")
-    _, out = torchrun(2, worker=pathlib.Path(__file__).with_name("llama_worker.py"))
+    _, out = torchrun(2, worker=pathlib.Path(__file__).with_name("llama_worker.py"), env=env)
     assert out.count("OK llama") == 2, out[-5000:]
 
 
