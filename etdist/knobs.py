@@ -103,15 +103,6 @@ def tile(text: str, blocks: str = "block_m,block_n,block_k") -> tuple[int, ...]:
     return tuple(values)
 
 
-def one_of(*values: int) -> Callable[[str], int]:
-    """A parser of one of these ints (a knob's modes)."""
-    def parse(text: str) -> int:
-        if text.strip() not in {str(v) for v in values}:
-            raise ValueError(f"want one of {', '.join(map(str, values))}")
-        return int(text)
-    return parse
-
-
 def flag(text: str) -> bool:
     if text not in ("0", "1"):
         raise ValueError("want 0 or 1")

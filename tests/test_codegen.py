@@ -390,10 +390,6 @@ def _op_kernels():
                                ("gemm_rs interleaved whole", rs_op.kernel_plan(129, 24576, 12288, bf, 132, 2)[::3])):
         assert build.keywords["interleave"], name
         yield name, build, cfg.num_warps, cfg.num_stages
-    # gemm_rs's tail cut stream-K over 132 SMs (ops.gemm_rs.STREAM_K)
-    L = rs_op.LARGE
-    yield "gemm_rs stream-K", functools.partial(gemm_rs.gemm_reduce_scatter, L.block_m, L.block_n, bf, L.block_k, 16,
-                                                wave=132, stream_k=True), L.num_warps, L.num_stages
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]
     # accumulator over 8 unrolled expert loads once spilled 1.8 KB per thread, and as the
     # megakernel has one register allocation, the expert GEMM loops spilled too.

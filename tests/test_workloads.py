@@ -114,43 +114,6 @@ def test_gemm_reduce_scatter_with_the_owners_tiles_side_by_side(schedule, world,
         gemm_rs.gemm_reduce_scatter(own_last=True, interleave=True)
 
 
-@pytest.mark.parametrize("tiles,steps,programs", [(3, 6, 4), (2, 3, 9), (5, 7, 5), (1, 1, 3), (0, 4, 2), (7, 2, 3)])
-def test_stream_k_shares_cut_every_step_once(tiles, steps, programs):
-    """StreamK: the shares partition the tail's steps, none empty but past `shares`; each piece lies
-    in one tile; first(t) .. last(t) are exactly the programs whose pieces cut tile t."""
-    from etdist.workloads.stream_k import StreamK
-    sk = StreamK(tiles, steps, programs)
-    cut = {}
-    for p in range(programs):
-        assert (sk.start(p) < sk.start(p + 1)) == (p < sk.shares), p
-        for c in range(2 + tiles):
-            lo, hi = sk.piece_steps(c, p)
-            if lo < hi and sk.tile(c, p) < tiles:
-                cut.setdefault(sk.tile(c, p), []).append((p, lo, hi))
-    for t in range(tiles):
-        spans = sorted((lo, hi) for _, lo, hi in cut[t])
-        assert spans[0][0] == 0 and spans[-1][1] == steps and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
-        assert sorted(p for p, _, _ in cut[t]) == list(range(sk.first(t), sk.last(t) + 1))
-        assert sk.pieces(t) == len(cut[t])
-
-
-@pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("M", [37, 3, 1])
-@pytest.mark.parametrize("wave", [4, 7, 40])
-def test_gemm_reduce_scatter_stream_k(schedule, world, M, wave):
-    """stream_k: every tile cut in lanes of one program per row tile over `wave` programs, each lane
-    an equal share of the column tiles' steps (M=37 on 2 ranks: 6 row tiles, so one lane at wave 4
-    or 7, where a share cuts every column tile, and 6 lanes at 40); each owner sums exactly the
-    pieces its tiles were cut in (the scratch starts as NaN)."""
-    kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8, block_k=2, wave=wave, stream_k=True),
-                        schedule=schedule, programs=3)
-    _check_gemm_rs(kernel, world, M, 12, 19, world * 100 + M + wave, range(4))
-    with pytest.raises(et.GraphError, match="stream_k needs wave"):
-        gemm_rs.gemm_reduce_scatter(stream_k=True)
-    with pytest.raises(et.GraphError, match="stream_k needs wave"):
-        gemm_rs.gemm_reduce_scatter(stream_k=True, wave=4, splits=2)
-
-
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [16, 5, 1])
 @pytest.mark.parametrize("reduce_n", [None, 2])

@@ -199,41 +199,6 @@ def gemm_rs_matmul_slice(dst, i, j, s, x, w, partial, partial_peers, M, K, N, RA
 
 
 @triton.jit
-def gemm_rs_matmul_piece(dst, i, j, c, p, k_lo, k_hi, most, programs, x, w, pieces, pieces_peers, M, K, N, RANK,
-                         WORLD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         TMA: tl.constexpr, USE_ASM: tl.constexpr):
-    """Steps [k_lo, k_hi) of my partial of rank dst's tile (i, j), piece c of program p's stream-K
-    share (workloads.gemm_rs.stream_k_tiles), into dst's pieces[RANK, c, p] (most pieces x
-    `programs` blocks a source) in fp32: the whole block, unmasked (rows past dst's and columns
-    past N load as zeros and are never read)."""
-    C = (M + WORLD - 1) // WORLD
-    rows = owned_rows(M, WORLD, dst)
-    acc = mm_acc_steps(x + dst * C * K, rows, w, K, N, i, j, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
-    out = aligned_peer(pieces, pieces_peers, dst) + ((RANK * most + c) * programs + p).to(tl.int64) * (BLOCK_M * BLOCK_N)
-    tl.store(out + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :], acc)
-
-
-@triton.jit
-def gemm_rs_reduce_pieces(i, j, row, first, last, total, shares, steps, most, programs, rows_all, pieces, y, M, N,
-                          RANK, WORLD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """y[tile (i, j)] (my row tile `row` of every owner's) = the fp32 sum over sources of the pieces
-    the lanes first .. last cut column tile j in: lane l's program for my row is l x rows_all + row,
-    and c = j - (its share's first column tile) which of its pieces it is."""
-    rows = owned_rows(M, WORLD, RANK)
-    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    block = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for src in range(0, WORLD):
-        for lane in range(first, last + 1):
-            c = j - (lane * total // shares) // steps
-            slot = (src * most + c) * programs + lane * rows_all + row
-            acc += tl.load(pieces + slot.to(tl.int64) * (BLOCK_M * BLOCK_N) + block)
-    tl.store(y + offs_m[:, None] * N + offs_n[None, :], acc.to(y.dtype.element_ty),
-             mask=(offs_m[:, None] < rows) & (offs_n[None, :] < N))
-
-
-@triton.jit
 def gemm_rs_matmul_own(i, j, x, w, partial, y, M, K, N, RANK, WORLD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr):
     """My own rows' tile (i, j) with its reduce in the epilogue: my x @ w plus every peer's partial

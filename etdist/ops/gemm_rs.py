@@ -90,13 +90,6 @@ OWN_LAST = False
 # more than 3% (the sliced plans do not change: their cells read within noise). One GPU only so far:
 # `bash launch/decode-ab.sh rsfuse` measures it on two.
 FUSE_OWN = True
-# Stream-K (ETDIST_GEMM_RS_STREAM_K; gemm_reduce_scatter's stream_k): every tile cut in lanes of
-# one SM per row tile, each lane an equal share of the column tiles' contraction steps, where equal
-# slices per tile leave some SMs a slice more than others (gemma2_27b at M=512 on 132 SMs: 72
-# tiles in 3 slices make 216 tasks, so some SMs run two thirds of a tile; 33 lanes of 4 SMs run
-# 18/33 of a column each). 0: off; 1: where stream_k_plan's model rates it faster than the plan's
-# own waves; 2: wherever the row tiles fit in the SMs (for A/Bs). Under measurement: off.
-STREAM_K = 0
 
 
 def _override(name: str, default: TileConfig) -> TileConfig:
@@ -108,7 +101,6 @@ MAX_SPLITS = knobs.read("ETDIST_GEMM_RS_MAX_SPLITS", knobs.positive_int, MAX_SPL
 SPLIT_TAIL = knobs.read("ETDIST_GEMM_RS_SPLIT_TAIL", knobs.flag, SPLIT_TAIL)
 OWN_LAST = knobs.read("ETDIST_GEMM_RS_OWN_LAST", knobs.flag, OWN_LAST)
 FUSE_OWN = knobs.read("ETDIST_GEMM_RS_FUSE_OWN", knobs.flag, FUSE_OWN)
-STREAM_K = knobs.read("ETDIST_GEMM_RS_STREAM_K", knobs.one_of(0, 1, 2), STREAM_K)
 # The skinny classes' owner sums column tiles down to SKINNY_REDUCE_N wide (skinny_reduce_n), about
 # one reduce task per SM: traced on one H200 at M=128 (twenty-first session), one reduce task per
 # 128-wide column tile (32 on qwen3_8b's shape) read 4-8 fp32 partials of 128 rows each and ended
@@ -272,25 +264,6 @@ def wave_splits(tiles: int, sms: int, most: int) -> int:
     return 1 + costs.index(min(costs))
 
 
-def waves(tiles: int, sms: int, splits: int, wave: int) -> float:
-    """The large graph's time in whole tiles' times: its tasks dealt over `sms` SMs (whole tiles in
-    the whole waves with `wave`, the rest in `splits` slices), SPLIT_COST per extra slice."""
-    head = tiles // wave * wave if wave else 0
-    sliced = -(-(tiles - head) * splits // sms) / splits * (1 + SPLIT_COST * (splits - 1))
-    return head // sms + sliced
-
-
-def stream_k_plan(M: int, N: int, world: int, sms: int, splits: int, wave: int, cfg: TileConfig) -> bool:
-    """Whether the large graph runs stream-K (STREAM_K): where the row tiles (every owner's) fit in
-    the SMs and the lanes' shares (column tiles / lanes, two pieces: one SPLIT_COST) beat the plan's
-    waves (STREAM_K=1), or wherever they fit (2); never with OWN_LAST."""
-    rows = world * -(-(-(-M // world)) // cfg.block_m)       # row tiles of every owner
-    if not STREAM_K or OWN_LAST or rows > sms:
-        return False
-    share = -(-N // cfg.block_n) / (sms // rows) * (1 + SPLIT_COST)
-    return STREAM_K == 2 or share < waves(large_tiles(M, N, world, cfg), sms, splits, wave)
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     """Asked once per GPU, not on every call (the op's host time is on the decode path)."""
@@ -338,15 +311,12 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
         if SPLIT_TAIL and splits > 1 and large_tiles(M, N, world, cfg) >= sms:
             tail = tail_plan(M, K, N, world, sms, dtype.itemsize, interleave)
             splits, wave = (tail, sms) if tail > 1 else (splits, 0)
-        stream_k = stream_k_plan(M, N, world, sms, splits, wave, cfg)
-        if stream_k:
-            splits, wave, interleave = 1, sms, False
-        fuse = FUSE_OWN and splits == 1 and not interleave and not stream_k
+        fuse = FUSE_OWN and splits == 1 and not interleave
         return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
                                                      cfg.block_k, align, splits=splits, wave=wave,
                                                      own_last=OWN_LAST or fuse, fuse_own=fuse,
                                                      row_pointers=row_pointers(rows, cfg.block_m),
-                                                     interleave=interleave, stream_k=stream_k)
+                                                     interleave=interleave)
     splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
     reduce_n = skinny_reduce_n(cfg.block_n, -(-N // cfg.block_n), sms)
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,

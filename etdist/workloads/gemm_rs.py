@@ -13,13 +13,12 @@ from etdist.kernels import gemm_tiles
 
 from .gather import owner_order
 from .params import positive_int
-from .stream_k import StreamK
 
 
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
                         block_k: int = 64, align: int = 1, group_m: int = 8, splits: int = 1,
                         wave: int = 0, own_last: bool = False, fuse_own: bool = False,
-                        row_pointers: bool = False, interleave: bool = False, stream_k: bool = False) -> et.Graph:
+                        row_pointers: bool = False, interleave: bool = False) -> et.Graph:
     """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16).
     align: K and N are promised multiples of it (16 lets the GPU kernel vectorise). group_m: the
     matmul tiles run in groups of that many row tiles per weight column (et.grouped). splits: a
@@ -42,17 +41,7 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     interleave: the owners' tiles q side by side (u = q * R + owner, as gather.source_order), so
     that they read each weight tile once from HBM where each owner's rows are one row tile (owner by
     owner, every owner's tiles read all the weights again). Not with own_last (its order is owner
-    by owner).
-    stream_k (wave: the programs): every tile cut stream-K (workloads.stream_k) in lanes: the
-    programs in lanes of one program per row tile (every owner's), wave // row tiles lanes, and the
-    column tiles' contraction steps, end to end, in one equal share per lane. A lane's programs
-    run the same columns and steps for their rows side by side, so they read each weight tile
-    once from HBM (shares cut per tile, unaligned across the row tiles, read it once per row tile
-    and ran 2x slower). Where equal slices per tile leave some programs a slice more than others
-    (72 tiles on 132 programs in 3 slices: 216 tasks, two thirds of a tile on some programs),
-    every program runs the same share. The pieces go to their owners' fp32 scratch `pieces`
-    [source, piece, program]; the owner sums a tile's pieces from every source. For the M where
-    the row tiles are fewer than the programs (its scratch grows with the pieces a share cuts)."""
+    by owner)."""
     positive_int("gemm_reduce_scatter", "splits", splits)
     if isinstance(wave, bool) or not isinstance(wave, int) or wave < 0:
         raise et.GraphError(f"gemm_reduce_scatter: wave must be a non-negative int, got {wave!r}")
@@ -62,10 +51,6 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     if interleave and own_last:
         raise et.GraphError("gemm_reduce_scatter: interleave puts the owners' tiles side by side, own_last "
                             "puts them owner by owner: pass one of them")
-    if stream_k and (not wave or splits != 1 or own_last or interleave):
-        raise et.GraphError("gemm_reduce_scatter: stream_k needs wave (the programs it deals shares to), and "
-                            "deals every tile itself (splits=1, own_last=False, interleave=False), got "
-                            f"wave={wave!r}, splits={splits!r}, own_last={own_last!r}, interleave={interleave!r}")
     wave = 0 if fuse_own else wave       # fused: every tile whole, none past a wave to slice
     g = et.Graph("gemm_rs")
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
@@ -78,10 +63,6 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     head = count // wave * wave if wave else 0   # the tiles of whole waves, run whole
     if own_last and wave:                # the sliced tiles all mine: each owner sums one source's slices
         head = et.where(head > 0, et.maximum(head, (R - 1) * mn), 0)
-    if stream_k:                         # no whole waves: every tile in the lanes' shares
-        head, rows_all = 0, R * m_tiles
-        lanes = et.maximum(wave // et.maximum(rows_all, 1), 1)
-        sk = StreamK(n_tiles, et.cdiv(K, block_k), lanes)
 
     def parts(u):                        # contraction slices of tile u
         return et.where(u < head, 1, splits) if wave else splits
@@ -106,8 +87,6 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
         own_parts = lambda i, j: parts((R - 1) * mn + q_of(i, j))  # noqa: E731
         arrivals = lambda d, i, j: (R - 1) * parts(q_of(i, j)) + own_parts(i, j)  # noqa: E731
         split_src = et.where(head > 0, me, -1) if wave else -1   # -1: every source in slices
-    elif stream_k:  # a tile's pieces from every source (each source cuts the tiles alike)
-        arrivals = lambda d, i, j: R * sk.pieces(j)  # noqa: E731
     else:          # tile q of owner d is u_of(d, q) on every source
         own_parts = lambda i, j: parts(u_of(me, q_of(i, j)))  # noqa: E731
         arrivals = lambda d, i, j: R * parts(u_of(d, q_of(i, j)))  # noqa: E731
@@ -127,7 +106,7 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
                                     PARTS=n),
                     bind=dict(coords, **bind))
 
-    if wave and not stream_k:   # the head's tiles whole, wave after wave
+    if wave:   # the head's tiles whole, wave after wave
         @g.task(grid=(head,), **matmul_body(1, lambda u: u, s=0))
         def matmul_whole(t, u):
             partial_slice(t, u, 0, 1)
@@ -135,11 +114,6 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     # the other tiles in slices; a tile's slices run side by side (the last index walks fastest).
     # Fused, these are the peers' tiles only: my own ones come last, with their reduce in their epilogue
     stored = (R - 1) * mn if fuse_own else count
-
-    if stream_k:
-        stream_k_tiles(g, sk, rows_all, m_tiles, arrived, owned, C,
-                       dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align, row_pointers)))
-        return _sampled(g)
 
     @g.task(grid=(stored - head, splits), **matmul_body(splits, lambda k, s: head + k))
     def matmul(t, k, s):                 # slice s of tile head + k
@@ -161,57 +135,10 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     else:
         reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, n_tiles, block_m, block_n, splits,
                         own_parts, split_src)
-    return _sampled(g)
 
-
-def _sampled(g):
     g.sample(M=5, K=3, N=7)
     g.sample(M=37, K=4, N=33)
     return g
-
-
-def stream_k_tiles(g, sk, rows_all, m_tiles, arrived, owned, C, constexprs):
-    """Every tile cut stream-K in lanes (gemm_reduce_scatter's stream_k): program p is row tile
-    p % rows_all (every owner's, owner after owner) of lane p // rows_all, and its piece c is steps
-    [lo, hi) of column tile sk.tile(c, lane) (`sk`: a StreamK over the column tiles and the lanes),
-    into its owner's pieces[me, c, p] (the whole block, fp32). Task (c, p) has id c x programs + p,
-    so the static schedule runs a share's pieces on program p. Each owner's reduce sums a tile's
-    pieces from every source."""
-    R, me = g.world, g.rank
-    block_m, block_n, block_k = constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["BLOCK_K"]
-    programs = sk.programs * rows_all
-    most = et.cdiv(sk.tiles, sk.programs) + 1          # the pieces a share can cut
-    g.scratch("pieces", (R, most, programs, block_m, block_n), torch.float32, symmetric=True)
-    lane, row = (lambda p: p // et.maximum(rows_all, 1)), (lambda p: p % et.maximum(rows_all, 1))  # noqa: E731
-    tile = lambda c, p: (row(p) // m_tiles, row(p) % m_tiles, sk.tile(c, lane(p)))  # noqa: E731  (dst, i, j)
-    steps = lambda c, p: sk.piece_steps(c, lane(p))  # noqa: E731
-
-    @g.task(grid=(most, programs), when=lambda c, p: et.logical_and(steps(c, p)[0] < steps(c, p)[1],
-                                                                     sk.tile(c, lane(p)) < sk.tiles),
-            notify=lambda c, p: arrived[tile(c, p)], triton=gemm_tiles.gemm_rs_matmul_piece, constexprs=constexprs,
-            bind=dict(dst=lambda c, p: tile(c, p)[0], i=lambda c, p: tile(c, p)[1], j=lambda c, p: tile(c, p)[2],
-                      k_lo=lambda c, p: steps(c, p)[0], k_hi=lambda c, p: steps(c, p)[1], most=most,
-                      programs=programs))
-    def piece(t, c, p):
-        dst, i, j = (t(e) for e in tile(c, p))
-        lo, hi = (t(e) for e in steps(c, p))
-        rows, cols = et.block(i, block_m, t(owned(dst))), et.block(j, block_n, t.N)
-        ks = slice(lo * block_k, min(hi * block_k, t.K))
-        part = t.x[et.shift(rows, dst * t(C)), ks].float() @ t.w[ks, cols].float()
-        t.peer(dst).pieces[t.rank, c, p, :part.shape[0], :part.shape[1]] = part
-
-    @g.task(grid=(m_tiles, sk.tiles), wait=lambda i, j: arrived[me, i, j],
-            triton=gemm_tiles.gemm_rs_reduce_pieces, constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n),
-            bind=dict(row=lambda i, j: me * m_tiles + i, first=lambda i, j: sk.first(j), last=lambda i, j: sk.last(j),
-                      total=sk.total, shares=et.maximum(sk.shares, 1), steps=sk.steps, most=most,
-                      programs=programs, rows_all=rows_all))
-    def reduce(t, i, j):                 # y tile = the sum of its pieces from every source
-        rows, cs = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.N)
-        nr, nc, r, n = rows.stop - rows.start, cs.stop - cs.start, t(me * m_tiles + i), t(sk.steps)
-        acc = torch.zeros(nr, nc, dtype=torch.float32)
-        for ln in range(t(sk.first(j)), t(sk.last(j)) + 1):
-            acc += t.pieces[:, j - t(sk.start(ln)) // n, ln * t(rows_all) + r, :nr, :nc].sum(0)
-        t.y[rows, cs] = acc.to(t.y.dtype)
 
 
 def reduce_partials(g, wait, owned, m_tiles, n_tiles, block_m, block_n, splits=1, parts=None, split_src=-1,

@@ -134,16 +134,6 @@ def cases():
                                                                  splits=2, wave=3, row_pointers=True,
                                                                  interleave=True), \
         lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
-    # every tile cut stream-K in lanes of a program per row tile (gemm_rs's stream_k): 5 programs and
-    # M=37 on 2 ranks, 4 row tiles: one lane whose share is all 3 column tiles x 3 steps; M=5: 2 row
-    # tiles, 2 lanes, 4.5 steps each, so a column tile is cut by both; then through descriptors, 8
-    # programs (M=5 on 3 ranks: 3 row tiles, 2 lanes of 3 steps over 2 column tiles x 3 steps)
-    yield "gemm_rs_stream_k", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2, wave=5, stream_k=True), \
-        lambda R, M: gemm_rs.make_inputs(R, M, 40, 40, seed=M), gemm_rs.reference, ("x", "w")
-    yield "gemm_rs_stream_k_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2,
-                                                              wave=8, row_pointers=True,
-                                                              stream_k=True), \
-        lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "mlp_interleaved_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T, tail_splits=2,
                                             own_from_x=True, padded=True, interleave=True), \
         lambda R, M: mlp.make_inputs(R, M, 48, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down"), \
