@@ -53,6 +53,13 @@ def mesh():
     return m
 
 
+def test_the_mesh_key_names_rank_and_world(mesh):
+    """The ops' output shapes depend on rank and world, and inductor's FX graph cache (on disk, across
+    runs) keys a compiled graph on its constants, the mesh key among them: a key that named neither
+    let a world-1 run's graph serve a later world-2 run (found on one H100, thirty-second session)."""
+    assert mesh.key.endswith("-rank1-of2"), mesh.key
+
+
 def test_ops_are_single_nodes_of_one_graph_for_every_m(mesh):
     K, N, H, I = 16, 8, 16, 4
     w, w_ag = torch.randn(K, N), torch.randn(H, N)

@@ -32,14 +32,17 @@ _ALIGN = 256  # bytes; every symmetric allocation starts aligned for 16-byte vec
 
 
 # Meshes by key: torch custom ops (collectives/compiled.py) take plain values, so a mesh travels as its key,
-# a string (torch.compile(dynamic=True) would make an int key symbolic)
+# a string (torch.compile(dynamic=True) would make an int key symbolic). The key names the rank and the
+# world: inductor's FX graph cache (on disk, across runs) keys a compiled graph on its constants, and
+# the ops' output shapes depend on both (a world-1 run's graph, found by a later world-2 run whose
+# mesh had the same key, expected all M rows where the op returned its rank's half)
 _BY_KEY: "weakref.WeakValueDictionary[str, Mesh]" = weakref.WeakValueDictionary()
 _KEYS = itertools.count(1)
 
 
 def remember(mesh) -> str:
     """Give `mesh` a key that mesh_by_key finds it by while it lives (Mesh.__init__ does; test fakes may)."""
-    mesh.key = f"mesh{next(_KEYS)}"
+    mesh.key = f"mesh{next(_KEYS)}-rank{mesh.rank}-of{mesh.world_size}"
     _BY_KEY[mesh.key] = mesh
     return mesh.key
 
