@@ -21,6 +21,18 @@ def _fresh_op_plans():
         sys.modules["etdist.ops"].clear_plan_caches()
 
 
+def ranks_env(world: int) -> dict:
+    """The environment of a `world`-rank GPU test run here: one rank per GPU where there are enough;
+    else the ranks share the GPUs (init_mesh(share_gpu=True): NVSHMEM's multi-process-per-GPU mode,
+    correctness only, no NCCL); no GPU: skip."""
+    n = torch.cuda.device_count()
+    if n >= world:
+        return {}
+    if n < 1:
+        pytest.skip("needs a GPU")
+    return {"ETDIST_SHARE_GPU": "1"}
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| / max |want| in float64; 0 for empty tensors."""
     if want.numel() == 0:

@@ -223,10 +223,8 @@ def plan_cost(M: int, K: int, N: int, world: int, sms: int, cfg: TileConfig, spl
     return max(compute, traffic / (HBM_TBS * 1e6))
 
 
-@functools.lru_cache(maxsize=4096)
 def large_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2, interleave: bool = False) -> int:
-    """Contraction slices of the large graph's LARGE tiles: the fewest that plan_cost rates best
-    (cached: the op asks at every call)."""
+    """Contraction slices of the large graph's LARGE tiles: the fewest that plan_cost rates best."""
     costs = [plan_cost(M, K, N, world, sms, LARGE, s, itemsize, interleave) for s in range(1, MAX_SPLITS + 1)]
     return 1 + costs.index(min(costs))
 
@@ -241,7 +239,6 @@ def slices_that_fit(M: int, N: int, world: int, itemsize: int, splits: int) -> i
     return max(1, min(splits, SCRATCH_BYTES // (one * itemsize), (2 ** 31 - 1) // one))
 
 
-@functools.lru_cache(maxsize=4096)
 def tail_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2, interleave: bool = False) -> int:
     """Contraction slices of the LARGE tiles past the last whole wave on `sms` SMs: the fewest that
     make their waves shortest, counting SPLIT_COST per extra slice (72 tiles left: 3 slices make 216

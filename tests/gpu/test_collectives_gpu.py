@@ -11,21 +11,18 @@ import sys
 import pytest
 import torch
 
+from conftest import ranks_env
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")]
 
 ENV = dict(os.environ, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="lo", NVSHMEM_DISABLE_NVLS="1", NCCL_NVLS_ENABLE="0",
            TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1",
-           ETDIST_SHARE_GPU="0")   # the refusal tests need the plain mesh; shared() asks for sharing
+           ETDIST_SHARE_GPU="0")   # the refusal tests need the plain mesh; ranks_env(2) asks for sharing
 
 
 def _run(cmd, timeout=240, **env):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(ENV, **env))
     return p.returncode, p.stdout + p.stderr
-
-
-def shared() -> dict:
-    """Two ranks on a machine of one GPU: both on it (ETDIST_SHARE_GPU=1)."""
-    return {} if torch.cuda.device_count() >= 2 else {"ETDIST_SHARE_GPU": "1"}
 
 
 def torchrun(n, *args, **env):
@@ -36,14 +33,14 @@ def torchrun(n, *args, **env):
 @pytest.mark.parametrize("case", ["ok", "graph", "skip-notify", "shape", "empty-shape", "same-gpu"])
 def test_selfcheck_torchrun(case):
     # same-gpu: both ranks ask for GPU 0 and the plain mesh must refuse (no sharing asked for)
-    rc, out = torchrun(2, "--case", case, "--watchdog", "3", **({} if case == "same-gpu" else shared()))
+    rc, out = torchrun(2, "--case", case, "--watchdog", "3", **({} if case == "same-gpu" else ranks_env(2)))
     assert rc == 0 and out.count("as expected") == 2, out[-4000:]
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
 @pytest.mark.parametrize("case", ["ok", "skip-notify"])
 def test_selfcheck_mpirun(case):
-    env = shared()
+    env = ranks_env(2)
     rc, out = _run(["mpirun", "--allow-run-as-root", "-n", "2", "-x", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
                     "-x", "NVSHMEM_DISABLE_NVLS", "-x", "PYTHONPATH", *(a for k in env for a in ("-x", k)),
                     sys.executable, "-m", "etdist.collectives.selfcheck", "--case", case, "--watchdog", "3"], **env)
@@ -70,5 +67,5 @@ def test_nvshmem_missing():
 
 def test_bootstrap_failure_is_bounded():
     rc, out = torchrun(2, "--case", "ok", "--watchdog", "3", timeout=90,
-                       NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="no_such_if0", **shared())
+                       NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="no_such_if0", **ranks_env(2))
     assert rc != 0 and "NVSHMEM bootstrap" in out, out[-3000:]

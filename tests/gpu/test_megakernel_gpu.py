@@ -7,22 +7,12 @@ import sys
 import pytest
 import torch
 
+from conftest import ranks_env
+
 WORKER = str(pathlib.Path(__file__).with_name("gemm_rs_worker.py"))
 ENV = dict(os.environ, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="lo", NVSHMEM_DISABLE_NVLS="1", NCCL_NVLS_ENABLE="0",
            TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1", ETDIST_SHARE_GPU="0")   # ranks_env asks
 pytestmark = pytest.mark.gpu
-
-
-def ranks_env(world: int) -> dict:
-    """The environment of a `world`-rank run here: one rank per GPU where there are enough; else
-    the ranks share the GPUs (init_mesh(share_gpu=True): NVSHMEM's multi-process-per-GPU mode,
-    correctness only, no NCCL); no GPU: skip."""
-    n = torch.cuda.device_count()
-    if n >= world:
-        return {}
-    if n < 1:
-        pytest.skip("needs a GPU")
-    return {"ETDIST_SHARE_GPU": "1"}
 
 
 def torchrun(n, *args, timeout=600, worker=WORKER, env=None):
