@@ -405,20 +405,22 @@ def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
 def test_large_graph_plans_split_k_by_waves_and_weight_traffic():
     """Above 128 rows LARGE tiles go in as many contraction slices as plan_cost rates best. gemma2_27b's
     down projection (K=18432, N=4608) at M=1024 makes 144 tiles on 132 SMs: two waves for 1.09 waves
-    of work; in 4 slices, 576 tasks in 5 waves of a quarter each. At M=256 on gpt3_175b's shape the
-    weights, read once per owner, take longer than the whole tiles' single wave: slicing only adds
-    partials (the owners' tiles side by side read them once: 4 slices). Many waves (M=8192) or full
-    ones (llama31_70b at 1024: 256 tiles): whole tiles."""
-    from etdist.ops.gemm_rs import LARGE, HBM_TBS, SM_TFLOPS, kernel_plan, large_plan, plan_cost
+    of work; in 4 slices, 576 tasks in 5 waves of a quarter each, each task TASK_US more than its
+    steps, and a wave of reduce tasks per 132 tiles. At M=256 on gpt3_175b's shape the weights, read
+    once per owner, take longer than the whole tiles' single wave: slicing only adds partials (the
+    owners' tiles side by side read them once: 4 slices). Many waves (M=8192) or full ones
+    (llama31_70b at 1024: 256 tiles): whole tiles."""
+    from etdist.ops.gemm_rs import LARGE, HBM_TBS, REDUCE_US, SM_TFLOPS, TASK_US, kernel_plan, large_plan, plan_cost
     tile_us = 2 * 128 * 256 * 18432 / (SM_TFLOPS * 1e6)
-    assert plan_cost(1024, 18432, 4608, 2, 132, LARGE) == 2 * tile_us               # compute-bound: 2 waves
-    assert plan_cost(1024, 18432, 4608, 2, 132, LARGE, 4) == 5 * tile_us / 4 * 1.09
-    assert plan_cost(1024, 18432, 4608, 4, 144, LARGE) == tile_us                    # 4 x 2 x 18: one wave on 144 SMs
+    assert plan_cost(1024, 18432, 4608, 2, 132, LARGE) == 2 * (tile_us + TASK_US)  # compute-bound: 2 waves
+    assert plan_cost(1024, 18432, 4608, 2, 132, LARGE, 4) == 5 * (tile_us / 4 + TASK_US) + 2 * REDUCE_US
+    assert plan_cost(1024, 18432, 4608, 4, 144, LARGE) == tile_us + TASK_US         # 4 x 2 x 18: one wave on 144 SMs
     weights_us = 2 * 2 * 24576 * 12288 / (HBM_TBS * 1e6)                             # once per destination
     assert plan_cost(256, 24576, 12288, 2, 132, LARGE) > weights_us                  # memory-bound (and a bit more)
     # with the owners' tiles side by side (one row tile each: M <= 256 on two ranks) the weights are
-    # read once, and the single wave of whole tiles is the longer: 4 slices
-    assert plan_cost(256, 24576, 12288, 2, 132, LARGE, interleave=True) == tile_us * 24576 / 18432
+    # read once, and the single wave of whole tiles (and its reduce) is the longer: 4 slices
+    assert plan_cost(256, 24576, 12288, 2, 132, LARGE, interleave=True) == \
+        tile_us * 24576 / 18432 + TASK_US + REDUCE_US
     for M, K, N, want, interleaved in ((1024, 18432, 4608, 4, 4), (1000, 12800, 5120, 4, 4), (256, 14336, 8192, 2, 2),
                                        (256, 24576, 12288, 1, 4), (1024, 6144, 4096, 1, 1), (1024, 14336, 8192, 1, 1),
                                        (8192, 18432, 4608, 1, 1)):
@@ -462,6 +464,24 @@ def test_tail_plan_splits_only_the_last_waves_tiles():
     assert slices_that_fit(8192, 16384, 2, 2, 4) == 4 and slices_that_fit(16384, 16384, 2, 2, 4) == 2
     assert slices_that_fit(32800, 16384, 2, 2, 4) == 1 and slices_that_fit(32800, 16384, 2, 4, 4) == 1
     assert tail_plan(8192, 26624, 16384, 2, 132) == 4 and tail_plan(32800, 26624, 16384, 2, 132) == 1
+
+
+def test_chosen_plan_weighs_each_tasks_fixed_cost_and_the_reduce():
+    """A task costs TASK_US over its steps and a plan with a reduce task a wave of them, so short
+    slices lose where they cut few tiles: qwen3_8b's shard at M=768 (96 tiles on 132 SMs) runs whole
+    tiles (4 slices took 1.24x their time on one H100), and so does gemma2_9b's at M=2048 (224
+    tiles: 92 left in 4 slices took 1.09x). A short tail still goes in slices where that saves most
+    of a wave: qwen3_8b at M=2560 (56 of 320 left, 2 slices, 0.92x), llama31_405b at M=6144 (36 of
+    3072 left, 3 slices, 0.95x); gemma2_27b at M=1024 keeps its 4 (0.68x the whole tiles' time)."""
+    from etdist.ops.gemm_rs import chosen_plan, kernel_plan
+    assert chosen_plan(768, 6144, 4096, 1, 132) == (1, 0) and chosen_plan(768, 6144, 4096, 2, 132) == (1, 0)
+    assert chosen_plan(2048, 7168, 3584, 2, 132) == (1, 0)
+    assert chosen_plan(2560, 6144, 4096, 2, 132) == (2, 132)
+    assert chosen_plan(6144, 26624, 16384, 2, 132) == (3, 132)
+    assert chosen_plan(1024, 18432, 4608, 2, 132) == (4, 132)
+    assert chosen_plan(512, 6144, 4096, 2, 132)[0] > 1                 # 64 tiles: slices still pay
+    _, splits, _, build = kernel_plan(768, 6144, 4096, torch.bfloat16, 132, world=2)
+    assert splits == 1 and build.keywords["fuse_own"] and build.keywords["wave"] == 0
 
 
 def test_split_tail_knob_builds_the_wave_graph():

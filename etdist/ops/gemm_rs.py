@@ -57,7 +57,18 @@ LARGE = TileConfig(128, 256, 64, 8, 4)  # won the A/B against 128x128x64x8x3 (BE
 # (one row tile per owner) slices cut 15-40% on six shapes, and they beat 128x128 tiles there too.
 # Knob: ETDIST_GEMM_RS_MAX_SPLITS (1: whole tiles, as before).
 MAX_SPLITS = 4
-SPLIT_COST = 0.03   # per extra slice: its partial's stores and sum, a pipeline fill per task
+SPLIT_COST = 0.03   # the MLP's tail model: per extra slice, its partial's stores and sum, a pipeline fill
+# plan_cost's fixed costs (thirty-third session, one H100 as a rank of two, launch/trace_gemm_rs.py
+# and launch/ops_ab.py, records rs_splits_curve_proxy_ab): a task runs ~6 us longer than its steps
+# at SM_TFLOPS (pipeline fill, its tile's stores, the notify), so short slices pay it several times
+# over (qwen3_8b at M=768: 384 quarter tasks of 22.7 us for 16.8 us of steps); and a plan with a
+# reduce task (slices, or owners' tiles side by side) ends one reduce after its last matmul (the
+# reduce tasks ended ~8 us after it there). SPLIT_COST's 3% a slice had rated 4 slices of 96 tiles
+# at 0.82 of the whole wave: they took 1.24x its time (qwen3_8b and llama31_8b at M=768, gemma2_9b
+# at M=896). Fitted over 8 shapes x M = 256-1536 (72 cells), the plans at these costs run within 3%
+# of the fastest plan measured in 70 cells (the former within 3% in 67; 1.19-1.24x off in 3).
+TASK_US = 6.0
+REDUCE_US = 8.0
 # plan_cost's rates, measured on H200 (eleventh session): LARGE-sized tiles at ~6 TF/s on one SM
 # (the MLP's down tiles, traced); gemm_rs at M=256 on gpt3_175b's shape streamed its 1.2 GB of
 # weights at 4.3 TB/s, where 4 slices (planned by waves alone) took 350 us against 282 whole.
@@ -66,9 +77,10 @@ HBM_TBS = 4.3
 
 
 # The tail plan (ETDIST_GEMM_RS_SPLIT_TAIL; 0: large_plan's slices for every tile, as before):
-# where large_plan would cut every tile in slices but the tiles fill at least a wave of SMs, the
-# tiles that fill whole waves run whole and only those past the last whole wave run in slices, as
-# many as make their waves shortest (tail_plan). gemma2_27b at M=1024: 144 tiles on 132 SMs make one
+# where the tiles fill at least a wave of SMs, the tiles that fill whole waves run whole and only
+# those past the last whole wave run in slices, as many as make their waves shortest (tail_plan),
+# where plan_cost rates that faster than large_plan's plan (chosen_plan; before the thirty-third
+# session, wherever large_plan cut every tile). gemma2_27b at M=1024: 144 tiles on 132 SMs make one
 # wave of whole tiles and 12 tiles in 4 slices, where large_plan cuts all 144 in 4 (5 waves of
 # quarter tiles, each tile's 4 partials stored, sent and summed). Measured on one H200 as a rank of
 # two (launch/ops_ab.py, records gemm_rs_w1_ab, twenty-first session): gemma2_27b / qwen3_32b at
@@ -208,16 +220,22 @@ def large_tiles(M: int, N: int, world: int, cfg: TileConfig) -> int:
 
 
 def plan_cost(M: int, K: int, N: int, world: int, sms: int, cfg: TileConfig, splits: int = 1,
-              itemsize: int = 2, interleave: bool = False) -> float:
-    """Estimated us of the large graph with `cfg`'s tiles in `splits` contraction slices: the slower
-    of its compute, in whole waves (every SM pays for a whole last wave however few tasks it holds;
-    tasks: world destinations x row tiles x column tiles x slices), and its HBM traffic (weights
+              itemsize: int = 2, interleave: bool = False, wave: int = 0) -> float:
+    """Estimated us of the large graph with `cfg`'s tiles in `splits` contraction slices (with `wave`,
+    the tail plan: the tiles of whole waves of `wave` whole, the rest in slices): the slower of its
+    compute, in whole waves (every SM pays for a whole last wave however few tasks it holds; tasks:
+    world destinations x row tiles x column tiles x slices), each task its steps at SM_TFLOPS and
+    TASK_US, plus REDUCE_US a wave of reduce tasks (one a tile) where they follow (slices, or the
+    owners' tiles side by side; whole tiles reduce in their epilogue), and its HBM traffic (weights
     read once per destination, or once with the owners' tiles interleaved; x; partials written and
     summed)."""
     rows = -(-M // world)                     # rows per owner
-    tasks = large_tiles(M, N, world, cfg) * splits
-    flops = 2 * cfg.block_m * cfg.block_n * K / splits
-    compute = -(-tasks // sms) * flops / (SM_TFLOPS * 1e6) * (1 + SPLIT_COST * (splits - 1))
+    tiles = large_tiles(M, N, world, cfg)
+    head = tiles // wave * wave if wave and splits > 1 else 0   # the tail plan's whole tiles
+    tile_us = 2 * cfg.block_m * cfg.block_n * K / (SM_TFLOPS * 1e6)
+    compute = -(-head // sms) * (tile_us + TASK_US) + -(-(tiles - head) * splits // sms) * (tile_us / splits + TASK_US)
+    if splits > 1 or interleave:
+        compute += -(-tiles // sms) * REDUCE_US
     reads = 1 if interleave else world        # of the weights
     traffic = itemsize * (reads * K * N + M * K + 2 * world * splits * rows * N)
     return max(compute, traffic / (HBM_TBS * 1e6))
@@ -241,24 +259,45 @@ def slices_that_fit(M: int, N: int, world: int, itemsize: int, splits: int) -> i
 
 def tail_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2, interleave: bool = False) -> int:
     """Contraction slices of the LARGE tiles past the last whole wave on `sms` SMs: the fewest that
-    make their waves shortest, counting SPLIT_COST per extra slice (72 tiles left: 3 slices make 216
-    tasks, two waves of thirds, 0.67 of a whole wave), at most MAX_SPLITS. Fewer tiles than SMs are
-    all tail: large_plan's roofline, which knows when the weights' traffic bounds the kernel."""
+    make their waves shortest, a task its steps and TASK_US (72 tiles left of gemma2_27b's: 3 slices
+    make 216 tasks, two waves of thirds), at most MAX_SPLITS. Fewer tiles than SMs are all tail:
+    large_plan's roofline, which knows when the weights' traffic bounds the kernel."""
     tiles = large_tiles(M, N, world, LARGE)
     if tiles < sms:
         return slices_that_fit(M, N, world, itemsize, large_plan(M, K, N, world, sms, itemsize, interleave))
     tail = tiles % sms
     if not tail:
         return 1
-    return wave_splits(tail, sms, slices_that_fit(M, N, world, itemsize, MAX_SPLITS))
+    tile_us = 2 * LARGE.block_m * LARGE.block_n * K / (SM_TFLOPS * 1e6)
+    most = slices_that_fit(M, N, world, itemsize, MAX_SPLITS)
+    costs = [-(-tail * s // sms) * (tile_us / s + TASK_US) for s in range(1, most + 1)]
+    return 1 + costs.index(min(costs))
 
 
 def wave_splits(tiles: int, sms: int, most: int) -> int:
     """Contraction slices (at most `most`) of `tiles` equal tiles run together on `sms` SMs: the
     fewest that make their waves shortest, counting SPLIT_COST per extra slice (72 tiles on 132
-    SMs: 3 slices make 216 tasks, two waves of thirds, 0.67 of a whole tile's time)."""
+    SMs: 3 slices make 216 tasks, two waves of thirds, 0.67 of a whole tile's time). The MLP's."""
     costs = [-(-tiles * s // sms) / s * (1 + SPLIT_COST * (s - 1)) for s in range(1, most + 1)]
     return 1 + costs.index(min(costs))
+
+
+def chosen_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2,
+                interleave: bool = False) -> tuple[int, int]:
+    """(splits, wave) of the large graph: large_plan's slices of every tile (wave 0) or, where the
+    tiles fill a wave of SMs (SPLIT_TAIL), whole waves of whole tiles and tail_plan's slices past
+    them (wave = sms), whichever plan_cost rates faster. Measured on one H100 as a rank of two
+    (records rs_task_cost_proxy_ab): qwen3_8b at M=2560, 320 tiles, a tail of 56 tiles in 2 slices
+    took 0.92x the whole tiles' time, where gemma2_9b at M=2048 (224 tiles, 92 left in 4 slices)
+    took 1.09x."""
+    splits = large_plan(M, K, N, world, sms, itemsize, interleave)
+    if not SPLIT_TAIL or large_tiles(M, N, world, LARGE) < sms:
+        return splits, 0
+    tail = tail_plan(M, K, N, world, sms, itemsize, interleave)
+    if tail > 1 and plan_cost(M, K, N, world, sms, LARGE, tail, itemsize, interleave, wave=sms) < \
+            plan_cost(M, K, N, world, sms, LARGE, splits, itemsize, interleave):
+        return tail, sms
+    return splits, 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -304,10 +343,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
         # the owners' tiles side by side (each reads the weights once): not owner by owner, so
         # neither own_last nor fuse_own
         interleave = interleave_sources(rows, cfg.block_m, world) and not OWN_LAST
-        splits, wave = large_plan(M, K, N, world, sms, dtype.itemsize, interleave), 0
-        if SPLIT_TAIL and splits > 1 and large_tiles(M, N, world, cfg) >= sms:
-            tail = tail_plan(M, K, N, world, sms, dtype.itemsize, interleave)
-            splits, wave = (tail, sms) if tail > 1 else (splits, 0)
+        splits, wave = chosen_plan(M, K, N, world, sms, dtype.itemsize, interleave)
         fuse = FUSE_OWN and splits == 1 and not interleave
         return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
                                                      cfg.block_k, align, splits=splits, wave=wave,
