@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 import etdist as et
-from etdist.kernels.gemm_tiles import async_proxy_fence
+from etdist.kernels.gemm_tiles import async_proxy_fence, store_tile
 from etdist.kernels.sync import ld_acquire, notify
 from etdist.measure import baselines as B
 from etdist.measure import records
@@ -58,14 +58,6 @@ def steps(x_d, w_d, pm, pn, k_lo, k_hi, BM: tl.constexpr, BN: tl.constexpr, BK: 
     for k in range(k_lo, k_hi):
         acc = tl.dot(x_d.load([pm * BM, k * BK]), w_d.load([k * BK, pn * BN]), acc)
     return acc
-
-
-@triton.jit
-def store(y, acc, pm, pn, M, N, BM: tl.constexpr, BN: tl.constexpr):
-    offs_m = pm * BM + tl.arange(0, BM)
-    offs_n = pn * BN + tl.arange(0, BN)
-    tl.store(y + offs_m[:, None] * N + offs_n[None, :], acc.to(y.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 @triton.jit
@@ -98,7 +90,7 @@ def sk_gemm(x, w, y, ws, flags, err, M, N, K, sk_start, max_spins, PROGRAMS: tl.
             xt = tl.make_tensor_descriptor(x, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
             wt = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
             acc = steps(xt, wt, pm, pn, 0, iters, BM, BN, BK)
-        store(y, acc, pm, pn, M, N, BM, BN)
+        store_tile(acc, y, N, M, N, pm, pn, BM, BN)
     total = (tiles - sk_start) * iters
     shares = tl.minimum(PROGRAMS, total)        # fewer steps than programs: one step each
     lo = tl.minimum(pid, shares) * total // tl.maximum(shares, 1)
@@ -129,7 +121,7 @@ def sk_gemm(x, w, y, ws, flags, err, M, N, K, sk_start, max_spins, PROGRAMS: tl.
                 for q in range(q_lo, q_hi + 1):
                     acc += tl.load(ws + q.to(tl.int64) * (BM * BN) + block)
                 tl.atomic_xchg(flags + u, 0)     # re-armed for the next launch (stream order)
-            store(y, acc, pm, pn, M, N, BM, BN)
+            store_tile(acc, y, N, M, N, pm, pn, BM, BN)
         s = u * iters + k1
 
 
