@@ -33,7 +33,7 @@ import triton.language as tl
 
 import etdist as et
 from etdist.kernels.gemm_tiles import async_proxy_fence, store_tile
-from etdist.kernels.sync import ld_acquire, notify
+from etdist.kernels.sync import ld_acquire, notify, wait
 from etdist.measure import baselines as B
 from etdist.measure import records
 from etdist.measure.shapes import MLP_SHAPES
@@ -67,7 +67,7 @@ def holder(x, total, shares):
 
 
 @triton.jit
-def sk_gemm(x, w, y, ws, flags, err, M, N, K, sk_start, max_spins, PROGRAMS: tl.constexpr,
+def sk_gemm(x, w, y, ws, flags, err, err_table, M, N, K, sk_start, max_spins, PROGRAMS: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
             PER_TILE: tl.constexpr = 0):
     """Tiles [0, sk_start) whole, dealt round-robin; tiles [sk_start, tiles) stream-K (see above).
@@ -110,14 +110,8 @@ def sk_gemm(x, w, y, ws, flags, err, M, N, K, sk_start, max_spins, PROGRAMS: tl.
             if k1 < iters:   # the tile's first piece, my share's last: add the others' pieces
                 q_lo = holder(u * iters + k1, total, shares)
                 q_hi = holder(u * iters + iters - 1, total, shares)
-                v = tl.atomic_add(flags + u, 0, sem="acquire", scope="gpu")
-                spins = 0
-                while (v < q_hi - q_lo + 1) & (spins < max_spins):
-                    v = tl.atomic_add(flags + u, 0, sem="acquire", scope="gpu")
-                    spins += 1
-                if v < q_hi - q_lo + 1:
-                    tl.atomic_xchg(err, 1)
-                tl.debug_barrier()
+                # watchdog'd: a timeout records itself in err (sync.wait's error slot, world 1)
+                wait(flags + u, q_hi - q_lo + 1, max_spins, err, err_table, 0, 1, u, 0, 0, "gpu", True)
                 for q in range(q_lo, q_hi + 1):
                     acc += tl.load(ws + q.to(tl.int64) * (BM * BN) + block)
                 tl.atomic_xchg(flags + u, 0)     # re-armed for the next launch (stream order)
@@ -134,7 +128,8 @@ class Micro:
         self.tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
         self.ws = torch.empty(self.programs, BM, BN, device=device, dtype=torch.float32)
         self.flags = torch.zeros(max(self.tiles, 1), device=device, dtype=torch.int32)
-        self.err = torch.zeros(1, device=device, dtype=torch.int32)
+        self.err = torch.zeros(8, device=device, dtype=torch.int32)      # sync.wait's error slot
+        self.err_table = torch.tensor([self.err.data_ptr()], device=device, dtype=torch.int64)
         self.out = torch.empty(M, N, device=device, dtype=torch.bfloat16)
 
     def sk_start(self, form: str) -> int:
@@ -144,7 +139,7 @@ class Micro:
         return max(0, (T // P - (1 if form == "sk2" else 0)) * P)
 
     def __call__(self, form, x, w):
-        sk_gemm[(self.programs,)](x, w, self.out, self.ws, self.flags, self.err, self.M, self.N, self.K,
+        sk_gemm[(self.programs,)](x, w, self.out, self.ws, self.flags, self.err, self.err_table, self.M, self.N, self.K,
                                   self.sk_start(form), MAX_SPINS, PROGRAMS=self.programs, BM=BM, BN=BN, BK=BK,
                                   GROUP_M=GROUP_M, PER_TILE={"dpd": 1, "dpw": 2}.get(form, 0), num_warps=WARPS,
                                   num_stages=STAGES)
@@ -181,10 +176,10 @@ def main():
                 y = steps_of[n](0).float()
                 torch.cuda.synchronize()
                 errs[n] = ((y - ref).abs().max() / ref.abs().max()).item()
-                if micro.err.item() or not errs[n] < 2e-2:
-                    raise RuntimeError(f"{model} M={M} {n}: rel err {errs[n]:.1e}, watchdog {micro.err.item()}")
+                if micro.err[0].item() or not errs[n] < 2e-2:
+                    raise RuntimeError(f"{model} M={M} {n}: rel err {errs[n]:.1e}, watchdog {micro.err[0].item()}")
             t = time_alternated({n: B.rotating(steps_of[n], copies) for n in names}, rounds=rounds, device=dev)
-            if micro.err.item():
+            if micro.err[0].item():
                 raise RuntimeError(f"{model} M={M}: a stream-K wait timed out while timing")
             for n in names[1:]:
                 records.append(f"{out_dir}/stream_k_micro.jsonl", records.make_record(

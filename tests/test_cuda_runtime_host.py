@@ -410,17 +410,17 @@ def test_large_graph_plans_split_k_by_waves_and_weight_traffic():
     once per owner, take longer than the whole tiles' single wave: slicing only adds partials (the
     owners' tiles side by side read them once: 4 slices). Many waves (M=8192) or full ones
     (llama31_70b at 1024: 256 tiles): whole tiles."""
-    from etdist.ops.gemm_rs import LARGE, HBM_TBS, REDUCE_US, SM_TFLOPS, TASK_US, kernel_plan, large_plan, plan_cost
+    from etdist.ops.gemm_rs import LARGE, HBM_TBS, REDUCE_WAVE_US, SM_TFLOPS, TASK_US, kernel_plan, large_plan, plan_cost
     tile_us = 2 * 128 * 256 * 18432 / (SM_TFLOPS * 1e6)
     assert plan_cost(1024, 18432, 4608, 2, 132, LARGE) == 2 * (tile_us + TASK_US)  # compute-bound: 2 waves
-    assert plan_cost(1024, 18432, 4608, 2, 132, LARGE, 4) == 5 * (tile_us / 4 + TASK_US) + 2 * REDUCE_US
+    assert plan_cost(1024, 18432, 4608, 2, 132, LARGE, 4) == 5 * (tile_us / 4 + TASK_US) + 2 * REDUCE_WAVE_US
     assert plan_cost(1024, 18432, 4608, 4, 144, LARGE) == tile_us + TASK_US         # 4 x 2 x 18: one wave on 144 SMs
     weights_us = 2 * 2 * 24576 * 12288 / (HBM_TBS * 1e6)                             # once per destination
     assert plan_cost(256, 24576, 12288, 2, 132, LARGE) > weights_us                  # memory-bound (and a bit more)
     # with the owners' tiles side by side (one row tile each: M <= 256 on two ranks) the weights are
     # read once, and the single wave of whole tiles (and its reduce) is the longer: 4 slices
     assert plan_cost(256, 24576, 12288, 2, 132, LARGE, interleave=True) == \
-        tile_us * 24576 / 18432 + TASK_US + REDUCE_US
+        tile_us * 24576 / 18432 + TASK_US + REDUCE_WAVE_US
     for M, K, N, want, interleaved in ((1024, 18432, 4608, 4, 4), (1000, 12800, 5120, 4, 4), (256, 14336, 8192, 2, 2),
                                        (256, 24576, 12288, 1, 4), (1024, 6144, 4096, 1, 1), (1024, 14336, 8192, 1, 1),
                                        (8192, 18432, 4608, 1, 1)):

@@ -68,7 +68,7 @@ SPLIT_COST = 0.03   # the MLP's tail model: per extra slice, its partial's store
 # at M=896). Fitted over 8 shapes x M = 256-1536 (72 cells), the plans at these costs run within 3%
 # of the fastest plan measured in 70 cells (the former within 3% in 67; 1.19-1.24x off in 3).
 TASK_US = 6.0
-REDUCE_US = 8.0
+REDUCE_WAVE_US = 8.0   # not ops.mlp's REDUCE_US: that is one sum task's guess
 # plan_cost's rates, measured on H200 (eleventh session): LARGE-sized tiles at ~6 TF/s on one SM
 # (the MLP's down tiles, traced); gemm_rs at M=256 on gpt3_175b's shape streamed its 1.2 GB of
 # weights at 4.3 TB/s, where 4 slices (planned by waves alone) took 350 us against 282 whole.
@@ -219,23 +219,28 @@ def large_tiles(M: int, N: int, world: int, cfg: TileConfig) -> int:
     return world * -(-rows // cfg.block_m) * -(-N // cfg.block_n)
 
 
+def tile_us(block_m: int, block_n: int, K: int) -> float:
+    """us of one block_m x block_n output tile over a contraction of K on one SM at SM_TFLOPS."""
+    return 2 * block_m * block_n * K / (SM_TFLOPS * 1e6)
+
+
 def plan_cost(M: int, K: int, N: int, world: int, sms: int, cfg: TileConfig, splits: int = 1,
               itemsize: int = 2, interleave: bool = False, wave: int = 0) -> float:
     """Estimated us of the large graph with `cfg`'s tiles in `splits` contraction slices (with `wave`,
     the tail plan: the tiles of whole waves of `wave` whole, the rest in slices): the slower of its
     compute, in whole waves (every SM pays for a whole last wave however few tasks it holds; tasks:
     world destinations x row tiles x column tiles x slices), each task its steps at SM_TFLOPS and
-    TASK_US, plus REDUCE_US a wave of reduce tasks (one a tile) where they follow (slices, or the
+    TASK_US, plus REDUCE_WAVE_US a wave of reduce tasks (one a tile) where they follow (slices, or the
     owners' tiles side by side; whole tiles reduce in their epilogue), and its HBM traffic (weights
     read once per destination, or once with the owners' tiles interleaved; x; partials written and
     summed)."""
     rows = -(-M // world)                     # rows per owner
     tiles = large_tiles(M, N, world, cfg)
     head = tiles // wave * wave if wave and splits > 1 else 0   # the tail plan's whole tiles
-    tile_us = 2 * cfg.block_m * cfg.block_n * K / (SM_TFLOPS * 1e6)
-    compute = -(-head // sms) * (tile_us + TASK_US) + -(-(tiles - head) * splits // sms) * (tile_us / splits + TASK_US)
+    whole = tile_us(cfg.block_m, cfg.block_n, K)
+    compute = -(-head // sms) * (whole + TASK_US) + -(-(tiles - head) * splits // sms) * (whole / splits + TASK_US)
     if splits > 1 or interleave:
-        compute += -(-tiles // sms) * REDUCE_US
+        compute += -(-tiles // sms) * REDUCE_WAVE_US
     reads = 1 if interleave else world        # of the weights
     traffic = itemsize * (reads * K * N + M * K + 2 * world * splits * rows * N)
     return max(compute, traffic / (HBM_TBS * 1e6))
@@ -268,9 +273,9 @@ def tail_plan(M: int, K: int, N: int, world: int, sms: int, itemsize: int = 2, i
     tail = tiles % sms
     if not tail:
         return 1
-    tile_us = 2 * LARGE.block_m * LARGE.block_n * K / (SM_TFLOPS * 1e6)
+    whole = tile_us(LARGE.block_m, LARGE.block_n, K)
     most = slices_that_fit(M, N, world, itemsize, MAX_SPLITS)
-    costs = [-(-tail * s // sms) * (tile_us / s + TASK_US) for s in range(1, most + 1)]
+    costs = [-(-tail * s // sms) * (whole / s + TASK_US) for s in range(1, most + 1)]
     return 1 + costs.index(min(costs))
 
 

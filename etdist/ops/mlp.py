@@ -15,9 +15,9 @@ from ..fusion.errors import InputError
 from ..collectives.compiled import call_op
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
-from .gemm_rs import (SCRATCH_BYTES, SM_TFLOPS, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel,
+from .gemm_rs import (SCRATCH_BYTES, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel,
                       check_operands, fp32_config, no_rows, refusal_reaches_peers, row_pointers, slices_that_fit,
-                      total_rows_of, wave_splits)
+                      tile_us, total_rows_of, wave_splits)
 from . import gemm_rs as _gemm_rs
 
 TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
@@ -88,12 +88,12 @@ def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, cfg: Ti
                            most=min(mn, sms))
 
 
-def _gate_up_us(cfg: TileConfig, up_n: int, H: int) -> float:   # a gate/up tile at SM_TFLOPS
-    return 2 * cfg.block_m * 2 * up_n * H / (SM_TFLOPS * 1e6)
+def _gate_up_us(cfg: TileConfig, up_n: int, H: int) -> float:   # a gate/up tile (gate and up) at SM_TFLOPS
+    return tile_us(cfg.block_m, 2 * up_n, H)
 
 
 def _down_us(cfg: TileConfig, down_n: int, I: int) -> float:     # a whole down tile at SM_TFLOPS
-    return 2 * cfg.block_m * down_n * I / (SM_TFLOPS * 1e6)
+    return tile_us(cfg.block_m, down_n, I)
 
 
 def least_busy_tail(sms: int, before: list, n_down: int, down_us: float, splits: int, after: list,
