@@ -60,12 +60,9 @@ def own_loop(x, w, partial, y, M, N, K, PROGRAMS: tl.constexpr, BM: tl.constexpr
     """The megakernel's own tasks at world 1 in a plain persistent loop: tile t on program
     t % PROGRAMS, in the graph's grouped order (et.grouped)."""
     m_tiles, n_tiles = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    width = GROUP_M * n_tiles
     for t in range(tl.program_id(0), m_tiles * n_tiles, PROGRAMS):
-        first = (t // width) * GROUP_M
-        size = tl.minimum(m_tiles - first, GROUP_M)
-        gemm_tiles.gemm_rs_matmul_own(first + (t % width) % size, (t % width) // size, x, w, partial, y, M, K, N,
-                                      0, 1, BM, BN, BK, 1, True)
+        i, j = gemm_tiles.grouped_tile(t, m_tiles, n_tiles, GROUP_M)
+        gemm_tiles.gemm_rs_matmul_own(i, j, x, w, partial, y, M, K, N, 0, 1, BM, BN, BK, 1, True)
 
 
 def main():
@@ -98,10 +95,13 @@ def main():
         x, ws = ops.x, ops.weights
         y_mm, y_loop = (torch.empty(M, N, device=dev, dtype=torch.bfloat16) for _ in range(2))
         unused = torch.empty(1, device=dev, dtype=torch.bfloat16)   # own_loop's partials: no peers
-        steps = {"mm": lambda i: torch.mm(x, ws[i], out=y_mm),
-                 "loop": lambda i: (own_loop[(programs,)](
-                     x, ws[i], unused, y_loop, M, N, K, PROGRAMS=programs, BM=cfg.block_m, BN=cfg.block_n,
-                     BK=cfg.block_k, GROUP_M=8, num_warps=cfg.num_warps, num_stages=cfg.num_stages), y_loop)[1]}
+
+        def loop(i):
+            own_loop[(programs,)](x, ws[i], unused, y_loop, M, N, K, PROGRAMS=programs, BM=cfg.block_m,
+                                  BN=cfg.block_n, BK=cfg.block_k, GROUP_M=8, num_warps=cfg.num_warps,
+                                  num_stages=cfg.num_stages)
+            return y_loop
+        steps = {"mm": lambda i: torch.mm(x, ws[i], out=y_mm), "loop": loop}
         for name, kernel in kernels.items():
             steps[name] = (lambda k: lambda i: k(mesh, x=x, w=ws[i])["y"])(kernel)
         ref, errs = x.float() @ ws[0].float(), {}

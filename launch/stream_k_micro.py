@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 import etdist as et
-from etdist.kernels.gemm_tiles import async_proxy_fence, store_tile
+from etdist.kernels.gemm_tiles import async_proxy_fence, grouped_tile, store_tile
 from etdist.kernels.sync import ld_acquire, notify, wait
 from etdist.measure import baselines as B
 from etdist.measure import records
@@ -41,15 +41,6 @@ from etdist.measure.timing import time_alternated
 
 BM, BN, BK, WARPS, STAGES, GROUP_M = 128, 256, 64, 8, 4, 8
 MAX_SPINS = 1 << 22
-
-
-@triton.jit
-def tile_coords(t, m_tiles, n_tiles, GROUP_M: tl.constexpr):
-    """Tile t in grouped order: GROUP_M row tiles per column, so a wave shares weight tiles in L2."""
-    width = GROUP_M * n_tiles
-    first_m = (t // width) * GROUP_M
-    size = tl.minimum(m_tiles - first_m, GROUP_M)
-    return first_m + (t % width) % size, (t % width) // size
 
 
 @triton.jit
@@ -79,7 +70,7 @@ def sk_gemm(x, w, y, ws, flags, err, err_table, M, N, K, sk_start, max_spins, PR
     m_tiles, n_tiles, iters = tl.cdiv(M, BM), tl.cdiv(N, BN), tl.cdiv(K, BK)
     tiles = m_tiles * n_tiles
     for t in range(pid, sk_start, PROGRAMS):
-        pm, pn = tile_coords(t, m_tiles, n_tiles, GROUP_M)
+        pm, pn = grouped_tile(t, m_tiles, n_tiles, GROUP_M)
         if PER_TILE == 0:
             acc = steps(x_d, w_d, pm, pn, 0, iters, BM, BN, BK)
         else:
@@ -101,7 +92,7 @@ def sk_gemm(x, w, y, ws, flags, err, err_table, M, N, K, sk_start, max_spins, PR
         u = s // iters
         k0 = s - u * iters
         k1 = tl.minimum(hi - u * iters, iters)
-        pm, pn = tile_coords(sk_start + u, m_tiles, n_tiles, GROUP_M)
+        pm, pn = grouped_tile(sk_start + u, m_tiles, n_tiles, GROUP_M)
         acc = steps(x_d, w_d, pm, pn, k0, k1, BM, BN, BK)
         if k0 > 0:   # a later piece of tile u: to my slot, for the tile's first piece to add
             tl.store(ws + pid.to(tl.int64) * (BM * BN) + block, acc)

@@ -142,6 +142,16 @@ def mm_tile(a, rows, b, K, N, c, ldc, i, j,
 
 
 @triton.jit
+def grouped_tile(t, m_tiles, n_tiles, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of tile t in grouped order, as et.grouped orders the graphs' tiles:
+    GROUP_M row tiles per column, so the programs of a wave share weight tiles in L2."""
+    width = GROUP_M * n_tiles
+    first_m = (t // width) * GROUP_M
+    size = tl.minimum(m_tiles - first_m, GROUP_M)
+    return first_m + (t % width) % size, (t % width) // size
+
+
+@triton.jit
 def store_tile(acc, c, ldc, rows, N, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """c[tile (i, j)] = acc, in c's dtype, rows past `rows` and columns past N left alone."""
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
