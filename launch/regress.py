@@ -1,0 +1,284 @@
+"""The fused TP ops on every GPU of one node, at world = the GPUs (not a one-GPU stand-in): a
+fixed grid of cells (op x shape x M), each plan variant of ours against cuBLAS+NCCL (eager and in
+a CUDA graph), alternated in one process, then every cell compared with the last committed records.
+
+    torchrun --nproc_per_node=2 launch/regress.py                       # the regression grid
+    torchrun --nproc_per_node=2 launch/regress.py --ops gemm_rs --models qwen3_8b --ms 1024 \
+        --variants "base;FUSE_OWN=0"                                    # a two-GPU A/B of a plan change
+
+A variant sets module attributes of the ops' plan modules (etdist.ops.gemm_rs / ag_gemm / mlp,
+etdist.kernels.gemm_tiles; `NAME=value` joined by `+`; `base` is the tree as it is) while its
+contender runs, with the plan caches cleared around it and its own compiled kernels. Every variant
+is checked against a float32 reference (its output written over NaN) before anything is timed, and
+its CUDA-graph replay against its eager call. Each round times every contender once (a barrier,
+warm-up, 2 batches of back-to-back calls sized to ~2 ms, weights rotated over 4 copies), the
+order turning every round (etdist.measure.timing.turns); a time is the median over the rounds'
+batches on the slower rank. Contenders per cell: ours (eager) and ours_graph per variant, the
+baselines eager and graph (and mm alone).
+
+Records (DESIGN.md's schema, `extra.variant` naming the variant; `extra.ours_graph_us`) go to
+$OUT/<op>.jsonl (default /tmp/regress); with --against DIR (default bench/results), every cell
+whose speedup over the best baseline moved by more than --tolerance (3%) from the newest record
+of the same cell there is printed, and a short table closes the run.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+import etdist as et
+from etdist.kernels import gemm_tiles
+from etdist.measure import baselines as B
+from etdist.measure import records
+from etdist.measure.shapes import MLP_SHAPES
+from etdist.measure.timing import _per_call, slowest_rank, turns
+from etdist.ops import ag_gemm as ag_gemm_op
+from etdist.ops import gemm_rs as gemm_rs_op
+from etdist.ops import mlp as mlp_op
+
+COPIES = 4
+MODULES = {"gemm_rs": (gemm_rs_op, gemm_tiles), "ag_gemm": (ag_gemm_op, gemm_rs_op, gemm_tiles),
+           "mlp": (mlp_op, ag_gemm_op, gemm_rs_op, gemm_tiles),
+           "mlp_replicated": (mlp_op, ag_gemm_op, gemm_rs_op, gemm_tiles)}
+# the dense M sweep: decode, ragged and round sizes, up to a long prefill
+DEFAULT_MS = [16, 128, 129, 160, 192, 256, 320, 384, 511, 640, 768, 896, 1000, 1024, 1536, 2048, 2500, 3072,
+              4096, 6144, 8192]
+
+
+def variant(text: str) -> dict:
+    """`A=1+B=2` -> {"A": "1", "B": "2"}; `base` -> {}."""
+    return {k: v for k, _, v in (p.partition("=") for p in text.split("+") if p and p != "base")}
+
+
+def converted(current, text: str):
+    if isinstance(current, gemm_rs_op.TileConfig):
+        return gemm_rs_op.TileConfig.parse(text)
+    if isinstance(current, bool):
+        return bool(int(text))
+    return type(current)(float(text) if isinstance(current, float) else int(text))
+
+
+class patched:
+    """The plan modules' attributes set to a variant's values inside the block, plan caches cleared,
+    and the variant's own kernel caches (the ops key their kernels on the plan's build arguments)."""
+
+    kernels: dict = {}
+
+    def __init__(self, op: str, text: str):
+        self.modules, self.values, self.key, self.saved = MODULES[op], variant(text), text, []
+
+    def __enter__(self):
+        for module in self.modules:
+            if hasattr(module, "_KERNELS"):
+                own = self.kernels.setdefault((module.__name__, self.key), {})
+                self.saved.append((module, "_KERNELS", module._KERNELS))
+                module._KERNELS = own
+        for k, v in self.values.items():
+            module = next((m for m in self.modules if hasattr(m, k)), None)
+            if module is None:
+                raise AttributeError(f"variant {self.key!r}: none of {[m.__name__ for m in self.modules]} has {k}")
+            self.saved.append((module, k, getattr(module, k)))
+            setattr(module, k, converted(getattr(module, k), v))
+        et.ops.clear_plan_caches()
+        return self
+
+    def __exit__(self, *exc):
+        for module, k, v in reversed(self.saved):
+            setattr(module, k, v)
+        self.saved = []
+        et.ops.clear_plan_caches()
+
+
+def chunk(M: int, world: int, rank: int) -> tuple[int, int]:
+    C = -(-M // world)
+    return min(M, rank * C), min(M, (rank + 1) * C)
+
+
+def gather_rows(x: torch.Tensor, M: int, world: int) -> torch.Tensor:
+    """float32 [M, K] of every rank's rows (chunks padded to cdiv(M, world) in transit)."""
+    C = -(-M // world)
+    padded = torch.zeros(C, x.shape[1], device=x.device, dtype=torch.float32)
+    padded[:x.shape[0]] = x.float()
+    full = torch.empty(C * world, x.shape[1], device=x.device, dtype=torch.float32)
+    dist.all_gather_into_tensor(full, padded)
+    return full[:M]
+
+
+def cell(op: str, mesh, H: int, I: int, M: int):
+    """(ours: step(i, out=None) on weight copy i, this rank's float32 reference of copy 0, output
+    shape, baselines' Measured, floor args): the operands as etdist.bench_gpu's cells make them."""
+    R, dev, rank = mesh.world_size, mesh.device, mesh.rank
+    lo, hi = chunk(M, R, rank)
+    if op == "gemm_rs":
+        ops = B.gemm_rs_operands(M, I // R, H, copies=COPIES, device=dev)
+        x = ops.x[:M].contiguous()
+        ref = x.float() @ ops.weights[0].float()
+        dist.all_reduce(ref)
+        step = lambda i, out=None: et.ops.gemm_reduce_scatter(x, ops.weights[i], mesh=mesh, out=out)  # noqa: E731
+        base = B.baseline_fns(op, M, I // R, H, copies=COPIES, device=dev, symm_mem=False, operands=ops)
+        return step, ref[lo:hi], (hi - lo, H), base, (M, I, H)
+    if op == "ag_gemm":
+        ops = B.ag_gemm_operands(M, H, 2 * I // R, copies=COPIES, device=dev)
+        x = ops.x[:hi - lo].contiguous()
+        ref = gather_rows(x, M, R) @ ops.weights[0].float()
+        step = lambda i, out=None: et.ops.all_gather_gemm(x, ops.weights[i], mesh=mesh, total_rows=M, out=out)  # noqa: E731
+        base = B.baseline_fns(op, M, H, 2 * I // R, copies=COPIES, device=dev, symm_mem=False, operands=ops)
+        return step, ref, (M, 2 * I // R), base, (M, H, 2 * I)
+    seq = op == "mlp"
+    ops = (B.mlp_operands if seq else B.mlp_replicated_operands)(M, H, I // R, copies=COPIES, device=dev)
+    x = ops.x[:hi - lo].contiguous() if seq else ops.x
+    full = B.swiglu((gather_rows(x, M, R) if seq else x.float()) @ ops.gate_up[0].float()) @ ops.down[0].float()
+    dist.all_reduce(full)
+    step = lambda i, out=None: et.ops.tensor_parallel_mlp(  # noqa: E731
+        x, ops.gate_up[i], ops.down[i], mesh=mesh, total_rows=M if seq else None, sequence_parallel=seq, out=out)
+    base = B.baseline_fns(op, M, H, I // R, copies=COPIES, device=dev, symm_mem=False, operands=ops)
+    return step, (full[lo:hi] if seq else full), ((hi - lo) if seq else M, H), base, (M, H, I)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    if not want.numel():
+        return 0.0
+    return ((got.float() - want).abs().max() / want.abs().max()).item()
+
+
+def max_over_ranks(v: float, dev) -> float:
+    t = torch.tensor([v], device=dev, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def timed(contenders: dict, dev, rounds: int, est_us: float) -> dict:
+    """us per call of each contender (name -> (zero-arg call, variant or None, op)), rounds of
+    turning order, each a barrier, 2 warm-ups and 2 batches of ~2 ms; the slower rank's median."""
+    calls = max(3, min(20, round(2000 / max(est_us, 1.0))))
+    samples = {n: [] for n in contenders}
+    for order in turns(list(contenders), rounds):
+        for n in order:
+            fn, var, op = contenders[n]
+            if var is None:
+                samples[n] += _per_call(fn, calls=calls, batches=2, warmup=2, barrier=dist.barrier, device=dev)
+            else:
+                with patched(op, var):
+                    samples[n] += _per_call(fn, calls=calls, batches=2, warmup=2, barrier=dist.barrier, device=dev)
+    return {n: slowest_rank(statistics.median(s)) for n, s in samples.items()}
+
+
+def newest(folder: str) -> dict:
+    """The newest committed record per (workload, model, M, world, schedule) under `folder`."""
+    out = {}
+    if not folder or not os.path.isdir(folder):
+        return out
+    for name in os.listdir(folder):
+        if name.endswith(".jsonl"):
+            for rec in records.newest_per_cell(records.load(os.path.join(folder, name))):
+                out[rec.cell] = rec
+    return out
+
+
+def best(baselines: dict) -> float:
+    return min(v for k, v in baselines.items() if k in ("eager", "graph"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ops", default="gemm_rs,ag_gemm,mlp")
+    ap.add_argument("--models", default=",".join(MLP_SHAPES))
+    ap.add_argument("--ms", default=",".join(map(str, DEFAULT_MS)))
+    ap.add_argument("--variants", default="base", help="';'-separated, e.g. 'base;FUSE_OWN=0'")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--against", default="bench/results")
+    ap.add_argument("--tolerance", type=float, default=0.03)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/regress"))
+    ap.add_argument("--notes", default="")
+    args = ap.parse_args()
+    dist.init_process_group("cpu:gloo,cuda:nccl")
+    mesh = et.init_mesh()
+    dev, lead = mesh.device, mesh.rank == 0
+    names = args.variants.split(";")
+    env = records.env_info()
+    ceil = B.measure_ceilings(dev)
+    ceil = B.Ceilings(copy_TBps=-slowest_rank(-ceil.copy_TBps), mm_TFps=-slowest_rank(-ceil.mm_TFps))
+    before = newest(args.against) if lead else {}
+    os.makedirs(args.out, exist_ok=True)
+    if lead:
+        print(f"{torch.cuda.get_device_name(dev)} x{mesh.world_size}: copy {ceil.copy_TBps:.2f} TB/s, "
+              f"mm {ceil.mm_TFps:.0f} TF/s; variants {names}", flush=True)
+    table, moved = [], []
+    for op in args.ops.split(","):
+        for model in args.models.split(","):
+            H, I = MLP_SHAPES[model].hidden, MLP_SHAPES[model].intermediate
+            for M in (int(m) for m in args.ms.split(",")):
+                step, ref, shape, base, fl = cell(op, mesh, H, I, M)
+                contenders, errs = {}, {}
+                for v in names:
+                    with patched(op, v):
+                        out = torch.full(shape, float("nan"), device=dev, dtype=torch.bfloat16)
+                        got = step(0, out=out)
+                        errs[v] = max_over_ranks(rel_err(got, ref), dev)
+                        if not errs[v] < 2e-2:
+                            raise RuntimeError(f"{op} {model} M={M} variant {v}: rel err {errs[v]:.1e}")
+                        replay = B.graphed(step, COPIES, dev)
+                        g_err = max_over_ranks(rel_err(replay(), step(0).float()), dev)
+                        if not g_err < 1e-3:
+                            raise RuntimeError(f"{op} {model} M={M} variant {v}: graph replay differs ({g_err:.1e})")
+                    contenders[f"ours[{v}]"] = (B.rotating(step, COPIES), v, op)
+                    contenders[f"graph[{v}]"] = (replay, None, op)
+                for n, fn in base.fns.items():
+                    contenders[n] = (fn, None, op)
+                est = _per_call(contenders["eager"][0], calls=3, batches=1, warmup=1, barrier=dist.barrier,
+                                device=dev)[0]
+                t = timed(contenders, dev, args.rounds, slowest_rank(est))
+                floor = B.floor_us(*fl, mesh.world_size, ceil.copy_TBps, ceil.mm_TFps, workload=op)
+                bl = {k: t[k] for k in base.fns}
+                for v in names:
+                    rec = records.make_record(
+                        workload=op, model=model, M=M, world=mesh.world_size, schedule="static",
+                        ours_us=t[f"ours[{v}]"], baselines=bl, floor_us=floor, rel_err=errs[v], env=env,
+                        notes=(f"launch/regress.py variant {v}, {args.rounds} rounds turning order; "
+                               + args.notes).strip(),
+                        extra={"ours_graph_us": t[f"graph[{v}]"], "variant": v})
+                    if lead:
+                        records.append(os.path.join(args.out, f"{op}.jsonl"), rec)
+                if lead:
+                    b = best(bl)
+                    row = (op, model, M, b, floor, {v: (t[f"ours[{v}]"], t[f"graph[{v}]"]) for v in names})
+                    table.append(row)
+                    old = before.get((op, model, M, mesh.world_size, "static"))
+                    now = b / t[f"ours[{names[0]}]"]
+                    was = best(old.baselines) / old.ours_us if old else None
+                    mark = ""
+                    if was is not None and abs(now / was - 1) > args.tolerance:
+                        moved.append((op, model, M, was, now, old.commit))
+                        mark = f"  MOVED {was:.2f}x -> {now:.2f}x (was {old.commit})"
+                    print(f"{op} {model} M={M}: best baseline {b:.1f} (eager {bl['eager']:.1f}, graph "
+                          f"{bl.get('graph', float('nan')):.1f}, mm {bl['mm']:.1f}) floor {floor:.1f} | " + "  ".join(
+                              f"{v}: {t[f'ours[{v}]']:.1f} / graph {t[f'graph[{v}]']:.1f} ({b / t[f'ours[{v}]']:.2f}x)"
+                              for v in names) + mark, flush=True)
+                del step, ref, base, contenders
+                torch.cuda.empty_cache()
+    if lead:
+        print(f"\n{len(moved)} cells moved by more than {args.tolerance:.0%} against {args.against}:")
+        for op, model, M, was, now, commit in moved:
+            print(f"  {op} {model} M={M}: {was:.2f}x -> {now:.2f}x (newest record: {commit})")
+        print("\nop | variant | cells | geomean speedup eager (graph) | worst | geomean ours/floor")
+        for op in args.ops.split(","):
+            rows = [r for r in table if r[0] == op]
+            for v in names:
+                if not rows:
+                    continue
+                sp = [r[3] / r[5][v][0] for r in rows]
+                sg = [r[3] / r[5][v][1] for r in rows]
+                fl = [r[5][v][0] / r[4] for r in rows]
+                g = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
+                print(f"{op} | {v} | {len(rows)} | {g(sp):.3f} ({g(sg):.3f}) | {min(sp):.2f} | {g(fl):.2f}")
+    mesh.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
