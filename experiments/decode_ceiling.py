@@ -2,10 +2,12 @@
 GEMM tile bodies get to that with the math inside (issue 42: measure the ceiling first).
 
 For each of the 8 MLP shapes at TP=2 (gemm_rs: w_down shard [I/2, H]; ag_gemm: w_gate_up shard
-[H, I]), on bf16 weights in 4 rotated copies (the L2 flushed between timings, triton do_bench):
-  copy     torch copy of 1 GiB: (read + write) bytes / time
+[H, I]), on bf16 weights in 4 rotated copies, timed as the bench times (20 calls back to back
+between two CUDA events, median of 5 batches; no L2 flush: a flush leaves L2 full of dirty lines
+whose write-back doubled a 50 MB read's time):
+  copy     torch copy of 1 GiB: (read + write) bytes / time; and of the weights themselves
   stream   a persistent Triton kernel that only reads the weights (TMA boxes, pipelined, one
-           contiguous byte range per program) and sums them: the stream ceiling for those bytes
+           contiguous byte range per program) and adds them up: the stream ceiling for those bytes
   mm       torch.mm of [M, K] @ [K, N] (cuBLAS) at M = 16 and 128
   body     gemm_tiles.gemm_rs_skinny_matmul (the decode tile body of the fused ops) launched as a
            plain grid of split-K tasks with fp32 partials stored locally, for several tile configs
@@ -14,7 +16,6 @@ in $OUT/decode_ceiling.jsonl.
 
     python experiments/decode_ceiling.py            # every shape; SHAPES=qwen3_8b,llama31_70b to pick
 """
-import json
 import os
 import statistics
 
@@ -23,6 +24,7 @@ import triton
 import triton.language as tl
 
 from etdist.kernels import gemm_tiles
+from etdist.measure import records
 from etdist.measure.shapes import MLP_SHAPES
 
 COPIES = 4
@@ -37,10 +39,10 @@ def stream_sum(w, out, K, N, BK: tl.constexpr, BN: tl.constexpr, P: tl.constexpr
     nb = tl.cdiv(N, BN)
     total = tl.cdiv(K, BK) * nb
     per = tl.cdiv(total, P)
-    acc = tl.zeros((BN,), tl.float32)
+    acc = tl.zeros((BK, BN), tl.float32)
     for t in tl.range(pid * per, tl.minimum(total, (pid + 1) * per), num_stages=STAGES):
-        acc += tl.sum(d.load([(t // nb) * BK, (t % nb) * BN]).to(tl.float32), axis=0)
-    tl.store(out + pid * BN + tl.arange(0, BN), acc)
+        acc += d.load([(t // nb) * BK, (t % nb) * BN]).to(tl.float32)
+    tl.store(out + pid * BN + tl.arange(0, BN), tl.sum(acc, axis=0))
 
 
 @triton.jit
@@ -52,9 +54,20 @@ def skinny_grid(x, w, partial, table, M, K, N, SPLITS: tl.constexpr, BLOCK_M: tl
                                      BLOCK_M, BLOCK_N, BLOCK_K, 1, USE_ASM, SWAP_AB)
 
 
-def bench(fn) -> float:
-    """Median us of fn (do_bench: L2 flushed before every call)."""
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+def bench(fn, calls: int = 20, batches: int = 5) -> float:
+    """Median us per call of fn over batches of back-to-back calls between two events."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(batches):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
 
 
 def main():
@@ -63,14 +76,14 @@ def main():
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     big = torch.empty(1 << 29, dtype=torch.bfloat16, device=dev).normal_()
     dst = torch.empty_like(big)
-    copy_us = bench(lambda: dst.copy_(big))
+    copy_us = bench(lambda: dst.copy_(big), calls=5)
     copy_tbs = 2 * big.numel() * 2 / copy_us / 1e6
     del big, dst
     print(f"{torch.cuda.get_device_name(dev)}, {sms} SMs: copy {copy_tbs:.2f} TB/s", flush=True)
     shapes = os.environ.get("SHAPES", ",".join(MLP_SHAPES)).split(",")
+    env = records.env_info()
     # (block_m, block_n, block_k, warps, stages, tasks per SM, swap): the op's 32-row class first
-    configs = [(32, 128, 128, 4, 5, 1, True), (32, 128, 256, 4, 2, 1, True), (32, 256, 128, 8, 3, 1, True),
-               (32, 64, 256, 4, 4, 1, True), (32, 128, 128, 4, 5, 2, True), (32, 128, 64, 4, 8, 1, True),
+    configs = [(32, 128, 128, 4, 5, 1, True), (32, 64, 256, 4, 4, 1, True), (32, 256, 128, 8, 3, 1, True),
                (128, 128, 128, 8, 3, 1, True)]
     rows, recs = [], []
     for name in shapes:
@@ -78,8 +91,12 @@ def main():
         for what, K, N in (("gemm_rs", I // 2, H), ("ag_gemm", H, I)):
             ws = [torch.randn(K, N, device=dev, dtype=torch.bfloat16) / K ** 0.5 for _ in range(COPIES)]
             gb = K * N * 2 / 1e9
-            cells = {"floor": gb / copy_tbs * 1e6}
-            for BK, BN, warps, stages in ((64, 256, 8, 4), (64, 256, 8, 6), (128, 128, 8, 4), (32, 256, 4, 6)):
+            cells = {"floor": gb / copy_tbs * 1e3}
+            dst = torch.empty_like(ws[0])
+            it = iter(range(1 << 30))
+            cells["copy"] = bench(lambda: dst.copy_(ws[next(it) % COPIES]))   # reads and writes the bytes once
+            del dst
+            for BK, BN, warps, stages in ((64, 256, 8, 7), (32, 256, 8, 6), (64, 128, 8, 6)):
                 out = torch.empty(sms * BN, device=dev, dtype=torch.float32)
                 it = iter(range(1 << 30))
                 t = bench(lambda: stream_sum[(sms,)](ws[next(it) % COPIES], out, K, N, BK, BN, sms, stages,
@@ -112,21 +129,24 @@ def main():
                     label = f"body{M} {bm}x{bn}x{bk} w{warps} s{stages} x{splits}"
                     cells[label] = bench(lambda: run(next(it)))
             rows.append((name, what, gb, cells))
-            recs.append({"workload": "decode_ceiling", "model": name, "weights": what, "K": K, "N": N, "GB": gb,
-                         "copy_TBps": copy_tbs, "device": torch.cuda.get_device_name(dev),
-                         "torch": torch.__version__, "triton": triton.__version__,
-                         "commit": os.environ.get("ETDIST_COMMIT", ""), "us": cells})
+            b16 = min(v for k, v in cells.items() if k.startswith("body16 "))
+            recs.append(records.make_record(
+                workload="decode_ceiling", model=f"{name} {what}", M=16, world=1, schedule="static", ours_us=b16,
+                baselines={"mm": cells["mm16"], "stream": cells["stream"], "copy": cells["copy"]},
+                floor_us=cells["floor"], rel_err=None, env=env,
+                notes=f"experiments/decode_ceiling.py: one GPU, weights [{K}, {N}] bf16 in {COPIES} rotated copies; "
+                      "ours = the best decode tile body config at M=16 (extra: every contender, us)",
+                extra={"K": K, "N": N, "GB": gb, "copy_TBps": copy_tbs, "us": cells}))
             line = "  ".join(f"{k} {v:.1f}" for k, v in cells.items())
             print(f"{name} {what} ({gb * 1e3:.0f} MB): {line}", flush=True)
             del ws
-    with open(f"{os.environ.get('OUT', '/tmp')}/decode_ceiling.jsonl", "a") as f:
-        for r in recs:
-            f.write(json.dumps(r) + "\n")
-    print("\nshape weights | floor | stream (TB/s) | mm16 | mm128 | best body16 (of stream) | best body128")
+    for r in recs:
+        records.append(f"{os.environ.get('OUT', '/tmp')}/decode_ceiling.jsonl", r)
+    print("\nshape weights | floor | copy/2 | stream (TB/s) | mm16 | mm128 | best body16 (of stream) | best body128")
     for name, what, gb, c in rows:
         b16 = min((v, k) for k, v in c.items() if k.startswith("body16 "))
         b128 = min((v, k) for k, v in c.items() if k.startswith("body128 "))
-        print(f"{name} {what} | {c['floor']:.1f} | {c['stream']:.1f} ({gb / c['stream'] * 1e3:.2f}) | "
+        print(f"{name} {what} | {c['floor']:.1f} | {c['copy'] / 2:.1f} | {c['stream']:.1f} ({gb / c['stream'] * 1e3:.2f}) | "
               f"{c['mm16']:.1f} | {c['mm128']:.1f} | {b16[0]:.1f} ({b16[0] / c['stream']:.2f}) {b16[1][7:]} | "
               f"{b128[0]:.1f} ({b128[0] / c['stream']:.2f}) {b128[1][8:]}")
     med = statistics.median(gb / c["stream"] * 1e3 for _, _, gb, c in rows)

@@ -16,8 +16,10 @@ order turning every round (etdist.measure.timing.turns); a time is the median ov
 batches on the slower rank. Contenders per cell: ours (eager) and ours_graph per variant, the
 baselines eager and graph (and mm alone).
 
-Records (DESIGN.md's schema, `extra.variant` naming the variant; `extra.ours_graph_us`) go to
-$OUT/<op>.jsonl (default /tmp/regress); with --against DIR (default bench/results), every cell
+Records (DESIGN.md's schema; `extra.ours_graph_us`, `extra.variant`) go to $OUT/<op>.jsonl for
+the first variant (the tree as it is, unless --variants says otherwise) and to $OUT/<op>_ab.jsonl,
+model "<shape> [<variant>]", for the others (default $OUT /tmp/regress); with --against DIR
+(default bench/results), every cell
 whose speedup over the best baseline moved by more than --tolerance (3%) from the newest record
 of the same cell there is printed, and a short table closes the run.
 """
@@ -235,15 +237,15 @@ def main():
                 t = timed(contenders, dev, args.rounds, slowest_rank(est))
                 floor = B.floor_us(*fl, mesh.world_size, ceil.copy_TBps, ceil.mm_TFps, workload=op)
                 bl = {k: t[k] for k in base.fns}
-                for v in names:
+                for n, v in enumerate(names):
                     rec = records.make_record(
-                        workload=op, model=model, M=M, world=mesh.world_size, schedule="static",
+                        workload=op if n == 0 else f"{op}_ab", model=model if n == 0 else f"{model} [{v}]", M=M, world=mesh.world_size, schedule="static",
                         ours_us=t[f"ours[{v}]"], baselines=bl, floor_us=floor, rel_err=errs[v], env=env,
                         notes=(f"launch/regress.py variant {v}, {args.rounds} rounds turning order; "
                                + args.notes).strip(),
                         extra={"ours_graph_us": t[f"graph[{v}]"], "variant": v})
                     if lead:
-                        records.append(os.path.join(args.out, f"{op}.jsonl"), rec)
+                        records.append(os.path.join(args.out, f"{rec.workload}.jsonl"), rec)
                 if lead:
                     b = best(bl)
                     row = (op, model, M, b, floor, {v: (t[f"ours[{v}]"], t[f"graph[{v}]"]) for v in names})
@@ -276,8 +278,8 @@ def main():
                 fl = [r[5][v][0] / r[4] for r in rows]
                 g = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
                 print(f"{op} | {v} | {len(rows)} | {g(sp):.3f} ({g(sg):.3f}) | {min(sp):.2f} | {g(fl):.2f}")
+    # no destroy_process_group: with NCCL work captured in the baselines' CUDA graphs it hung at exit
     mesh.close()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

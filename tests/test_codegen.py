@@ -338,14 +338,6 @@ def _op_kernels():
     # ETDIST_GEMM_RS_SPLIT_TAIL's graph: two matmul bodies (whole tiles, slices) in one kernel
     yield "gemm_rs tail", lambda: gemm_rs.gemm_reduce_scatter(L.block_m, L.block_n, bf, L.block_k, 16, splits=4, wave=132), \
         L.num_warps, L.num_stages
-    # ETDIST_GEMM_RS_OWN_LAST's: its reduce reads the split source from the rank
-    yield "gemm_rs tail own", lambda: gemm_rs.gemm_reduce_scatter(L.block_m, L.block_n, bf, L.block_k, 16, splits=4,
-                                                                  wave=132, own_last=True), L.num_warps, L.num_stages
-    # ETDIST_GEMM_RS_FUSE_OWN's (the default for whole-tile plans): own tiles sum the peers' partials
-    # into their accumulator before the store
-    yield "gemm_rs fuse own", lambda: gemm_rs.gemm_reduce_scatter(L.block_m, L.block_n, bf, L.block_k, 16,
-                                                                  own_last=True, fuse_own=True), \
-        L.num_warps, L.num_stages
     for M in (16, 64, 128):   # every whole-gather class of each op, as the ops build them
         A, W = ag_op.whole_tile("all_gather_gemm", M), ag_op.whole_tile("tensor_parallel_mlp", M)
         yield f"ag_gemm_whole M={M}", functools.partial(ag_gemm.all_gather_gemm_whole, A.block_m, A.block_n, bf,

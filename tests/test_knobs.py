@@ -86,3 +86,16 @@ def test_without_bad_knobs_the_ops_go_on_to_their_own_checks():
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ETDIST_")}
     p = subprocess.run([sys.executable, "-c", _PROBE], env=clean, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "KnobError" not in p.stdout and p.stdout.count("MeshError") == 3, p.stdout   # next: no mesh initialised
+
+
+def test_tile_configs_may_ask_for_two_programs_per_sm():
+    """"bm,bn,bk,warps,stages[,swap][,2/sm]": the kernel then runs two co-resident persistent
+    programs per SM (its cooperative launch refuses if they do not fit); anything but 1 or 2 per SM
+    is refused with the format named."""
+    from etdist.ops.gemm_rs import TileConfig
+    assert TileConfig.parse("32,128,64,4,4,swap,2/sm") == TileConfig(32, 128, 64, 4, 4, swap_ab=True, per_sm=2)
+    assert TileConfig.parse("128,128,64,8,3,2/sm") == TileConfig(128, 128, 64, 8, 3, per_sm=2)
+    assert TileConfig.parse("32,128,128,4,5,swap").per_sm == 1
+    for bad in ("32,128,64,4,4,3/sm", "32,128,64,4,4,x/sm", "32,128,64,4"):
+        with pytest.raises(ValueError, match=r"2/sm"):
+            TileConfig.parse(bad)

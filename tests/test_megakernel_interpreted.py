@@ -9,10 +9,10 @@ import sys
 import pytest
 
 INTERP = pathlib.Path(__file__).parent / "interp"
-GRAPHS = ("gemm_rs", "gemm_rs_tail", "gemm_rs_tail_tma", "gemm_rs_tail_own", "gemm_rs_skinny", "ag_gemm", "ag_gemm_whole", "mlp", "mlp_tail",
+GRAPHS = ("gemm_rs", "gemm_rs_tail", "gemm_rs_tail_tma", "gemm_rs_skinny", "ag_gemm", "ag_gemm_whole", "mlp", "mlp_tail",
           "mlp_tail_tma", "mlp_whole",
           "gemm_rs_tma", "gemm_rs_skinny_tma", "gemm_rs_skinny_swap_tma", "mlp_tma", "ag_gemm_whole_tma",
-          "ag_gemm_whole_narrow_tma", "mlp_whole_narrow_tma", "gemm_rs_fuse_own", "gemm_rs_fuse_own_tma",
+          "ag_gemm_whole_narrow_tma", "mlp_whole_narrow_tma",
           "ag_gemm_tma", "mlp_replicated", "mlp_replicated_tma", "mlp_tail_every", "mlp_tail_every_tma",
           "gemm_rs_tail_rows_tma", "ag_gemm_rows_tma", "mlp_tail_rows_tma", "mlp_whole_narrow_rows_tma",
           "mlp_tail_padded_tma", "mlp_padded_own_tma", "ag_gemm_interleaved_tma", "mlp_interleaved_tma",

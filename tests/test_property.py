@@ -90,11 +90,11 @@ def test_random_layered_graphs(data, world, layers, programs, schedule, seed, in
 @given(world=st.integers(1, 5), M=st.integers(1, 40), K=st.integers(1, 9), N=st.integers(1, 20),
        bm=st.sampled_from([1, 4, 16]), bn=st.sampled_from([3, 8]), programs=st.integers(1, 5),
        schedule=st.sampled_from(["static", "dynamic"]), seed=st.integers(0, 2**16),
-       splits=st.integers(1, 3), wave=st.integers(0, 9), own_last=st.booleans())
-def test_gemm_reduce_scatter_any_size(world, M, K, N, bm, bn, programs, schedule, seed, splits, wave, own_last):
+       splits=st.integers(1, 3), wave=st.integers(0, 9), interleave=st.booleans())
+def test_gemm_reduce_scatter_any_size(world, M, K, N, bm, bn, programs, schedule, seed, splits, wave, interleave):
     """Any sizes, tiles, contraction slices, waves (the tail plan) and tile orders."""
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=bm, block_n=bn, block_k=1, splits=splits, wave=wave,
-                                                    own_last=own_last), schedule=schedule, programs=programs)
+                                                    interleave=interleave), schedule=schedule, programs=programs)
     inputs = gemm_rs.make_inputs(world, M, K, N, seed=seed)
     want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
     got = kernel.run(inputs, interleave="random", seed=seed)

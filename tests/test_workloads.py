@@ -57,49 +57,11 @@ def test_gemm_reduce_scatter_splits_only_the_tiles_past_the_last_whole_wave(sche
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 3])
-@pytest.mark.parametrize("splits,wave", [(1, 0), (3, 0), (3, 4), (3, 7), (2, 40)])
-def test_gemm_reduce_scatter_with_each_ranks_own_tiles_last(schedule, world, M, splits, wave):
-    """own_last: rank r's blocks of tiles go to r + 1, r + 2, ..., r (its own rows last). With a
-    wave, only its own tiles past the whole waves are sliced: an owner sums that many slices from
-    itself and one from each peer (more ranks than 2: the peers' tail tiles run whole). wave=40:
-    fewer tiles than a wave, every tile sliced from every source."""
-    kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8, block_k=2, splits=splits, wave=wave,
-                                                    own_last=True), schedule=schedule, programs=3)
-    _check_gemm_rs(kernel, world, M, 12, 19, world * 100 + M + splits, range(6))
-    # the owner of each of a rank's matmul tiles in id order (the static order, slice 0 of a sliced
-    # tile): blocks of mn tiles, rank r + 1's first, its own last
-    b = bind(MapTable.build(kernel.ir), {"M": M, "K": 12, "N": 19, "WORLD": world})
-    mn = -(-(-(-M // world)) // 8) * 3        # row tiles of an owner's cdiv(M, R) rows x 3 column tiles
-    for r in range(world):
-        owners = [dst for f in b.functions if f.maps.spec.name.startswith("matmul") for k in range(f.size)
-                  if f.unravel(k)[-1] == 0 or f.maps.spec.name == "matmul_whole"
-                  for _, (dst, _, _) in f.maps.notify_elements(f.unravel(k), {**b.sizes, "RANK": r})]
-        assert owners == [(r + 1 + k) % world for k in range(world) for _ in range(mn)], (r, owners)
-
-
-@pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("M", [37, 3, 1])
-def test_gemm_reduce_scatter_with_own_tiles_reduced_in_their_epilogue(schedule, world, M):
-    """fuse_own: the peers' tiles first, then each rank's own tiles, which wait for the peers'
-    partials of them and sum those into y themselves: no reduce task (one rank: a plain GEMM)."""
-    kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8, block_k=2, own_last=True, fuse_own=True),
-                        schedule=schedule, programs=3)
-    assert [t.name for t in kernel.ir.tasks] == ["matmul", "own"]
-    _check_gemm_rs(kernel, world, M, 12, 19, world * 100 + M, range(6))
-    with pytest.raises(et.GraphError, match="fuse_own needs own_last=True and whole tiles"):
-        gemm_rs.gemm_reduce_scatter(own_last=True, fuse_own=True, splits=2)
-    with pytest.raises(et.GraphError, match="fuse_own needs own_last=True"):
-        gemm_rs.gemm_reduce_scatter(fuse_own=True)
-
-
-@pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("M", [37, 3])
 @pytest.mark.parametrize("splits,wave", [(1, 0), (3, 0), (3, 4), (3, 7)])
 def test_gemm_reduce_scatter_with_the_owners_tiles_side_by_side(schedule, world, M, splits, wave):
     """interleave: every owner's tile q, then every owner's tile q + 1 (u = q x R + owner), whole,
     in 3 slices, or sliced past the whole waves (whose tiles are then no single owner's): each
-    owner's reduce still waits for and sums exactly the slices its tiles were cut in. Not with
-    own_last, whose order is owner by owner."""
+    owner's reduce still waits for and sums exactly the slices its tiles were cut in."""
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=8, block_n=8, block_k=2, splits=splits, wave=wave,
                                                     interleave=True), schedule=schedule, programs=3)
     _check_gemm_rs(kernel, world, M, 12, 19, world * 100 + M + splits, range(6))
@@ -110,8 +72,6 @@ def test_gemm_reduce_scatter_with_the_owners_tiles_side_by_side(schedule, world,
                   if f.unravel(k)[-1] == 0 or f.maps.spec.name == "matmul_whole"
                   for _, (dst, _, _) in f.maps.notify_elements(f.unravel(k), {**b.sizes, "RANK": r})]
         assert owners == [d for _ in range(mn) for d in range(world)], (r, owners)
-    with pytest.raises(et.GraphError, match="interleave puts the owners' tiles side by side, own_last"):
-        gemm_rs.gemm_reduce_scatter(own_last=True, interleave=True)
 
 
 @pytest.mark.parametrize("world", WORLDS)

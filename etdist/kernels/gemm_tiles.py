@@ -209,25 +209,6 @@ def gemm_rs_matmul_slice(dst, i, j, s, x, w, partial, partial_peers, M, K, N, RA
 
 
 @triton.jit
-def gemm_rs_matmul_own(i, j, x, w, partial, y, M, K, N, RANK, WORLD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr):
-    """My own rows' tile (i, j) with its reduce in the epilogue: my x @ w plus every peer's partial
-    of the tile (partial[src], whole tiles: one slot per source), summed in fp32 straight into y. No
-    partial of my own is stored, and no reduce task reads it back."""
-    C = (M + WORLD - 1) // WORLD
-    rows = owned_rows(M, WORLD, RANK)
-    acc = mm_acc(x + RANK * C * K, rows, w, K, N, i, j, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
-    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
-    offs = offs_m[:, None] * N + offs_n[None, :]
-    for src in range(0, WORLD):
-        if src != RANK:
-            acc += tl.load(partial + src * C * N + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def gemm_rs_reduce(i, j, parts, split_src, partial, y, M, N, RANK, WORLD, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     """y[tile] = sum over sources of their partial[src * SPLITS + s][tile], in fp32: `parts` slices

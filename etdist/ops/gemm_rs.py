@@ -25,16 +25,26 @@ class TileConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool = False   # skinny gemm_rs only: the tile multiplies transposed (gemm_tiles)
+    per_sm: int = 1         # the kernel's persistent programs per SM (2: two co-resident, each half the stages)
 
     @classmethod
     def parse(cls, text: str) -> "TileConfig":
-        """"block_m,block_n,block_k,warps,stages[,swap]" (the knobs' format; knobs.tile's rules)."""
-        swap = text.replace(" ", "").endswith(",swap")
+        """"block_m,block_n,block_k,warps,stages[,swap][,2/sm]" (the knobs' format; knobs.tile's rules)."""
+        parts = text.replace(" ", "").split(",")
+        per_sm = 1
+        if parts and parts[-1].endswith("/sm"):
+            try:
+                per_sm = int(parts.pop()[:-3])
+            except ValueError:
+                per_sm = 0
+            if per_sm not in (1, 2):
+                raise ValueError(f"tile config {text!r}: programs per SM must be '1/sm' or '2/sm'")
+        swap = bool(parts) and parts[-1] == "swap"
         try:
-            values = knobs.tile(text.rsplit(",", 1)[0] if swap else text)
+            values = knobs.tile(",".join(parts[:-1] if swap else parts))
         except ValueError as e:
-            raise ValueError(f"tile config {text!r}: {str(e).replace('stages', 'stages[,swap]', 1)}") from None
-        return cls(*values, swap_ab=swap)
+            raise ValueError(f"tile config {text!r}: {str(e).replace('stages', 'stages[,swap][,2/sm]', 1)}") from None
+        return cls(*values, swap_ab=swap, per_sm=per_sm)
 
 
 # Size classes, one compiled kernel for every M in each. Up to 128 rows, the skinny graph (all
@@ -87,21 +97,6 @@ HBM_TBS = 4.3
 # M=1000 and 1024 -4.6 / -4.0 / -8.0 / -9.8%; the plans of the other shapes and of M=8192 do not
 # change (splitting the last wave's tiles at M=8192, where large_plan keeps them whole, lost 0-3%).
 SPLIT_TAIL = True
-# Each rank's own rows' tiles last (ETDIST_GEMM_RS_OWN_LAST=1; off until measured): by default every
-# rank runs owner 0's tiles first, so on 2 GPUs rank 0's last wave stores all its partials over
-# NVLink and rank 1's reduce waits for them. Own tiles last, both ranks' last waves store locally
-# (peers' partials leave during the earlier waves), and with the tail plan each owner sums the
-# slices of its own tail tiles only.
-OWN_LAST = False
-# Whole-tile plans (large_plan / tail_plan cut nothing: M=8192 on every shape) with each rank's own
-# tiles last and their reduce in their epilogue (ETDIST_GEMM_RS_FUSE_OWN; gemm_rs.gemm_reduce_scatter's
-# fuse_own): no own partial is stored and read back, and no reduce task runs after the matmuls. On
-# one H200 as a rank of two (launch/ops_ab.py, records gemm_rs_fuse_ab, twenty-second session),
-# against owner 0's tiles first and a reduce task: -2% geomean over M = 1000-8192 x 8 shapes in two
-# calls, -3 to -7% on the 8-9B shapes (M=8192: 1.14-1.16x torch.mm -> 1.06-1.09x), none slower by
-# more than 3% (the sliced plans do not change: their cells read within noise). One GPU only so far:
-# `bash launch/decode-ab.sh rsfuse` measures it on two.
-FUSE_OWN = True
 
 
 def _override(name: str, default: TileConfig) -> TileConfig:
@@ -111,8 +106,6 @@ def _override(name: str, default: TileConfig) -> TileConfig:
 
 MAX_SPLITS = knobs.read("ETDIST_GEMM_RS_MAX_SPLITS", knobs.positive_int, MAX_SPLITS)
 SPLIT_TAIL = knobs.read("ETDIST_GEMM_RS_SPLIT_TAIL", knobs.flag, SPLIT_TAIL)
-OWN_LAST = knobs.read("ETDIST_GEMM_RS_OWN_LAST", knobs.flag, OWN_LAST)
-FUSE_OWN = knobs.read("ETDIST_GEMM_RS_FUSE_OWN", knobs.flag, FUSE_OWN)
 # The skinny classes' owner sums column tiles down to SKINNY_REDUCE_N wide (skinny_reduce_n), about
 # one reduce task per SM: traced on one H200 at M=128 (twenty-first session), one reduce task per
 # 128-wide column tile (32 on qwen3_8b's shape) read 4-8 fp32 partials of 128 rows each and ended
@@ -192,7 +185,7 @@ def row_pointers(rows: int, block_m: int) -> bool:
 # records rs_source_order_proxy_ab). gemm_rs interleaved from the thirty-first session: as its tiles
 # then read the weights once, plan_cost counts them once, and its plans at M = 129-256 become the
 # one-GPU plans of the same rows (more slices on the 8-9B shapes and gpt3_175b; whole tiles on
-# llama31_405b, with a reduce task, as fuse_own needs own tiles last). On one H100 as a rank of two
+# llama31_405b, with a reduce task). On one H100 as a rank of two
 # (records rs_interleave_proxy_ab, 8 shapes x M = 129 / 160 / 256), the former world-2 plan in the
 # world-2 order (its slices, owner-major order as group_m=1, fused whole tiles) took 1.19x the new
 # plan's time geomean (1.04-1.66x a cell; llama31_405b 1.16-1.66x); the former slices in the new
@@ -345,14 +338,10 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     # builders as partials: `build.func` names the graph, which the op's kernel cache keys on
     if not skinny:
         rows = -(-M // world)                            # rows per owner
-        # the owners' tiles side by side (each reads the weights once): not owner by owner, so
-        # neither own_last nor fuse_own
-        interleave = interleave_sources(rows, cfg.block_m, world) and not OWN_LAST
+        interleave = interleave_sources(rows, cfg.block_m, world)   # the owners' tiles side by side
         splits, wave = chosen_plan(M, K, N, world, sms, dtype.itemsize, interleave)
-        fuse = FUSE_OWN and splits == 1 and not interleave
         return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter, cfg.block_m, cfg.block_n, dtype,
                                                      cfg.block_k, align, splits=splits, wave=wave,
-                                                     own_last=OWN_LAST or fuse, fuse_own=fuse,
                                                      row_pointers=row_pointers(rows, cfg.block_m),
                                                      interleave=interleave)
     splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
@@ -395,11 +384,19 @@ def kernel_key(cfg: TileConfig, schedule: str, build) -> tuple:
 def cached_kernel(cache: dict, cfg: TileConfig, schedule: str, build):
     """The op's megakernel for its plan (kernel_key): compiled from build() (a graph) on first use,
     with cfg's warps and stages; one binary per size class, reused for every M."""
+    # the plan's own builder (kernel_plan is cached, so a call at a known M brings the same object)
+    # remembers its kernel per cache: no key to build and hash on the eager decode path
+    memo = build.__dict__.setdefault("kernels", {})
+    hit = memo.get(schedule)
+    if hit is not None and hit[0] is cache:
+        return hit[1]
     key = kernel_key(cfg, schedule, build)
     kernel = cache.get(key)
     if kernel is None:
         kernel = cache[key] = et_compile(build(), schedule=schedule, target="cuda")
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
+        kernel.programs_per_sm = cfg.per_sm
+    memo[schedule] = (cache, kernel)
     return kernel
 
 

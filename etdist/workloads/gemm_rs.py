@@ -17,8 +17,7 @@ from .params import positive_int
 
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
                         block_k: int = 64, align: int = 1, group_m: int = 8, splits: int = 1,
-                        wave: int = 0, own_last: bool = False, fuse_own: bool = False,
-                        row_pointers: bool = False, interleave: bool = False) -> et.Graph:
+                        wave: int = 0, row_pointers: bool = False, interleave: bool = False) -> et.Graph:
     """The graph; tile sizes are compile-time constants (the GPU bodies need block_m >= 16).
     align: K and N are promised multiples of it (16 lets the GPU kernel vectorise). group_m: the
     matmul tiles run in groups of that many row tiles per weight column (et.grouped). splits: a
@@ -28,30 +27,14 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     the tiles past the last whole wave are split: the tiles that fill whole waves run whole (no
     extra partials to store and sum), and the ragged last wave's tiles run in `splits` slices.
     Without it (0), every tile is split.
-    own_last: each rank runs its peers' tiles first and its own rows' tiles last, so its last
-    wave stores locally and no partial crosses NVLink at the end (default: owner 0's tiles first
-    on every rank, so one rank's last wave is all remote). With `wave`, only its own tiles past the
-    whole waves run in slices (R = 2: the same tiles as the tail; more ranks: none of the peers').
-    fuse_own (with own_last, whole tiles): each rank's own rows' tiles wait for the peers' partials
-    of them and sum those in their epilogue, straight into y (gemm_tiles.gemm_rs_matmul_own): no
-    partial of its own is stored and read back, and no reduce task runs. The peers compute those
-    partials in their first R - 1 blocks, while this rank computes theirs.
     row_pointers: the matmul tiles load x's rows through masked pointers, the weights through
     descriptors (gemm_tiles.use_tma).
     interleave: the owners' tiles q side by side (u = q * R + owner, as gather.source_order), so
     that they read each weight tile once from HBM where each owner's rows are one row tile (owner by
-    owner, every owner's tiles read all the weights again). Not with own_last (its order is owner
-    by owner)."""
+    owner, every owner's tiles read all the weights again)."""
     positive_int("gemm_reduce_scatter", "splits", splits)
     if isinstance(wave, bool) or not isinstance(wave, int) or wave < 0:
         raise et.GraphError(f"gemm_reduce_scatter: wave must be a non-negative int, got {wave!r}")
-    if fuse_own and (not own_last or splits != 1):
-        raise et.GraphError("gemm_reduce_scatter: fuse_own needs own_last=True and whole tiles (splits=1), "
-                            f"got own_last={own_last!r}, splits={splits!r}")
-    if interleave and own_last:
-        raise et.GraphError("gemm_reduce_scatter: interleave puts the owners' tiles side by side, own_last "
-                            "puts them owner by owner: pass one of them")
-    wave = 0 if fuse_own else wave       # fused: every tile whole, none past a wave to slice
     g = et.Graph("gemm_rs")
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
@@ -59,38 +42,26 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
     C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
     m_tiles, n_tiles = et.cdiv(C, block_m), et.cdiv(N, block_n)
     mn = m_tiles * n_tiles
-    count = R * mn                       # tile u = k * mn + q (interleaved: q * R + k): my partial of dst(k)'s tile q
+    count = R * mn                       # tile u = k * mn + q (interleaved: q * R + k): my partial of owner k's tile q
     head = count // wave * wave if wave else 0   # the tiles of whole waves, run whole
-    if own_last and wave:                # the sliced tiles all mine: each owner sums one source's slices
-        head = et.where(head > 0, et.maximum(head, (R - 1) * mn), 0)
 
     def parts(u):                        # contraction slices of tile u
         return et.where(u < head, 1, splits) if wave else splits
-
-    def dst(k):                          # the owner of my k-th block of tiles
-        return (me + 1 + k) % R if own_last else k
 
     kq_of, u_of = owner_order(R, mn, interleave)   # tile u <-> (my k-th owner, its tile q)
 
     def at(u):                           # tile u as (dst, row tile, column tile)
         k, q = kq_of(u)
-        return (dst(k), *et.grouped(q, m_tiles, n_tiles, group_m))
+        return (k, *et.grouped(q, m_tiles, n_tiles, group_m))
 
     g.input("x", (M, K), dtype)
     g.input("w", (K, N), dtype)
     g.scratch("partial", (R * splits, C, N), dtype, symmetric=True)   # on the owner: partial[src, slice]
     g.output("y", (owned(me), N), dtype)
     q_of = lambda i, j: et.ungrouped(i, j, m_tiles, n_tiles, group_m)  # noqa: E731
-    if fuse_own:   # only the peers' partials arrive: the owner's own tile adds them itself
-        arrivals = lambda d, i, j: R - 1  # noqa: E731
-    elif own_last:   # the owner's tile q is block R - 1 of its own order, block 0..R-2 of its peers'
-        own_parts = lambda i, j: parts((R - 1) * mn + q_of(i, j))  # noqa: E731
-        arrivals = lambda d, i, j: (R - 1) * parts(q_of(i, j)) + own_parts(i, j)  # noqa: E731
-        split_src = et.where(head > 0, me, -1) if wave else -1   # -1: every source in slices
-    else:          # tile q of owner d is u_of(d, q) on every source
-        own_parts = lambda i, j: parts(u_of(me, q_of(i, j)))  # noqa: E731
-        arrivals = lambda d, i, j: R * parts(u_of(d, q_of(i, j)))  # noqa: E731
-        split_src = -1
+    # tile q of owner d is u_of(d, q) on every source
+    own_parts = lambda i, j: parts(u_of(me, q_of(i, j)))  # noqa: E731
+    arrivals = lambda d, i, j: R * parts(u_of(d, q_of(i, j)))  # noqa: E731
     arrived = g.event("arrived", (R, m_tiles, n_tiles), count=arrivals, distributed=True)  # per source and slice
 
     def partial_slice(t, u, s, n):       # slice s of n of my partial of tile u, into its owner's partial
@@ -111,30 +82,13 @@ def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype
         def matmul_whole(t, u):
             partial_slice(t, u, 0, 1)
 
-    # the other tiles in slices; a tile's slices run side by side (the last index walks fastest).
-    # Fused, these are the peers' tiles only: my own ones come last, with their reduce in their epilogue
-    stored = (R - 1) * mn if fuse_own else count
-
-    @g.task(grid=(stored - head, splits), **matmul_body(splits, lambda k, s: head + k))
+    # the other tiles in slices; a tile's slices run side by side (the last index walks fastest)
+    @g.task(grid=(count - head, splits), **matmul_body(splits, lambda k, s: head + k))
     def matmul(t, k, s):                 # slice s of tile head + k
         partial_slice(t, head + k, s, splits)
 
-    if fuse_own:
-        own_tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
-
-        @g.task(grid=(mn,), wait=lambda q: arrived[me, own_tile(q)[0], own_tile(q)[1]],
-                triton=gemm_tiles.gemm_rs_matmul_own,
-                constexprs=dict(tiles, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align, row_pointers)),
-                bind=dict(i=lambda q: own_tile(q)[0], j=lambda q: own_tile(q)[1]))
-        def own(t, q):                   # y tile = my x @ w + the peers' partials of it
-            i, j = (t(e) for e in own_tile(q))
-            rows, cols = et.block(i, block_m, t(owned(me))), et.block(j, block_n, t.N)
-            mine = t.x[et.shift(rows, t.rank * t(C)), :] @ t.w[:, cols]
-            peers = [src * splits for src in range(t.world) if src != t.rank]
-            t.y[rows, cols] = mine + t.partial[peers, rows, cols].sum(0) if peers else mine
-    else:
-        reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, n_tiles, block_m, block_n, splits,
-                        own_parts, split_src)
+    reduce_partials(g, lambda i, j: arrived[me, i, j], owned, m_tiles, n_tiles, block_m, block_n, splits,
+                    own_parts)
 
     g.sample(M=5, K=3, N=7)
     g.sample(M=37, K=4, N=33)

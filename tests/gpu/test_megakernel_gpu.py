@@ -30,17 +30,11 @@ def test_gemm_reduce_scatter_matches_reference(world):
         assert out.count(f"OK {check}") == world, out[-5000:]
 
 
-@pytest.mark.parametrize("split_tail,own_last,fuse_own", [("0", "0", "1"), ("1", "1", "1"), ("1", "0", "0")])
-def test_gemm_reduce_scatter_tail_plan_matches_reference(split_tail, own_last, fuse_own):
-    """The plans besides the default (whole tiles in whole waves, slices past them, owner 0's tiles
-    first; whole-tile plans with own tiles last, reduced in their epilogue): every tile in slices
-    (ETDIST_GEMM_RS_SPLIT_TAIL=0), each rank's own tiles last (ETDIST_GEMM_RS_OWN_LAST=1: only its
-    own tail tiles in slices), and whole-tile plans with a reduce task (ETDIST_GEMM_RS_FUSE_OWN=0):
-    the same checks."""
+def test_gemm_reduce_scatter_tail_plan_matches_reference():
+    """The plan besides the default (whole tiles in whole waves, slices past them): every tile in
+    slices (ETDIST_GEMM_RS_SPLIT_TAIL=0): the same checks."""
     env = ranks_env(2)
-    rc, out = torchrun(2, env={**env, "ETDIST_GEMM_RS_SPLIT_TAIL": split_tail,
-                               "ETDIST_GEMM_RS_OWN_LAST": own_last,
-                               "ETDIST_GEMM_RS_FUSE_OWN": fuse_own})
+    rc, out = torchrun(2, env={**env, "ETDIST_GEMM_RS_SPLIT_TAIL": "0"})
     assert rc == 0, out[-5000:]
     for check in ("correctness", "no-recompile", "bad-input"):
         assert out.count(f"OK {check}") == 2, out[-5000:]

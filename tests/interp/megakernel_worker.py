@@ -25,16 +25,6 @@ def cases():
     # (M=37 on 2 ranks: 2 x 2 x 3 tiles, 10 whole and 2 split; on 3 ranks, and M=5: 9 or 6 tiles)
     yield "gemm_rs_tail", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2, splits=3, wave=5), \
         lambda R, M: gemm_rs.make_inputs(R, M, 40, 40, seed=M), gemm_rs.reference, ("x", "w")
-    # each rank's own tiles last, only its own tail tiles sliced (M=37: 2 of 12 on 2 ranks, 3 of 9 on 3;
-    # M=5 on 2 ranks: 1 of 6): an owner sums 3 slices from itself, one from each peer
-    yield "gemm_rs_tail_own", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2, splits=3, wave=5,
-                                                          own_last=True), \
-        lambda R, M: gemm_rs.make_inputs(R, M, 40, 40, seed=M), gemm_rs.reference, ("x", "w")
-    # own tiles last with their reduce in their epilogue (ETDIST_GEMM_RS_FUSE_OWN): each rank's own
-    # tiles wait for the peers' partials and write y; no reduce task
-    yield "gemm_rs_fuse_own", gemm_rs.gemm_reduce_scatter(T, T, torch.float32, T, group_m=2, own_last=True,
-                                                          fuse_own=True), \
-        lambda R, M: gemm_rs.make_inputs(R, M, 40, 40, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny", gemm_rs.gemm_reduce_scatter_skinny(T, T, torch.float32, T, splits=2), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 40, 24, seed=M), gemm_rs.reference, ("x", "w")
     yield "ag_gemm", ag_gemm.all_gather_gemm(T, T, torch.float32, T, group_m=2), \
@@ -63,9 +53,6 @@ def cases():
         lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_tail_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2, splits=2,
                                                           wave=3), \
-        lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
-    yield "gemm_rs_fuse_own_tma", gemm_rs.gemm_reduce_scatter(T, 2 * T, torch.float32, T, align=16, group_m=2,
-                                                              own_last=True, fuse_own=True), \
         lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float32, T, splits=2, align=16), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M), gemm_rs.reference, ("x", "w")
