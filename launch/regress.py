@@ -216,18 +216,20 @@ def main():
             H, I = MLP_SHAPES[model].hidden, MLP_SHAPES[model].intermediate
             for M in (int(m) for m in args.ms.split(",")):
                 step, ref, shape, base, fl = cell(op, mesh, H, I, M)
-                contenders, errs = {}, {}
+                contenders, errs, good = {}, {}, []
                 for v in names:
                     with patched(op, v):
                         out = torch.full(shape, float("nan"), device=dev, dtype=torch.bfloat16)
                         got = step(0, out=out)
-                        errs[v] = max_over_ranks(rel_err(got, ref), dev)
-                        if not errs[v] < 2e-2:
-                            raise RuntimeError(f"{op} {model} M={M} variant {v}: rel err {errs[v]:.1e}")
+                        errs[v] = max_over_ranks(rel_err(got, ref), dev)   # every rank sees the same
                         replay = B.graphed(step, COPIES, dev)
                         g_err = max_over_ranks(rel_err(replay(), step(0).float()), dev)
-                        if not g_err < 1e-3:
-                            raise RuntimeError(f"{op} {model} M={M} variant {v}: graph replay differs ({g_err:.1e})")
+                    if not (errs[v] < 2e-2 and g_err < 1e-3):   # reported and left out, never timed
+                        if lead:
+                            print(f"WRONG {op} {model} M={M} variant {v}: rel err {errs[v]:.1e}, "
+                                  f"graph replay against eager {g_err:.1e}", flush=True)
+                        continue
+                    good.append(v)
                     contenders[f"ours[{v}]"] = (B.rotating(step, COPIES), v, op)
                     contenders[f"graph[{v}]"] = (replay, None, op)
                 for n, fn in base.fns.items():
@@ -238,6 +240,8 @@ def main():
                 floor = B.floor_us(*fl, mesh.world_size, ceil.copy_TBps, ceil.mm_TFps, workload=op)
                 bl = {k: t[k] for k in base.fns}
                 for n, v in enumerate(names):
+                    if v not in good:
+                        continue
                     rec = records.make_record(
                         workload=op if n == 0 else f"{op}_ab", model=model if n == 0 else f"{model} [{v}]", M=M, world=mesh.world_size, schedule="static",
                         ours_us=t[f"ours[{v}]"], baselines=bl, floor_us=floor, rel_err=errs[v], env=env,
@@ -248,10 +252,10 @@ def main():
                         records.append(os.path.join(args.out, f"{rec.workload}.jsonl"), rec)
                 if lead:
                     b = best(bl)
-                    row = (op, model, M, b, floor, {v: (t[f"ours[{v}]"], t[f"graph[{v}]"]) for v in names})
+                    row = (op, model, M, b, floor, {v: (t[f"ours[{v}]"], t[f"graph[{v}]"]) for v in good})
                     table.append(row)
                     old = before.get((op, model, M, mesh.world_size, "static"))
-                    now = b / t[f"ours[{names[0]}]"]
+                    now = b / t[f"ours[{names[0]}]"] if names[0] in good else float("nan")
                     was = best(old.baselines) / old.ours_us if old else None
                     mark = ""
                     if was is not None and abs(now / was - 1) > args.tolerance:
@@ -260,7 +264,7 @@ def main():
                     print(f"{op} {model} M={M}: best baseline {b:.1f} (eager {bl['eager']:.1f}, graph "
                           f"{bl.get('graph', float('nan')):.1f}, mm {bl['mm']:.1f}) floor {floor:.1f} | " + "  ".join(
                               f"{v}: {t[f'ours[{v}]']:.1f} / graph {t[f'graph[{v}]']:.1f} ({b / t[f'ours[{v}]']:.2f}x)"
-                              for v in names) + mark, flush=True)
+                              for v in good) + mark, flush=True)
                 del step, ref, base, contenders
                 torch.cuda.empty_cache()
     if lead:
@@ -271,6 +275,7 @@ def main():
         for op in args.ops.split(","):
             rows = [r for r in table if r[0] == op]
             for v in names:
+                rows = [r for r in table if r[0] == op and v in r[5]]
                 if not rows:
                     continue
                 sp = [r[3] / r[5][v][0] for r in rows]

@@ -383,8 +383,8 @@ def test_a_kernel_called_at_two_shapes_in_turn_prepares_each_once(monkeypatch):
 def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
     """slices x column tiles ~ tasks_per_sm x SMs, at least 1 slice and at most 8; the op's plan
     takes the size class by M and the knob's tasks per SM."""
-    from etdist.ops.gemm_rs import (LARGE, SKINNY, SKINNY_32, SKINNY_128, SKINNY_TASKS_PER_SM, fp32_config,
-                                    kernel_plan, skinny_splits)
+    from etdist.ops.gemm_rs import (LARGE, SKINNY, SKINNY_32, SKINNY_128, fp32_config, kernel_plan,
+                                    skinny_splits, skinny_tasks_per_sm)
     assert skinny_splits(4096, 132, 64, 2) == 4            # 64 column tiles x 4 = 256 tasks on 132 SMs
     assert skinny_splits(4096, 132, 128, 1) == 4           # 32 x 4 = 128 tasks: one per SM
     assert skinny_splits(8192, 132, 128, 1) == 2
@@ -393,10 +393,10 @@ def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
     for M, want in ((1, SKINNY_32), (32, SKINNY_32), (33, SKINNY), (64, SKINNY), (65, SKINNY_128), (128, SKINNY_128)):
         cfg, splits, align, _ = kernel_plan(M, 6144, 4096, torch.bfloat16, 132)
         assert cfg is want and align == 16
-        assert splits == skinny_splits(4096, 132, want.block_n, SKINNY_TASKS_PER_SM[want])
+        assert splits == skinny_splits(4096, 132, want.block_n, skinny_tasks_per_sm(want))
     # fp32 halves the contraction step but keeps its class's tasks per SM
     cfg, splits, _, build = kernel_plan(16, 6144, 4096, torch.float32, 132)
-    assert cfg == fp32_config(SKINNY_32) and cfg.swap_ab and splits == skinny_splits(4096, 132, 128, SKINNY_TASKS_PER_SM[SKINNY_32])
+    assert cfg == fp32_config(SKINNY_32) and cfg.swap_ab and splits == skinny_splits(4096, 132, 128, skinny_tasks_per_sm(SKINNY_32))
     assert build().name.startswith("gemm_rs")
     cfg, splits, align, build = kernel_plan(8192, 6000, 4095, torch.float32, 132)
     assert cfg == fp32_config(LARGE) and splits == 1 and align == 1 and build().name == "gemm_rs"
@@ -647,12 +647,13 @@ def _skinny_plans(**env):
     return {int(w[0]): tuple(map(int, w[1:])) for w in _probe_lines(_PLAN_PROBE, **env)}
 
 
-def test_classes_sharing_a_tile_keep_the_first_ones_aim():
-    """The review's case behind the next test, with aims that differ (today's classes all aim at
-    one task per SM, so the subprocess test alone could no longer tell)."""
-    from etdist.ops.gemm_rs import TileConfig, class_aims
-    a, b = TileConfig(32, 128, 128, 4, 5, swap_ab=True), TileConfig(64, 128, 128, 4, 4)
-    assert class_aims([(a, 1.0), (b, 1.5), (b, 2.0)]) == {a: 1.0, b: 1.5}
+def test_two_programs_per_sm_aim_at_two_tasks_per_sm():
+    """A skinny tile with ',2/sm' runs two persistent programs per SM, so its split-K aims at two
+    tasks per SM (one per program); the kernel launches that many programs."""
+    from etdist.ops import gemm_rs as op
+    two = op.TileConfig.parse("32,128,64,4,4,swap,2/sm")
+    assert op.skinny_tasks_per_sm(two) == 2.0 and op.skinny_tasks_per_sm(op.SKINNY_32) == 1.0
+    assert op.skinny_splits(4096, 132, 128, op.skinny_tasks_per_sm(two)) == 8
 
 
 def test_a_class_knob_changes_only_its_own_class():

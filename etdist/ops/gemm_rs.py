@@ -113,31 +113,23 @@ SPLIT_TAIL = knobs.read("ETDIST_GEMM_RS_SPLIT_TAIL", knobs.flag, SPLIT_TAIL)
 SKINNY_REDUCE_N = 32
 SKINNY_32, SKINNY, SKINNY_128, LARGE = (_override("SKINNY_32", SKINNY_32), _override("SKINNY", SKINNY),
                                         _override("SKINNY_128", SKINNY_128), _override("LARGE", LARGE))
-# Tasks per SM that each skinny class's split-K aims at (more slices: more tasks, each shorter).
-# Every task drains and refills its load pipeline, so the 128-wide tiles run best as one long task
-# per SM (A/B above). Tuning knob for every class at once: ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM.
-# Knobs may reorder the classes' sizes: each M takes the smallest class that holds it (sorted,
-# stable), and where two classes end up with the same tile the one that serves first keeps its
-# tasks per SM.
-_CLASSES = sorted(((SKINNY_32, 1.0), (SKINNY, 1.0), (SKINNY_128, 1.0)), key=lambda c: c[0].block_m)
-SKINNY_CLASSES = tuple(cfg for cfg, _ in _CLASSES)   # each serves M <= its block_m, in this order
-_tasks = knobs.read("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM", knobs.positive_float, None)
-
-
-def class_aims(classes) -> dict:
-    """{tile: tasks per SM} of (tile, aim) classes in serving order; where two classes share a tile,
-    the first one's aim (dict() keeps the last write)."""
-    return dict(reversed(tuple(classes)))
-
-
-SKINNY_TASKS_PER_SM = {cfg: _tasks for cfg in SKINNY_CLASSES} if _tasks else class_aims(_CLASSES)
+# Tasks per SM that the skinny classes' split-K aims at: one per persistent program (every task
+# drains and refills its load pipeline, so one long task each ran best: A/B above). Tuning knob for
+# every class at once: ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM.
+SKINNY_TASKS_PER_SM = knobs.read("ETDIST_GEMM_RS_SKINNY_TASKS_PER_SM", knobs.positive_float, None)
 TILE_KNOBS = ("ETDIST_GEMM_RS_", "ETDIST_WHOLE_", "ETDIST_TMA", "ETDIST_MLP_", "ETDIST_AG_GEMM_",
               "ETDIST_ROW_POINTERS", "ETDIST_INTERLEAVE_SOURCES")   # what the fused ops' plans read
 
 
+def skinny_classes() -> tuple:
+    """The skinny tiles, each serving M <= its block_m, smallest first (read when a plan is made, so
+    that an A/B may replace the module attributes; then ops.clear_plan_caches())."""
+    return tuple(sorted((SKINNY_32, SKINNY, SKINNY_128), key=lambda cfg: cfg.block_m))
+
+
 def skinny_tasks_per_sm(cfg: TileConfig) -> float:
-    """The split-K aim of a skinny class (2 for a tile outside the classes, e.g. an A/B's)."""
-    return SKINNY_TASKS_PER_SM.get(cfg, 2.0)
+    """The split-K aim of a skinny tile: one task per persistent program (or the knob's)."""
+    return SKINNY_TASKS_PER_SM or float(cfg.per_sm)
 
 
 def fp32_config(cfg: TileConfig) -> TileConfig:
@@ -203,7 +195,7 @@ def interleave_sources(rows: int, block_m: int, world: int) -> bool:
 
 def skinny_class(M: int) -> Optional[TileConfig]:
     """The smallest skinny class that holds M rows (None above 128: the large graph's tiles)."""
-    return next((cfg for cfg in SKINNY_CLASSES if M <= cfg.block_m), None)
+    return next((cfg for cfg in skinny_classes() if M <= cfg.block_m), None)
 
 
 def large_tiles(M: int, N: int, world: int, cfg: TileConfig) -> int:
