@@ -1196,3 +1196,37 @@ def test_interleaved_sources_only_where_each_source_is_one_row_tile(monkeypatch)
     assert {c: plans(*c) for c in want} == {c: (False, False, False) for c in want}
     assert not rs_op.kernel_plan(256, 26624, 16384, bf, 132, 2)[3].keywords["interleave"]
     et.ops.clear_plan_caches()
+
+
+def test_all_gather_gemm_reads_half_full_row_tiles_through_pointers():
+    """all_gather_gemm's per-source tiles load the rows through pointers where a source's last row
+    tile is half full too (192 rows a source at M=384 on 2 ranks), not only where it is less; a
+    nearly full one (500 rows at M=1000) keeps descriptors, and gemm_rs keeps the former rule."""
+    from etdist.ops import ag_gemm as ag_op
+    from etdist.ops import gemm_rs as rs_op
+    bf = torch.bfloat16
+    et.ops.clear_plan_caches()
+    assert ag_op.kernel_plan(384, 8192, 28672, bf, 132, 2)[1].keywords["row_pointers"]
+    assert not ag_op.kernel_plan(1000, 8192, 28672, bf, 132, 2)[1].keywords["row_pointers"]
+    assert not rs_op.kernel_plan(384, 14336, 8192, bf, 132, 2)[3].keywords["row_pointers"]
+    assert rs_op.row_pointers(192, 128, at_half=True) and not rs_op.row_pointers(192, 128)
+
+
+def test_whole_gather_reaches_256_rows_with_one_row_tile(monkeypatch):
+    """With WHOLE_MAX_M at 256, M = 129-256 takes the whole-gather graph with one 256-row tile per
+    column (every weight read once), in both ops; at the default 128 those sizes keep the
+    per-source graphs."""
+    from etdist.ops import ag_gemm as ag_op
+    from etdist.ops import mlp as mlp_op
+    bf = torch.bfloat16
+    et.ops.clear_plan_caches()
+    assert ag_op.kernel_plan(200, 8192, 28672, bf, 132, 2)[1].func.__name__ == "all_gather_gemm"
+    monkeypatch.setattr(ag_op, "WHOLE_MAX_M", 256)
+    et.ops.clear_plan_caches()
+    for M in (129, 200, 256):
+        cfg, build = ag_op.kernel_plan(M, 8192, 28672, bf, 132, 2)
+        assert cfg == ag_op.WHOLE_256 and build.func.__name__ == "all_gather_gemm_whole"
+        cfg, build, _ = mlp_op.kernel_plan(M, 8192, 14336, bf, 132, 2)
+        assert cfg == ag_op.WHOLE_256_MLP and build.func.__name__ == "tp_mlp_whole"
+    assert ag_op.kernel_plan(128, 8192, 28672, bf, 132, 2)[0] == ag_op.WHOLE_128
+    et.ops.clear_plan_caches()

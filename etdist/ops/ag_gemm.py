@@ -30,7 +30,12 @@ WHOLE_MAX_M = knobs.read("ETDIST_WHOLE_MAX_M", knobs.non_negative_int, 128)
 WHOLE_32 = TileConfig(32, 128, 64, 4, 6, swap_ab=True)   # M <= 32, both ops
 WHOLE_AG = TileConfig(64, 128, 128, 4, 4)    # all_gather_gemm, 32 < M <= 64
 WHOLE_MLP = TileConfig(64, 128, 64, 4, 4)    # tensor_parallel_mlp, the same M
-WHOLE_128 = TileConfig(128, 128, 64, 8, 4)   # M > 64, both ops
+WHOLE_128 = TileConfig(128, 128, 64, 8, 4)   # 64 < M <= 128, both ops
+# 128 < M <= 256 where WHOLE_MAX_M reaches that far: one tile of 256 rows, so every weight is still
+# read once (per source tiles of 128 rows read them once per row tile), transposed so the rows are
+# the MMA's N side; the MLP's two accumulators take half the columns
+WHOLE_256 = TileConfig(256, 128, 64, 8, 3, swap_ab=True)
+WHOLE_256_MLP = TileConfig(256, 64, 64, 8, 3, swap_ab=True)
 
 
 _EVERY = knobs.read("ETDIST_WHOLE_TILES", TileConfig.parse, None)
@@ -47,8 +52,9 @@ WHOLE_128 = _override("128", WHOLE_128)
 # op -> its size classes: (the most rows a class serves, the module attribute holding its tile),
 # the last serving every M above; read when a plan is made (an A/B may replace the attributes, then
 # call ops.clear_plan_caches())
-WHOLE_TILES = {"all_gather_gemm": ((32, "WHOLE_32"), (64, "WHOLE_AG"), (None, "WHOLE_128")),
-               "tensor_parallel_mlp": ((32, "WHOLE_32"), (64, "WHOLE_MLP"), (None, "WHOLE_128"))}
+WHOLE_TILES = {"all_gather_gemm": ((32, "WHOLE_32"), (64, "WHOLE_AG"), (128, "WHOLE_128"), (None, "WHOLE_256")),
+               "tensor_parallel_mlp": ((32, "WHOLE_32"), (64, "WHOLE_MLP"), (128, "WHOLE_128"),
+                                       (None, "WHOLE_256_MLP"))}
 # The whole-gather GEMM tiles span every row, so at decode sizes they can be fewer than the SMs (48
 # gate/up tiles on qwen3_8b's shard at M=16, traced on one H200: 38 us each, ~55 GB/s per SM, on 48
 # of 132 SMs). whole_width halves them while twice as many still fit in one wave, down to
@@ -117,7 +123,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
                                       gemm_n=whole_width(M, N, cfg, sms), row_pointers=row_pointers(M, cfg.block_m))
     rows = -(-M // world)                                # rows per source
     return cfg, functools.partial(ag_gemm.all_gather_gemm, *args, own_from_x=bool(OWN_FROM_X),
-                                  row_pointers=row_pointers(rows, cfg.block_m),
+                                  row_pointers=row_pointers(rows, cfg.block_m, at_half=True),
                                   interleave=interleave_sources(rows, cfg.block_m, world))
 
 

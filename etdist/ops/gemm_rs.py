@@ -154,14 +154,16 @@ _KERNELS: dict = {}
 ROW_POINTERS = knobs.read("ETDIST_ROW_POINTERS", knobs.flag, -1)
 
 
-def row_pointers(rows: int, block_m: int) -> bool:
+def row_pointers(rows: int, block_m: int, at_half: bool = False) -> bool:
     """Whether tiles of block_m rows over `rows` rows (a source's or an owner's) load them through
     pointers: where the last tile is ragged and is either the only one or less than half full (one
-    row tile of 100 rows in 128; 129 rows in two tiles of 128, 1 row in the second)."""
+    row tile of 100 rows in 128; 129 rows in two tiles of 128, 1 row in the second); at_half, also
+    where it is exactly half full (all_gather_gemm at M = 384 / 640 on 2x H200: 10-25% faster
+    through pointers; records ag_gemm_ab.jsonl, variant ROW_POINTERS=1 at 71a23a0)."""
     if ROW_POINTERS != -1:
         return bool(ROW_POINTERS)
     last = rows % block_m
-    return last > 0 and (rows < block_m or 2 * last < block_m)
+    return last > 0 and (rows < block_m or 2 * last < block_m or (at_half and 2 * last == block_m))
 
 
 # Above the decode sizes, where each source's (ag_gemm, the MLP) or owner's (gemm_rs) rows are one
