@@ -132,7 +132,7 @@ def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 4, gr
     of `group` must pass the same names in the same order (checked).
 
     Why alternate: timed in a fixed order, the later of two identical kernels measured 2-3% faster
-    (launch/ops_ab.py, twenty-third session), and the bench's first contender ~6% faster at large M
+    (experiments/ops_ab.py, twenty-third session), and the bench's first contender ~6% faster at large M
     (twenty-fourth session). An even number of rounds balances every pair's order.
     """
     if rounds < 1:

@@ -294,7 +294,7 @@ class MoE(nn.Module):
 
     def _graph(self, target: str, tiles: Optional[GpuTiles], align: int, large: bool = False, **options):
         """The layer's graph for `target` (tiles and align from _plan; large: the size class);
-        options: moe_layer arguments that replace the layer's own (A/B runs: launch/moe_ab.py)."""
+        options: moe_layer arguments that replace the layer's own (A/B runs: experiments/moe_ab.py)."""
         dtype = self.router.dtype
         if target == "cpu":
             return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=TAIL,

@@ -1,6 +1,6 @@
 """A/B the decode-sized tile configs (the ops' small-M paths) on this node's GPUs:
 
-    torchrun --nproc_per_node=2 launch/tune_decode.py [block_m,block_n,block_k,warps,stages[,tasks_per_sm] ...]
+    torchrun --nproc_per_node=2 experiments/tune_decode.py [block_m,block_n,block_k,warps,stages[,tasks_per_sm] ...]
 
 For each config: ag_gemm and mlp (the whole-gather variants: etdist.ops.ag_gemm.WHOLE_TILES, every class) and
 gemm_rs (the skinny split-K variant: etdist.ops.gemm_rs.SKINNY_CLASSES, M <= its block_m) at M in

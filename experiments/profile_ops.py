@@ -1,7 +1,7 @@
 """Where the time of a decode-sized call of each fused op goes: host enqueue vs GPU kernel
 (torch.profiler), and the host path's top Python functions (cProfile, rank 0).
 
-    torchrun --nproc_per_node=2 launch/profile_ops.py [M ...]      (default M: 16 128)
+    torchrun --nproc_per_node=2 experiments/profile_ops.py [M ...]      (default M: 16 128)
 """
 import cProfile
 import io

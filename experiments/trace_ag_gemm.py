@@ -4,7 +4,7 @@ behind calls, summarised per rank (span, busy share, per task kind: time, wait, 
 the GEMM tiles' rate per SM against what all SMs at torch.mm's rate would give. Chrome trace in $OUT
 (default /tmp).
 
-    torchrun --nproc_per_node=2 launch/trace_ag_gemm.py M K N_full      # e.g. 16 4096 24576 (qwen3_8b's gate/up)
+    torchrun --nproc_per_node=2 experiments/trace_ag_gemm.py M K N_full      # e.g. 16 4096 24576 (qwen3_8b's gate/up)
 
 N_full is split over the ranks (each multiplies the gathered rows by its N_full / R columns); on one
 GPU pass a rank's N to see a rank of that size.

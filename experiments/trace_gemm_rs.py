@@ -8,7 +8,7 @@
    the span, busy share and per-kind statistics; the kernel's time minus the span is what program
    start, the exit rendezvous and the launch cost. Chrome trace in $OUT (default /tmp).
 
-    torchrun --nproc_per_node=2 launch/trace_gemm_rs.py M N K_full    # e.g. 16 4096 12288
+    torchrun --nproc_per_node=2 experiments/trace_gemm_rs.py M N K_full    # e.g. 16 4096 12288
 """
 import os
 import statistics

@@ -2,8 +2,8 @@
 built from, timed alone (etdist.kernels.sync and etdist.kernels.ready_queue, the same functions the
 generated kernels call).
 
-    torchrun --nproc_per_node=2 launch/sync_latency.py          # 2 GPUs: every case, a table
-    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 launch/sync_latency.py --check   # CPU: the cross-rank cases run, tiny
+    torchrun --nproc_per_node=2 experiments/sync_latency.py          # 2 GPUs: every case, a table
+    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 experiments/sync_latency.py --check   # CPU: the cross-rank cases run, tiny
 
 Each case is a ping-pong between two parties (two programs on one GPU, or one program on each of
 two GPUs): a party stores a payload into the other's buffer, then notifies it (a release atomic on

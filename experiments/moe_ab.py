@@ -1,7 +1,7 @@
 """A/B of nn.MoE graph variants, alternated in one process (EP = world; one GPU is EP=1):
 
     VARIANTS="base;router_slice=512" MODELS=qwen3_30b_a3b,mixtral_8x7b TOKENS=128,1024,4096 \
-        SKEW=1.5 SCHED=dynamic ROUNDS=3 torchrun --nproc_per_node=1 launch/moe_ab.py
+        SKEW=1.5 SCHED=dynamic ROUNDS=3 torchrun --nproc_per_node=1 experiments/moe_ab.py
 
 A variant is moe_layer arguments replacing the layer's own (`key=value`, joined by `+`; `base`: the
 layer as it is), compiled through the layer's own plan (tiles, alignment, early push) with the
@@ -43,7 +43,7 @@ def main():
     skew, rounds = float(os.environ.get("SKEW", "1.5")), int(os.environ.get("ROUNDS", "3"))
     schedules = os.environ.get("SCHED", "dynamic").split(",")
     workload, out = os.environ.get("WORKLOAD", "moe_ab"), os.environ.get("OUT", "/tmp")
-    session = os.environ.get("SESSION", "")
+    note = os.environ.get("NOTE", "")   # prefixed to every record's notes
     dist.init_process_group("cpu:gloo,cuda:nccl")
     mesh = et.init_mesh()
     env = records.env_info()
@@ -80,7 +80,7 @@ def main():
                                 workload=workload, model=f"{model}-zipf{skew:g} {names[v]} run {r + 1}", M=T,
                                 world=mesh.world_size, schedule=sched, ours_us=times[v][-1], baselines={},
                                 floor_us=None, rel_err=errs[v], env=env,
-                                notes=f"{session} launch/moe_ab.py, one process, variants alternated".strip()))
+                                notes=f"{note} experiments/moe_ab.py, one process, variants alternated".strip()))
                 med = [statistics.median(t) for t in times]
                 table.append((model, T, sched, med))
                 if mesh.rank == 0:

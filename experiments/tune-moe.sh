@@ -3,8 +3,8 @@
 # scratch folder, not bench/results. Prints one row per (config, model, tokens). KNOB names the
 # size class: ETDIST_MOE_TILES (default; small) or ETDIST_MOE_TILES_LARGE (what nn.MoE takes where
 # the average expert gets >= 512 rows: give TOKENS large enough).
-#   bash launch/tune-moe.sh                                   # the configs below, static schedule
-#   CONFIGS="64,64,128,8,3 128,64,128,8,3" MODELS=mixtral_8x7b TOKENS='[128,4096]' bash launch/tune-moe.sh
+#   bash experiments/tune-moe.sh                                   # the configs below, static schedule
+#   CONFIGS="64,64,128,8,3 128,64,128,8,3" MODELS=mixtral_8x7b TOKENS='[128,4096]' bash experiments/tune-moe.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CONFIGS=${CONFIGS:-"64,64,128,8,3 128,64,128,8,3 128,64,64,8,4 64,64,64,4,4"}

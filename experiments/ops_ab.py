@@ -3,7 +3,7 @@
 with the partials stored and summed locally), alternated in one process against torch.mm:
 
     VARIANTS="base;SPLIT_TAIL=0" OPS=gemm_rs MODELS=gemma2_27b,qwen3_32b MS=1000,1024,8192 \
-        torchrun --nproc_per_node=1 launch/ops_ab.py
+        torchrun --nproc_per_node=1 experiments/ops_ab.py
 
 A variant sets module attributes of the op's plan modules (etdist.ops.gemm_rs, ag_gemm, or mlp
 and ag_gemm; OPS names the ops: gemm_rs, ag_gemm, mlp, mlp_replicated = tensor_parallel_mlp with
@@ -116,7 +116,7 @@ def main():
     Ms = [int(m) for m in os.environ.get("MS", "1000,1024,8192").split(",")]
     shard, rounds = int(os.environ.get("SHARD", "2")), int(os.environ.get("ROUNDS", "3"))
     workload, out = os.environ.get("WORKLOAD", "ops_ab"), os.environ.get("OUT", "/tmp")
-    session = os.environ.get("SESSION", "")
+    note = os.environ.get("NOTE", "")   # prefixed to every record's notes
     dist.init_process_group("cpu:gloo,cuda:nccl")
     mesh = et.init_mesh()
     if mesh.world_size != 1:
@@ -139,7 +139,7 @@ def main():
                     errs.append(err)
                 # Each variant is timed right after a torch.mm timing, and the variants' order turns
                 # by one every round: with a fixed order the second of two identical kernels measured
-                # 2-3% faster than the first (twenty-third session), a bias this cancels.
+                # 2-3% faster than the first (records ops_ab_control), a bias this cancels.
                 times = {n: [] for n in names}
                 mm_before = {n: [] for n in names}    # the torch.mm time taken just before each
                 for r in range(rounds):
@@ -154,7 +154,7 @@ def main():
                         records.append(f"{out}/{workload}.jsonl", records.make_record(
                             workload=workload, model=f"{model} {op} {n} run {r + 1}", M=M, world=1,
                             schedule="static", ours_us=t, baselines={"mm": mm_before[n][r]}, floor_us=None,
-                            rel_err=errs[v], env=env, notes=f"{session} launch/ops_ab.py: one GPU as a rank of "
+                            rel_err=errs[v], env=env, notes=f"{note} experiments/ops_ab.py: one GPU as a rank of "
                             f"{shard} (I = intermediate / {shard}), partials local; variants alternated with "
                             f"torch.mm, order turning every round".strip()))
                 table.append((op, model, M, med))

@@ -4,7 +4,7 @@ behind calls, summarised per rank (span, busy share, per task kind: time, wait, 
 each GEMM kind's rate per SM against what 132 SMs at torch.mm's rate would give. Chrome trace in
 $OUT (default /tmp).
 
-    torchrun --nproc_per_node=2 launch/trace_mlp.py M H I_full      # e.g. 1024 16384 53248
+    torchrun --nproc_per_node=2 experiments/trace_mlp.py M H I_full      # e.g. 1024 16384 53248
 """
 import os
 import sys

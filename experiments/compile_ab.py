@@ -2,7 +2,7 @@
 compiled (default mode: the op is a custom-op node, called through the dispatcher) and compiled
 with mode="reduce-overhead" (inductor's CUDA graphs replay the whole step, our launch included).
 
-    torchrun --nproc_per_node=1 launch/compile_ab.py        (records: $OUT/compile_ab.jsonl)
+    torchrun --nproc_per_node=1 experiments/compile_ab.py        (records: $OUT/compile_ab.jsonl)
 
 Steps (decode sizes, torch ops around ours as in a model): gemm_rs at M=16 (qwen3_8b's down
 projection shard, K=6144, N=4096) + residual add + RMS-style norm; nn.MoE (qwen3_30b_a3b's layer)
@@ -60,7 +60,7 @@ def main():
         records.append(f"{out}/compile_ab.jsonl", records.make_record(
             workload="compile_ab", model=name, M=M, world=1, schedule="static", ours_us=us["compiled"],
             baselines={"eager": us["eager"], "reduce-overhead": us["reduce-overhead"]}, floor_us=None,
-            rel_err=0.0, env=env, notes="launch/compile_ab.py: the step eager, torch.compile(fullgraph=True) "
+            rel_err=0.0, env=env, notes="experiments/compile_ab.py: the step eager, torch.compile(fullgraph=True) "
             "(ours_us) and mode='reduce-overhead'; each checked against the eager step (rel err < 1e-2); "
             "4 rounds of turning order, 2 batches of 20 back-to-back calls each, median"))
     print("\nstep | eager us | compiled us | reduce-overhead us")

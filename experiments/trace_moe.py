@@ -4,7 +4,7 @@ one traced launch summarised per rank (span, busy share, per-kind task statistic
 tasks: the scheduling overhead); Chrome traces in $OUT (default /tmp). SKEW=1.5: the benchmark's
 Zipf-like routing (etdist.workloads.moe.skew_router, as etdist.bench_gpu.moe_cell builds it).
 
-    torchrun --nproc_per_node=2 launch/trace_moe.py [tokens]
+    torchrun --nproc_per_node=2 experiments/trace_moe.py [tokens]
 """
 import os
 import sys

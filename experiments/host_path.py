@@ -1,7 +1,7 @@
 """Host time of eager calls on one GPU: which threads of the process keep a core busy, and what a
 decode-sized call costs with the main thread alone on a core or sharing it with those threads.
 
-    LABEL=proxy-off torchrun --nproc_per_node=1 launch/host_path.py
+    LABEL=proxy-off torchrun --nproc_per_node=1 experiments/host_path.py
     NVSHMEM_REMOTE_TRANSPORT=ibrc NVSHMEM_DISABLE_LOCAL_ONLY_PROXY=0 LABEL=proxy-on torchrun ... (as before 31db7a5)
 
 Tiny operands, so that each call is bound by its host path: microseconds per call are the wall
@@ -59,7 +59,7 @@ def main():
     dist.init_process_group("cpu:gloo,cuda:nccl")
     mesh = et.init_mesh()
     if mesh.world_size != 1 or len(ALLOWED) < 2:
-        raise SystemExit("launch/host_path.py runs as one process (--nproc_per_node=1) with 2+ cores")
+        raise SystemExit("experiments/host_path.py runs as one process (--nproc_per_node=1) with 2+ cores")
     dev, bf16 = mesh.device, torch.bfloat16
     x, w = torch.randn(64, 512, device=dev, dtype=bf16), torch.randn(512, 1024, device=dev, dtype=bf16)
     xa, wa = torch.randn(64, 1024, device=dev, dtype=bf16), torch.randn(1024, 1024, device=dev, dtype=bf16)
@@ -89,7 +89,7 @@ def main():
                     records.append(f"{out}/host_path.jsonl", records.make_record(
                         workload="host_path", model=f"{name} {label} pin={pinning} run {rnd + 1}", M=M, world=1,
                         schedule="static", ours_us=us[name], baselines={"mm": us["mm"]}, floor_us=None,
-                        rel_err=0.0, env=env, notes=f"launch/host_path.py: eager calls, wall time of 300 calls + "
+                        rel_err=0.0, env=env, notes=f"experiments/host_path.py: eager calls, wall time of 300 calls + "
                         f"synchronize, median of 5; {len(spinners)} busy thread(s) besides the main one"))
     pin(main_tid, spinners, None)
     print(f"\n{label}: us per eager call (wall, host-bound shapes)")

@@ -2,7 +2,7 @@
 
     ncu --profile-from-start off --kernel-name regex:"megakernel|_expert_gemm" --section SpeedOfLight \
         --metrics lts__t_sector_hit_rate.pct,dram__bytes_read.sum,lts__t_bytes.sum \
-        python3 -m torch.distributed.run --nproc_per_node=1 launch/profile_moe.py mixtral_8x7b 1024 0 static,dynamic
+        python3 -m torch.distributed.run --nproc_per_node=1 experiments/profile_moe.py mixtral_8x7b 1024 0 static,dynamic
 
 Arguments: model (etdist.measure.shapes.MOE_SHAPES), tokens, routing skew (0: uniform; 1.5: the benchmark's
 Zipf), schedules. Only the calls between cudaProfilerStart and Stop are profiled: the layer once per

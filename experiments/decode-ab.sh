@@ -2,16 +2,16 @@
 # The decode-size A/Bs, each step time-bounded so that two or three fit in one 10-minute device call
 # (2 GPUs). Name the steps to run (default: all, ~15 minutes: more than one call); records go to $RESULTS (default a
 # scratch folder), never to bench/results unless asked.
-#   bash launch/decode-ab.sh sync trace whole      # ~5 minutes
-#   bash launch/decode-ab.sh moe                    # ~4 minutes
+#   bash experiments/decode-ab.sh sync trace whole      # ~5 minutes
+#   bash experiments/decode-ab.sh moe                    # ~4 minutes
 # Steps:
-#   sync   launch/sync_latency.py: one dependent step's cost (local and cross-GPU notify/wait, the
+#   sync   experiments/sync_latency.py: one dependent step's cost (local and cross-GPU notify/wait, the
 #          ready queue), the unit of the decode kernels' overheads;
-#   trace  launch/trace_gemm_rs.py at M=16 on qwen3_8b's shape: where the ~30 us that gemm_rs spends
+#   trace  experiments/trace_gemm_rs.py at M=16 on qwen3_8b's shape: where the ~30 us that gemm_rs spends
 #          beyond torch.mm + NCCL goes (tasks, reduce, start, exit rendezvous);
 #   whole  ag_gemm and the MLP at M=16 and 128 on the 8 shapes, the former single whole-gather tile
 #          (ETDIST_WHOLE_TILES=64,128,64,4,4) against today's size classes, alternated, in one call;
-#   moe    nn.MoE's small-class tiles at 1, 16 and 128 tokens (launch/tune-moe.sh): today's
+#   moe    nn.MoE's small-class tiles at 1, 16 and 128 tokens (experiments/tune-moe.sh): today's
 #          64,64,128,8,3 against narrower column tiles (more gate/up tasks per expert at one token)
 #          and 16-row tiles; all compile for sm_90a without spills (checked on the CPU);
 #   moegroup  nn.MoE at 1024 and 4096 tokens (static, EP=2), its expert GEMMs walked row tile after
@@ -26,50 +26,48 @@
 #          the static schedule once beside them (~5 min);
 #   chain  nn.MoE under the dynamic schedule at 1/16/128/1024 tokens, Zipf 1.5 routing (EP=2): the down
 #          tiles released by act_ready's walk (ETDIST_EARLY_PUSH=1) against seeded behind the gate/up
-#          tiles (2: the small class's default since the fifteenth session, every class's since
-#          the nineteenth, measured on one GPU only), alternated twice, then static once (~5 min);
+#          tiles (2: the default, measured on one GPU only), alternated twice, then static once (~5 min);
 #   moetail nn.MoE under the dynamic schedule at 1/128/1024 tokens, zipf-skewed routing (EP=2): the
 #          return and combine queued (ETDIST_MOE_TAIL=0, as before) against walked as the tail (the
-#          default since the fourteenth session, measured on one GPU only), alternated twice (~4 min);
+#          default, measured on one GPU only), alternated twice (~4 min);
 #   moelarge nn.MoE (static) at 128/512/1024 tokens, uniform routing (EP=2): the large tile class
 #          from 512 rows per expert (ETDIST_MOE_LARGE_ROWS=512, as before) against from 64 (the
-#          default since the fourteenth session, measured on one GPU only), alternated twice (~4 min);
+#          default, measured on one GPU only), alternated twice (~4 min);
 #   moedown nn.MoE under the dynamic schedule at 16/1024/4096 tokens, Zipf 1.5 (EP=2): qwen3's down tiles
 #          128 wide (ETDIST_MOE_DOWN_N=128, as before) against 256 (the default for experts of at most
-#          2048 intermediate since the seventeenth session, measured on one GPU only), alternated twice,
+#          2048 intermediate, measured on one GPU only), alternated twice,
 #          then static once (~5 min);
 #   moehalf the same for half-height last row tiles: off (ETDIST_MOE_HALF_TAILS=0, as before) against on
 #          (the large class's default with >= 32 experts a rank, one GPU only so far) (~5 min);
 #   moefine nn.MoE at 1/128/1024/4096 tokens, Zipf 1.5 (EP=2): top-k >= 4 routing and combine in the
 #          class's blocks (ETDIST_MOE_FINE_BLOCKS=0, the blocks as before; the routing's slice sums stay
-#          unrolled) against small ones (the default since the eighteenth session, one GPU only so far),
+#          unrolled) against small ones (the default, one GPU only so far),
 #          alternated twice, then static once (~6 min);
 #   rstail gemm_rs at M=1000/1024/8192 on the five shapes whose plan it changes, the tiles past the
-#          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1, the default since the
-#          twenty-first session, one GPU only so far) against every tile in slices (0), alternated
+#          last whole wave alone in slices (ETDIST_GEMM_RS_SPLIT_TAIL=1, the default,
+#          one GPU only so far) against every tile in slices (0), alternated
 #          twice (prefill: it rides along, ~4 min);
 #   rsown  gemm_rs at M=1000/1024/8192 on the same five shapes, each rank's own tiles last
 #          (ETDIST_GEMM_RS_OWN_LAST=1) against owner 0's first on every rank (the default), alternated
 #          twice, under the tail plan (RSOWN_TAIL=0: under today's plan) (~4 min);
 #   rsfuse gemm_rs at M=1024/4096/8192 on four shapes whose plans keep tiles whole, own tiles last with
-#          their reduce in their epilogue (ETDIST_GEMM_RS_FUSE_OWN=1, the default since the twenty-second
-#          session, one GPU only so far) against owner 0's tiles first and a reduce task (0) (~4 min);
+#          their reduce in their epilogue (ETDIST_GEMM_RS_FUSE_OWN=1, the default,
+#          one GPU only so far) against owner 0's tiles first and a reduce task (0) (~4 min);
 #   mlptail the fused MLP at M=1000/1024 on the shapes whose plan it changes, its last down tiles
-#          in 3 slices (ETDIST_MLP_TAIL_SPLITS=3, the default since the twenty-first session, one GPU
+#          in 3 slices (ETDIST_MLP_TAIL_SPLITS=3, the default, one GPU
 #          only so far) against whole (1), alternated twice (~4 min);
 #   ownx   ag_gemm and the fused MLP at M=1000/8192 on three shapes, own row tiles read from x
-#          (ETDIST_AG_GEMM_OWN_FROM_X=1, the default since the twenty-third session, one GPU only so
+#          (ETDIST_AG_GEMM_OWN_FROM_X=1, the default, one GPU only so
 #          far) against waiting for the copy of x into the gathered buffer (0) (~5 min);
 #   mid    gemm_rs, ag_gemm and the fused MLP at M=129/160/256 on two shapes (each rank's rows one
 #          row tile): the sources' (gemm_rs: owners') tiles in source order (ETDIST_INTERLEAVE_SOURCES=0,
-#          as before) against side by side (1, the default since the thirtieth session, gemm_rs the
-#          thirty-first: each weight tile read once, not once per source; on one GPU only the same
+#          as before) against side by side (1, the default: each weight tile read once, not once per source; on one GPU only the same
 #          two orders of two row tiles were measured), alternated twice (~7 min);
 #   midwhole the same cells, the per-source graphs above 128 rows (ETDIST_WHOLE_MAX_M=128, the default)
 #          against the whole-gather graphs up to 256 rows (256), alternated twice (~5 min);
 #   opsdyn the three fused ops under both schedules at M=16/128/1024 on two shapes: what the ready
 #          queue costs their kernels, where every task exists (never benchmarked before; ~2 min);
-#   moetrace  launch/trace_moe.py at 1 and 1024 tokens (qwen3_30b_a3b-sized, EP=2, both schedules):
+#   moetrace  experiments/trace_moe.py at 1 and 1024 tokens (qwen3_30b_a3b-sized, EP=2, both schedules):
 #          per task kind its time, its wait and the gap before it (where the dynamic schedule's
 #          hand-offs cost), the dispatch and send_back copies among them (~2 min).
 set -uo pipefail
@@ -104,10 +102,10 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
   case $step in
     sync)
       echo "== sync latency"
-      timeout 120 python3 -m torch.distributed.run --nproc_per_node=2 launch/sync_latency.py 2>&1 | quiet | tail -12 ;;
+      timeout 120 python3 -m torch.distributed.run --nproc_per_node=2 experiments/sync_latency.py 2>&1 | quiet | tail -12 ;;
     trace)
       echo "== gemm_rs at M=16, qwen3_8b (x [16, 6144] @ w [6144, 4096] per rank), traced"
-      OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_gemm_rs.py 16 4096 12288 \
+      OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 experiments/trace_gemm_rs.py 16 4096 12288 \
         2>&1 | quiet | tail -30 ;;
     whole)
       echo "== whole-gather tiles at M=16/128: old single tile, then today's classes (twice)"
@@ -121,7 +119,7 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
     moe)
       echo "== nn.MoE small-class tiles at 1/16/128 tokens (static)"
       CONFIGS=${MOE_CONFIGS:-"64,64,128,8,3 64,64,64,8,4 16,64,64,8,4 16,64,32,8,6"} TOKENS='[1,16,128]' \
-        timeout 280 bash launch/tune-moe.sh 2>&1 | cut -c1-140 ;;
+        timeout 280 bash experiments/tune-moe.sh 2>&1 | cut -c1-140 ;;
     moegroup)
       echo "== nn.MoE expert tile order at 1024/4096 tokens: row tile after row tile (old), then groups of 8"
       MODELS_OVERRIDE=qwen3_30b_a3b,mixtral_8x7b WORKLOADS=moe SCHEDULE=static \
@@ -193,7 +191,7 @@ for step in ${@:-sync trace whole moe moegroup moepin moetrace}; do
     moetrace)
       for tokens in 1 1024; do
         echo "== nn.MoE traced at $tokens tokens, both schedules"
-        OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 launch/trace_moe.py $tokens \
+        OUT=${TRACE_OUT:-/tmp} timeout 150 python3 -m torch.distributed.run --nproc_per_node=2 experiments/trace_moe.py $tokens \
           2>&1 | quiet | grep -vE 'UserWarning|_warn_once' | tail -32
       done ;;
     *) echo "unknown step $step (sync, trace, whole, moe, moegroup, moepin, early, chain, moetail, moelarge, rstail, rsown, rsfuse, mlptail, ownx, mid, midwhole, opsdyn, moetrace)"; exit 2 ;;

@@ -2,7 +2,7 @@
 CudaKernel.__call__ cost before any CUDA API call (the launch is stubbed; a one-rank fake mesh keeps
 the buffers in host memory). Decode-sized calls are host-bound, so this is worth watching.
 
-    python launch/host_path_cpu.py [M] [--profile]      (qwen3_8b-sized operands, default M=16)
+    python experiments/host_path_cpu.py [M] [--profile]      (qwen3_8b-sized operands, default M=16)
 """
 import cProfile
 import pstats
