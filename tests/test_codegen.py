@@ -425,8 +425,8 @@ def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large, pin):
     made nn.MoE's dynamic kernels spill (found by review: 340 bytes per thread with 128-row tiles).
     nn.MoE's own tiles for the expert size I (nn.moe.layer_tiles). The large class, at 4 stages
     and with the tail's second static walk, spills 20-44 bytes a thread; its 256-wide down tiles
-    (I <= 2048) 88 at top-8: a bound of 96 there, as they won 12-15% spilled (seventeenth
-    session); else the bound of the ops' kernels, 64."""
+    (I <= 2048) 88 at top-8: a bound of 96 there, as they won 12-15% spilled (records
+    moe_tiles_ab); else the bound of the ops' kernels, 64."""
     from etdist.nn.moe import GATE_UP_BLOCK, graph_blocks, layer_tiles
     from etdist.workloads import moe
     t = layer_tiles(I, 128 if top_k == 8 else 8, large)

@@ -325,7 +325,7 @@ def test_a_shape_captured_in_a_cuda_graph_keeps_its_state(monkeypatch):
     """Graphs captured at several M of one kernel (a server's per-batch-size decode graphs), or one
     graph and then calls at other M: sharing one state, each new shape re-laid the counters and grew
     (freed) the buffers the earlier graphs launch with, so their replays read garbage or hung (one
-    H200, twenty-fourth session). Each shape now has its own state; the captured ones are pinned at
+    H200). Each shape now has its own state; the captured ones are pinned at
     the next new shape (agreed by the ranks) and never re-laid, and calls at them launch the same."""
     from etdist.fusion import cuda_runtime as cr
     kernel, rec = _recorded_gemm_rs(monkeypatch)

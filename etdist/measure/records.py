@@ -66,7 +66,7 @@ def _from_obj(obj: dict, where: str) -> Record:
     missing = [k for k in _REQUIRED if k not in obj]
     unknown = sorted(set(obj) - _KNOWN)
     if missing or unknown:
-        raise ValueError(f"{where}: record does not follow DESIGN.md's schema "
+        raise ValueError(f"{where}: record does not follow docs/design.md's record schema "
                          f"(missing {missing}, unknown {unknown})")
     return Record(**obj)
 
