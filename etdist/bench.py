@@ -12,7 +12,7 @@ the float64 reference and timed against it run eagerly in one process.
 
 Under `torchrun --nproc_per_node=N` or `mpirun -n N` every process takes part: the cells are
 split round-robin over the processes, and rank 0 alone gathers the rows, prints the table and
-writes the records (DESIGN.md's schema) plus a markdown table and plots (etdist.report) into
+writes the records (docs/design.md's record schema) plus a markdown table and plots (etdist.report) into
 its output folder (each rank has its own: conf/config.yaml). `-m` sweeps work the same way.
 """
 from __future__ import annotations
@@ -164,7 +164,7 @@ def table(rows: list[Row]) -> Table:
 
 
 def write_results(rows: list[Row], folder: pathlib.Path, also: Optional[str] = None) -> pathlib.Path:
-    """Records (DESIGN.md's schema; `eager` = the float64 torch reference in one process), then
+    """Records (docs/design.md's record schema; `eager` = the float64 torch reference in one process), then
     the report tables and plots made from them, all under `folder`; the records also appended
     under `also`/cpu (bench.results_dir) when given: apart from GPU records, whose cells they would
     otherwise replace in a report (a cell is keyed without its device)."""

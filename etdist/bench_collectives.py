@@ -6,7 +6,7 @@ For each op and size (bytes of the full tensor: reduce_scatter's input, all_gath
 all_reduce's buffer; bf16): check ours against NCCL (fp32 sums of integers exactly, bf16 within
 rounding), then time: warm up, barrier, a batch of 20 calls between two CUDA events, median of 7
 batches, the slowest rank; ours eager and replayed from a CUDA graph, NCCL eager and in a graph.
-Appends one record per cell to DIR/<op>.jsonl (DESIGN.md's schema) and prints a table.
+Appends one record per cell to DIR/<op>.jsonl (docs/design.md's record schema) and prints a table.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The GPU cells of `python -m etdist.bench` (DESIGN.md's protocol), one process per GPU.
+"""The GPU cells of `python -m etdist.bench` (docs/benchmarks.md's protocol), one process per GPU.
 
 A cell is (workload, model shape, M). Every rank takes part in every cell: our fused op and the
 baselines run in the same process on the same operands (weights rotated over 4 copies so they
@@ -389,11 +389,8 @@ def run_sweep(cfg, console, folder) -> list:
                           f"{mesh.world_size} ranks[/]")
     for n, (workload, schedule, M) in enumerate(cells, 1):
         if n == 1 and cfg.bench.warm_cell:
-            # The first cell of a Hydra job once timed a slower host: ours eager at 1 token 72 / 105 / 60
-            # us against 57 in a graph, in three jobs of one process (records moe_first_cell). Another
-            # H200 showed no such effect (warm-ups 59.9 / 63.4 / 59.4 us, kept 59.8 / 59.3 / 59.4),
-            # but a third cell read 68: eager decode cells carry host noise anywhere. Kept as cheap
-            # insurance (one cell a job): the first timing is printed, not recorded.
+            # The first cell of a Hydra job once timed a slower host (records moe_first_cell): cheap
+            # insurance, one cell a job, whose timing is printed, not recorded.
             warm = CELLS[workload](mesh, cfg.model, M, ceil, cfg.bench.symm_mem, schedule, rounds=cfg.bench.rounds)
             if lead:
                 console.print(f"[dim]warm-up (dropped): {workload} {schedule[:3]} M={M} ours {warm.ours_us:.1f} us"

@@ -1,16 +1,20 @@
-"""BENCHMARKS.md tables and plots from the result records (DESIGN.md "Result records").
+"""docs/benchmarks.md's summary, tables and plots from the result records (docs/design.md,
+"Result records").
 
-    python -m etdist.report [--results bench/results] [--out BENCHMARKS.md] [--plots bench/plots]
+    python -m etdist.report [--results bench/results] [--out docs/benchmarks.md] [--plots bench/plots]
+                            [--workloads gemm_rs,ag_gemm,...|all]
 
-Reads every <results>/*.jsonl, keeps the newest record per cell (workload, model, M, world,
-schedule), and writes one markdown table per workload between the markers below in --out (the
-rest of the file is left as it is), one PNG per workload, schedule and world into --plots
-(speedup over the CUDA-graph baseline against M), and prints the tables.
+Reads <results>/<workload>.jsonl for each of --workloads (default DOC_WORKLOADS: the library's
+ops, layers and collectives, not the A/B files beside them; `all`: every *.jsonl), keeps the
+newest record per cell (workload, model, M, world, schedule), and writes a summary (one line per
+workload, world and schedule) between the summary markers and one table per workload between the
+report markers of --out (the rest of the file is left as it is), one PNG per workload, schedule
+and world into --plots (speedup over the CUDA-graph baseline against M), and prints the block.
 
 Speedup = best baseline / ours, where the best baseline is the faster of `graph` and `eager`
-(DESIGN.md: at large sizes the graph is sometimes the slower of the two), and for MoE also of
-`loop` (the torch layer with one mm pair per expert; older MoE records call it `eager`) and
-`fused` (a serving engine's fused MoE kernels, etdist.measure.fused_moe; from the sixteenth session).
+(at large sizes the graph is sometimes the slower of the two), and for MoE also of `loop` (the
+torch layer with one mm pair per expert; older MoE records call it `eager`) and `fused` (a
+serving engine's fused MoE kernels, etdist.measure.fused_moe).
 """
 from __future__ import annotations
 
@@ -27,18 +31,24 @@ from .measure.shapes import MLP_SHAPES
 
 BEGIN = "<!-- report:begin -->"
 END = "<!-- report:end -->"
+SUMMARY_BEGIN = "<!-- summary:begin -->"
+SUMMARY_END = "<!-- summary:end -->"
+# What docs/benchmarks.md shows, in its order: each from <results>/<workload>.jsonl.
+DOC_WORKLOADS = ("gemm_rs", "ag_gemm", "mlp", "mlp_replicated", "moe", "reduce_scatter", "all_gather", "all_reduce")
 HEADLINE = ("graph", "eager", "loop", "fused")     # the best baseline is the faster of these
 BASELINE_ORDER = ("graph", "eager", "loop", "fused", "symm_mem", "mm")
 
 
 # ----------------------------------------------------------------------------------- the numbers
 
-def load_results(folder) -> list[Record]:
-    """Every record of every <folder>/*.jsonl, files in name order, lines in file order."""
-    records = []
-    for path in sorted(pathlib.Path(folder).glob("*.jsonl")):
-        records.extend(load(path))
-    return records
+def load_results(folder, workloads: Optional[Sequence[str]] = None) -> list[Record]:
+    """Every record of every <folder>/*.jsonl, files in name order, lines in file order; with
+    `workloads`, only <folder>/<w>.jsonl's records of workload w, for each w given."""
+    folder = pathlib.Path(folder)
+    if workloads is None:
+        return [r for path in sorted(folder.glob("*.jsonl")) for r in load(path)]
+    return [r for w in workloads if (folder / f"{w}.jsonl").exists()
+            for r in load(folder / f"{w}.jsonl") if r.workload == w]
 
 
 def best_baseline(rec: Record) -> Optional[float]:
@@ -87,7 +97,7 @@ def _model_key(model: str) -> tuple:
 
 
 def _row_key(rec: Record) -> tuple:
-    return (_model_key(rec.model), rec.M, rec.world, rec.schedule)
+    return (rec.world, rec.schedule, _model_key(rec.model), rec.M)
 
 
 # ------------------------------------------------------------------------------------ the tables
@@ -113,20 +123,49 @@ def _speedup_cell(s: Optional[float]) -> str:
     return f"{s:.2f}x"
 
 
+def _date(rec: Record) -> str:
+    return str(rec.date)[:10]
+
+
+def _groups(records: Sequence[Record]) -> list[tuple[str, int, str, list[Record]]]:
+    """(workload, world, schedule, cells with a speedup) in DOC_WORKLOADS' order, then by name."""
+    order = {w: k for k, w in enumerate(DOC_WORKLOADS)}
+    keys = sorted({(r.workload, r.world, r.schedule) for r in records},
+                  key=lambda k: (order.get(k[0], len(order)), k[0], k[1], k[2]))
+    return [(w, world, sched, [r for r in records if (r.workload, r.world, r.schedule) == (w, world, sched)
+                               and speedup(r) is not None]) for w, world, sched in keys]
+
+
+def summary(records: Sequence[Record]) -> str:
+    """One row per workload, world and schedule: cells, how many beat the best baseline, the
+    geometric-mean speedup over it and of ours / floor, and the newest date and commit."""
+    lines = ["| workload | world | schedule | cells | faster | geomean speedup | geomean ours/floor | measured | commits |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for workload, world, schedule, cells in _groups(records):
+        if not cells:
+            continue
+        floors = [r.ours_us / r.floor_us for r in cells if r.floor_us]
+        dates = sorted({_date(r) for r in cells})
+        lines.append(f"| {workload} | {world} | {schedule} | {len(cells)} | {sum(speedup(r) >= 1 for r in cells)} | "
+                     f"{_speedup_cell(geomean(speedup(r) for r in cells))} | "
+                     f"{f'{geomean(floors):.2f}' if floors else '-'} | "
+                     f"{dates[0] if len(dates) == 1 else f'{dates[0]} .. {dates[-1]}'} | {_distinct(cells, 'commit')} |")
+    return "\n".join(lines) + "\n"
+
+
 def workload_table(workload: str, records: Sequence[Record]) -> str:
     """The markdown section of one workload: provenance, table, geometric means, slow cells."""
     records = sorted(records, key=_row_key)
     names = _baseline_names(records)
     graphed = any(ours_graph_us(r) for r in records)
-    head = ["model", "M", "world", "schedule", "ours us", *(["ours graph us"] if graphed else []),
+    head = ["world", "schedule", "model", "M", "ours us", *(["ours graph us"] if graphed else []),
             *[f"{k} us" for k in names], "best baseline us", "speedup",
-            *(["speedup, ours eager or graph"] if graphed else []), "ours/floor", "rel_err"]
-    first, last = min(r.date for r in records), max(r.date for r in records)
+            *(["speedup, ours eager or graph"] if graphed else []), "ours/floor", "rel_err", "commit", "date"]
+    first, last = min(_date(r) for r in records), max(_date(r) for r in records)
     cpu = all(str(r.device).startswith("CPU runtime") for r in records)
     lines = [f"### {workload}", "",
              f"device: {_distinct(records, 'device')}; torch {_distinct(records, 'torch')}; "
-             f"triton {_distinct(records, 'triton')}; commit {_distinct(records, 'commit')}; "
-             f"measured {first if first == last else f'{first} .. {last}'}", ""]
+             f"triton {_distinct(records, 'triton')}; measured {first if first == last else f'{first} .. {last}'}", ""]
     if cpu:   # what the CPU runtime's times mean
         lines += ["A correctness run: simulated ranks and programs checked against a float64 reference; "
                   "`eager` is that reference run eagerly in one process, so the speedup column is no "
@@ -135,14 +174,13 @@ def workload_table(workload: str, records: Sequence[Record]) -> str:
     for r in records:
         floor = f"{r.ours_us / r.floor_us:.2f}" if r.floor_us else "-"
         err = "-" if r.rel_err is None else f"{r.rel_err:.1e}"
-        row = [str(r.model), str(r.M), str(r.world), r.schedule, _us(r.ours_us),
+        row = [str(r.world), r.schedule, str(r.model), str(r.M), _us(r.ours_us),
                *([_us(ours_graph_us(r))] if graphed else []),
                *[_us(r.baselines.get(k)) for k in names], _us(best_baseline(r)), _speedup_cell(speedup(r)),
-               *([_speedup_cell(graph_speedup(r))] if graphed else []), floor, err]
+               *([_speedup_cell(graph_speedup(r))] if graphed else []), floor, err, str(r.commit), _date(r)]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    for schedule, world in sorted({(r.schedule, r.world) for r in records}):
-        cells = [r for r in records if (r.schedule, r.world) == (schedule, world) and speedup(r) is not None]
+    for _, world, schedule, cells in _groups(records):
         if not cells:
             continue
         slow = [r for r in cells if speedup(r) < 1]
@@ -172,16 +210,21 @@ def workload_table(workload: str, records: Sequence[Record]) -> str:
 
 
 def render(records: Sequence[Record], plots: Optional[dict[tuple, pathlib.Path]] = None,
-           out_dir: pathlib.Path = pathlib.Path("."), source: str = "bench/results") -> str:
-    """The block that goes between the markers: a table per workload, then links to the plots."""
-    parts = [f"Generated by `python -m etdist.report` from {source}/*.jsonl (newest record "
+           out_dir: pathlib.Path = pathlib.Path("."), source: str = "bench/results",
+           with_summary: bool = True) -> str:
+    """The block that goes between the report markers: (the summary, unless it has markers of its
+    own,) a table per workload, each followed by links to its plots."""
+    parts = [f"Generated by `python -m etdist.report` from {source}/<workload>.jsonl (newest record "
              "per cell); edits between the report markers are overwritten.", ""]
     by_workload: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         by_workload[r.workload].append(r)
     if not by_workload:
         parts.append("No result records yet.\n")
-    for workload in sorted(by_workload):
+    elif with_summary:
+        parts += ["## Summary", "", summary(records)]
+    order = {w: k for k, w in enumerate(DOC_WORKLOADS)}
+    for workload in sorted(by_workload, key=lambda w: (order.get(w, len(order)), w)):
         parts.append(workload_table(workload, by_workload[workload]))
         for (w, schedule, world), p in sorted((plots or {}).items()):
             if w == workload:
@@ -247,38 +290,47 @@ def _tick_values(ms: set[int]) -> list[int]:
 
 # ---------------------------------------------------------------------------------- the document
 
-def splice(text: str, block: str) -> str:
-    """`text` with everything between the report markers replaced by `block`; the markers and
-    block are appended when the text has none. Content outside the markers is kept as it is."""
+def splice(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
+    """`text` with everything between the `begin` and `end` markers replaced by `block`; the
+    markers and block are appended when the text has none. Content outside them is kept as it is."""
     body = block.rstrip("\n") + "\n"
-    if BEGIN not in text and END not in text:
+    if begin not in text and end not in text:
         prefix = text.rstrip("\n") + "\n\n" if text.strip() else "# Benchmarks\n\n"
-        return f"{prefix}{BEGIN}\n{body}{END}\n"
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"expected one {BEGIN} followed by one {END}; fix the markers by hand")
-    start = text.index(BEGIN) + len(BEGIN)
-    return f"{text[:start]}\n{body}{text[text.index(END):]}"
+        return f"{prefix}{begin}\n{body}{end}\n"
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"expected one {begin} followed by one {end}; fix the markers by hand")
+    start = text.index(begin) + len(begin)
+    return f"{text[:start]}\n{body}{text[text.index(end):]}"
 
 
-def write_report(results, out, plots) -> str:
-    """Regenerate the tables in `out` and the PNGs in `plots` from `results`; returns the block."""
+def write_report(results, out, plots, workloads: Optional[Sequence[str]] = None) -> str:
+    """Regenerate the summary and tables in `out` and the PNGs in `plots` from `results` (only
+    `workloads`' files where given); returns the block written between the report markers."""
     out = pathlib.Path(out)
-    records = newest_per_cell(load_results(results))
+    records = newest_per_cell(load_results(results, workloads))
     written = plot_speedups(records, plots)
-    block = render(records, written, out.parent, source=os.path.relpath(results, out.parent))
     old = out.read_text() if out.exists() else ""
-    out.write_text(splice(old, block))
+    own_summary = SUMMARY_BEGIN in old and bool(records)
+    block = render(records, written, out.parent, source=os.path.relpath(results),
+                   with_summary=not own_summary)
+    text = splice(old, block)
+    if own_summary:
+        text = splice(text, summary(records), SUMMARY_BEGIN, SUMMARY_END)
+    out.write_text(text)
     return block
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m etdist.report",
-                                     description="BENCHMARKS.md tables and plots from bench/results")
+                                     description="docs/benchmarks.md's tables and plots from bench/results")
     parser.add_argument("--results", default="bench/results", help="folder of <workload>.jsonl")
-    parser.add_argument("--out", default="BENCHMARKS.md", help="markdown file to update")
+    parser.add_argument("--out", default="docs/benchmarks.md", help="markdown file to update")
     parser.add_argument("--plots", default="bench/plots", help="folder for the PNGs")
+    parser.add_argument("--workloads", default=",".join(DOC_WORKLOADS),
+                        help="comma-separated workloads to show, or 'all' for every <results>/*.jsonl")
     args = parser.parse_args(argv)
-    print(write_report(args.results, args.out, args.plots))
+    workloads = None if args.workloads == "all" else [w for w in args.workloads.split(",") if w]
+    print(write_report(args.results, args.out, args.plots, workloads))
 
 
 if __name__ == "__main__":

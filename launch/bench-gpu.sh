@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU sweep through the Hydra main command: the 8 MLP shapes x bench=gpu's token counts, one
-# process per GPU, records added to bench/results, then BENCHMARKS.md regenerated.
+# process per GPU, records added to bench/results, then docs/benchmarks.md regenerated.
 #   bash launch/bench-gpu.sh                       # gemm_rs, ag_gemm and mlp
 #   WORKLOADS=mlp bash launch/bench-gpu.sh         # one workload; Hydra overrides pass through
 #   RESULTS=/tmp/r MODELS_OVERRIDE=qwen3_8b SCHEDULE=both bash launch/bench-gpu.sh bench.symm_mem=false
@@ -14,4 +14,4 @@ NPROC=${NPROC:-$($PYTHON -c 'import torch; print(torch.cuda.device_count())')}
 export NPROC
 bash launch/torchrun.sh -m model=${MODELS_OVERRIDE:-$MODELS} workload=${WORKLOADS:-gemm_rs,ag_gemm,mlp} schedule=${SCHEDULE:-static} bench=gpu \
   bench.results_dir=${RESULTS:-bench/results} "$@" 2>&1 | grep -vE '^(W1|\[W|Setting OMP|\*{5})'
-if [ "${RESULTS:-bench/results}" = bench/results ]; then $PYTHON -m etdist.report > /dev/null && echo "BENCHMARKS.md regenerated"; fi
+if [ "${RESULTS:-bench/results}" = bench/results ]; then $PYTHON -m etdist.report > /dev/null && echo "docs/benchmarks.md regenerated"; fi

@@ -4,18 +4,18 @@
 #   bash launch/gpu-check.sh [results dir, default bench/results]
 #   QUICK=1 bash launch/gpu-check.sh /tmp/r     # the tests + a few cells of each sweep
 # PART=tests or PART=bench runs one half; PYTEST_K="<expr>" passes -k to pytest. Neither half fits one
-# 10-minute device call whole: on one H100 at 33deb5e (thirty-fourth session) `pytest -m gpu` took
+# 10-minute device call whole: on one H100 at 33deb5e `pytest -m gpu` took
 # ~13 min, its torch_compile and moe_layer_both tests ~4 of them. In 10-minute calls:
 #   PART=tests PYTEST_K="not torch_compile and not moe_layer_both and not llama" bash launch/gpu-check.sh
 #   PART=tests PYTEST_K="torch_compile or moe_layer_both or llama" bash launch/gpu-check.sh
 #   QUICK=1 PART=bench bash launch/gpu-check.sh /tmp/r
 # 1. every GPU test (pytest -m gpu; the Llama client test needs `pip install transformers`);
-# 2. the collectives benchmark and the synchronisation latencies (launch/sync_latency.py);
+# 2. the collectives benchmark and the synchronisation latencies (experiments/sync_latency.py);
 # 3. the GEMM+RS, AG+GEMM and MLP (sequence-parallel and replicated) sweep, then the MoE sweep (both
 # schedules), through the Hydra main command (launch/bench-gpu.sh).
 # Records are appended under the results dir; a short table is printed last.
 # Each record names the commit measured (git rev-parse, "+dirty" for uncommitted code). Where the
-# tree was copied with a stale .git (the lent GPU machines keep the session's first snapshot of it),
+# tree was copied with a stale .git (a lent GPU machine may keep the first snapshot it was sent),
 # name it in the command sent: ETDIST_COMMIT=<git rev-parse --short HEAD, read in the checkout> bash ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +39,7 @@ fi
 timeout 900 python3 -m torch.distributed.run --nproc_per_node="$NGPU" -m etdist.bench_collectives --out "$RESULTS" \
   2>&1 | grep -v '^W[0-9]' > "$log/collectives.log"
 if [ "$NGPU" -ge 2 ]; then
-  timeout 300 python3 -m torch.distributed.run --nproc_per_node=2 launch/sync_latency.py 2>&1 | grep -v '^W[0-9]' > "$log/sync.log"
+  timeout 300 python3 -m torch.distributed.run --nproc_per_node=2 experiments/sync_latency.py 2>&1 | grep -v '^W[0-9]' > "$log/sync.log"
 fi
 dense=() moe=() dense_models="" moe_models=qwen3_30b_a3b,mixtral_8x7b
 if [ "${QUICK:-0}" = 1 ]; then
@@ -52,9 +52,9 @@ RESULTS="$RESULTS" MODELS_OVERRIDE=$moe_models WORKLOADS=moe SCHEDULE=both \
   timeout 900 bash launch/bench-gpu.sh bench=gpu_moe "${moe[@]}" model.routing_skew=0,1.5 >> "$log/sweep.log" 2>&1
 
 echo "== gpu tests exit $tests"
-echo "== collectives (us per call; see BENCHMARKS.md for the columns)"
+echo "== collectives (us per call; see docs/benchmarks.md for the columns)"
 grep -E '^(reduce_scatter|all_gather|all_reduce|\* = out)' "$log/collectives.log"
-echo "== one dependent step (launch/sync_latency.py)"
+echo "== one dependent step (experiments/sync_latency.py)"
 grep -E '^(case|two|ready|OK)' "$log/sync.log" 2>/dev/null || echo "(needs 2 GPUs)"
 echo "== fused layers (us per call; speedup > 1 means faster than the best baseline: cuBLAS+NCCL eager/graph, for MoE also loop and the fused MoE)"
 grep -E '^\[[0-9]+/[0-9]+\]' "$log/sweep.log" | sed 's/ best baseline / best /' | sort -k2,2 -s

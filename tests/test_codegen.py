@@ -331,7 +331,7 @@ def _op_kernels():
     for M in (16, 64, 128, 129, 256, 8192):
         cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132)
         yield f"gemm_rs M={M}", build, cfg.num_warps, cfg.num_stages
-    # a decode candidate of launch/tune_decode.py's A/B (BENCHMARKS.md, seventh session)
+    # a decode candidate of experiments/tune_decode.py's A/B
     yield "gemm_rs skinny swap 16x128x128", \
         lambda: gemm_rs.gemm_reduce_scatter_skinny(16, 128, bf, 128, 4, 16, swap_ab=True), 4, 6
     L, T = rs_op.LARGE, mlp_op.TILES
@@ -417,8 +417,8 @@ def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large, pin):
     made nn.MoE's dynamic kernels spill (found by review: 340 bytes per thread with 128-row tiles).
     nn.MoE's own tiles for the expert size I (nn.moe.layer_tiles). The large class, at 4 stages
     and with the tail's second static walk, spills 20-44 bytes a thread; its 256-wide down tiles
-    (I <= 2048) 88 at top-8: a bound of 96 there, as they won 12-15% spilled (seventeenth
-    session); else the bound of the ops' kernels, 64."""
+    (I <= 2048) 88 at top-8: a bound of 96 there, as they won 12-15% spilled (records
+    moe_tiles_ab); else the bound of the ops' kernels, 64."""
     from etdist.nn.moe import GATE_UP_BLOCK, graph_blocks, layer_tiles
     from etdist.workloads import moe
     t = layer_tiles(I, 128 if top_k == 8 else 8, large)

@@ -56,7 +56,7 @@ def mesh():
 def test_the_mesh_key_names_rank_and_world(mesh):
     """The ops' output shapes depend on rank and world, and inductor's FX graph cache (on disk, across
     runs) keys a compiled graph on its constants, the mesh key among them: a key that named neither
-    let a world-1 run's graph serve a later world-2 run (found on one H100, thirty-second session)."""
+    let a world-1 run's graph serve a later world-2 run (found on one H100)."""
     assert mesh.key.endswith("-rank1-of2"), mesh.key
 
 

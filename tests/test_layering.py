@@ -1,4 +1,4 @@
-"""Imports flow one way: api -> fusion -> kernels/collectives -> mesh (STYLE.md)."""
+"""Imports flow one way: api -> fusion -> kernels/collectives -> mesh (docs/design.md)."""
 import ast
 import pathlib
 

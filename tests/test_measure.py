@@ -122,7 +122,7 @@ def _rec(**kw):
     return R.Record(**base)
 
 
-def test_record_schema_is_design_md():
+def test_record_schema_is_the_documented_one():
     want = ["workload", "model", "M", "world", "schedule", "ours_us", "baselines", "floor_us",
             "rel_err", "device", "torch", "triton", "commit", "date"]
     assert list(json.loads(_rec().to_json())) == want            # notes left out when None
@@ -313,7 +313,7 @@ def test_measure_baselines_on_cpu(gloo):
 def test_graph_baseline_keeps_its_operands_alive(tmp_path):
     """gemm_rs_graph makes operands of its own. It let them go once built: the next capture's
     empty_cache() unmapped them, and the bench's replays faulted (illegal address) once it timed
-    its contenders alternately (twenty-fourth session)."""
+    its contenders alternately."""
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:

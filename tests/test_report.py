@@ -42,36 +42,73 @@ def _table_rows(block, workload):
 
 
 def test_tables_speedups_and_geomean(results, tmp_path, capsys):
-    out = tmp_path / "BENCHMARKS.md"
+    out = tmp_path / "benchmarks.md"
     report.main(["--results", str(results), "--out", str(out), "--plots", str(tmp_path / "plots")])
     text = out.read_text()
     assert capsys.readouterr().out.strip() in text             # the tables go to stdout too
     head, *rows = _table_rows(text, "gemm_rs")
     assert "symm_mem us" in head and "best baseline us" in head and "ours/floor" in head
+    assert head.endswith("| commit | date |")
     assert len(rows) == 5                                      # the older duplicate cell is gone
     by_cell = {tuple(c.strip() for c in r.split("|")[1:5]): r for r in rows}
-    assert "| 40.0 | 2.00x |" in by_cell[("qwen3_8b", "16", "2", "static")]
-    assert "| 50.0 | 2.00x |" in by_cell[("qwen3_8b", "128", "2", "static")]
-    assert "**0.80x** (slower)" in by_cell[("qwen3_8b", "1024", "2", "static")]
-    assert "| 300.0 |" in by_cell[("llama31_70b", "16", "2", "static")]
-    assert "| 2.00 | 2.0e-03 |" in by_cell[("qwen3_8b", "16", "2", "static")]   # ours/floor
-    # models in the paper's order (qwen3_8b before llama31_70b), then M, world, schedule
-    assert [c[0] for c in by_cell] == ["qwen3_8b"] * 4 + ["llama31_70b"]
-    assert [c[1] for c in by_cell][:2] == ["16", "16"]
+    assert "| 40.0 | 2.00x |" in by_cell[("2", "static", "qwen3_8b", "16")]
+    assert "| 50.0 | 2.00x |" in by_cell[("2", "static", "qwen3_8b", "128")]
+    assert "**0.80x** (slower)" in by_cell[("2", "static", "qwen3_8b", "1024")]
+    assert "| 300.0 |" in by_cell[("2", "static", "llama31_70b", "16")]
+    assert "| 2.00 | 2.0e-03 | abc1234 | 2026-11-22 |" in by_cell[("2", "static", "qwen3_8b", "16")]   # ours/floor
+    # world, schedule, then models in the paper's order (qwen3_8b before llama31_70b), then M
+    assert [c[1:] for c in by_cell] == [("dynamic", "qwen3_8b", "16"), ("static", "qwen3_8b", "16"),
+                                        ("static", "qwen3_8b", "128"), ("static", "qwen3_8b", "1024"),
+                                        ("static", "llama31_70b", "16")]
     geo = re.search(r"gemm_rs static world 2: \*\*([\d.]+)x\*\* over 4 cells", text)
     want = math.prod([2.0, 2.0, 0.8, 70 / 50]) ** 0.25
     assert float(geo.group(1)) == pytest.approx(want, abs=0.01)
     assert "slower than the best baseline in 1: qwen3_8b M=1024" in text
     assert "gemm_rs dynamic world 2: **1.00x** over 1 cells" in text
     assert "| 1000.0 |" in _table_rows(text, "ag_gemm")[1]
-    assert "device: NVIDIA H200; torch 2.11.0+cu130; triton 3.6.0; commit abc1234" in text
+    assert "device: NVIDIA H200; torch 2.11.0+cu130; triton 3.6.0; measured 2026-11-22" in text
+
+
+def test_summary_leads_with_one_row_per_workload_world_and_schedule(results, tmp_path):
+    """The summary: cells, faster cells, geomean speedup and ours/floor per (workload, world,
+    schedule), the workloads in the document's order (gemm_rs before ag_gemm)."""
+    out = tmp_path / "benchmarks.md"
+    report.write_report(results, out, tmp_path / "plots")
+    text = out.read_text()
+    assert text.index("## Summary") < text.index("### gemm_rs")
+    rows = [l for l in text.split("## Summary")[1].split("###")[0].splitlines() if l.startswith("| ") and "---" not in l]
+    assert rows[0].startswith("| workload | world | schedule | cells | faster | geomean speedup | geomean ours/floor")
+    want = math.prod([2.0, 2.0, 0.8, 70 / 50]) ** 0.25
+    assert rows[1] == "| gemm_rs | 2 | dynamic | 1 | 1 | 1.00x | 2.00 | 2026-11-22 | abc1234 |"
+    assert rows[2] == f"| gemm_rs | 2 | static | 4 | 3 | {want:.2f}x | 2.00 | 2026-11-22 | abc1234 |"
+    assert rows[3].startswith("| ag_gemm | 2 | static | 1 | 1 | 1.10x |")
+
+
+def test_the_document_shows_only_its_workloads_and_keeps_summary_markers(results, tmp_path):
+    """The CLI's default reads <results>/<workload>.jsonl for DOC_WORKLOADS alone (A/B files and
+    a file's records of another workload stay out; `--workloads all` shows them), and a summary
+    with markers of its own is spliced there, not into the tables' block."""
+    append(results / "gemm_rs_split_ab.jsonl", rec(workload="gemm_rs_split_ab"))
+    append(results / "gemm_rs_bisect.jsonl", rec(M=16, ours=5.0, date="2026-12-01T10:00:00+00:00"))
+    out = tmp_path / "benchmarks.md"
+    out.write_text(f"# Benchmarks\n\n{report.SUMMARY_BEGIN}\nold\n{report.SUMMARY_END}\n\n## How we measure\n\n"
+                   f"protocol\n\n{report.BEGIN}\n{report.END}\n")
+    report.main(["--results", str(results), "--out", str(out), "--plots", str(tmp_path / "plots")])
+    text = out.read_text()
+    assert "gemm_rs_split_ab" not in text and "| 5.0 |" not in text and "old" not in text
+    summary = text.split(report.SUMMARY_BEGIN)[1].split(report.SUMMARY_END)[0]
+    assert "| gemm_rs | 2 | static | 4 |" in summary and "## Summary" not in text
+    assert text.index(report.SUMMARY_END) < text.index("protocol") < text.index("### gemm_rs")
+    report.main(["--results", str(results), "--out", str(out), "--plots", str(tmp_path / "plots"), "--workloads", "all"])
+    text = out.read_text()
+    assert "### gemm_rs_split_ab" in text and "| 5.0 |" in text
 
 
 def test_ceilings_bound_what_a_speedup_target_can_ask(results, tmp_path):
     """Each workload's ceilings: the geomean of best baseline / floor and of best baseline / mm over
     the same cells (rec's floor is ours / 2 and its mm ours x 0.5: both ceilings are 2x the speedup);
     cells without a floor or an mm give none."""
-    out = tmp_path / "BENCHMARKS.md"
+    out = tmp_path / "benchmarks.md"
     report.main(["--results", str(results), "--out", str(out), "--plots", str(tmp_path / "plots")])
     text = out.read_text()
     got = re.search(r"ceilings, gemm_rs static world 2 \(the same 4 cells\): a kernel at the floor would reach "
@@ -84,7 +121,7 @@ def test_ceilings_bound_what_a_speedup_target_can_ask(results, tmp_path):
 
 
 def test_plots_written_and_linked(results, tmp_path):
-    out = tmp_path / "BENCHMARKS.md"
+    out = tmp_path / "benchmarks.md"
     plots = tmp_path / "bench" / "plots"
     report.write_report(results, out, plots)
     names = sorted(p.name for p in plots.iterdir())
@@ -94,7 +131,7 @@ def test_plots_written_and_linked(results, tmp_path):
 
 
 def test_content_outside_markers_is_kept(results, tmp_path):
-    out = tmp_path / "BENCHMARKS.md"
+    out = tmp_path / "benchmarks.md"
     before = "# Benchmarks\n\nintro\n\n"
     after = "\n## Collectives\n\n| size | us |\n|---|---|\n| 4 KiB | 55 |\n"
     out.write_text(f"{before}{report.BEGIN}\nstale table\n{report.END}{after}")
@@ -141,7 +178,7 @@ def test_ours_in_a_cuda_graph_gets_its_own_column_and_geomean(tmp_path):
     text = report.render(report.load_results(d))
     head, *rows = _table_rows(text, "gemm_rs")
     assert "ours graph us" in head and "speedup, ours eager or graph" in head
-    by_M = {r.split("|")[2].strip(): r for r in rows}
+    by_M = {r.split("|")[4].strip(): r for r in rows}
     assert "| 32.0 |" in by_M["16"] and "**0.50x** (slower) | 1.25x |" in by_M["16"]
     assert "| 2.00x | 2.00x |" in by_M["128"] and "| - |" in by_M["1024"]
     line = next(l for l in text.splitlines() if l.startswith("- with ours also captured"))

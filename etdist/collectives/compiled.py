@@ -10,7 +10,7 @@ travels as its key (`mesh.key`, a string: torch.compile(dynamic=True) would make
 and every op declares it writes the mesh's token (`mesh.token`), so that no call is dropped as
 unused (a rank that drops one leaves its peers waiting) and the calls keep their order. Defined
 through torch.library.Library, not @custom_op: its Python wrappers cost ~45 us a call on our CPU
-host against ~2 us (twenty-fifth session). all_to_all is not registered: its output rows are the
+host against ~2 us. all_to_all is not registered: its output rows are the
 counts the peers send (data, not shapes), which a fake implementation cannot know.
 """
 import torch

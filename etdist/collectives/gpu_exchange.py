@@ -21,7 +21,7 @@ from ..mesh.control import signature_dtype
 from .plan import Op, Plan
 from .workspace import MAX_CHUNKS, Workspace
 
-# Defaults from the sweep on 2x H200 (BENCHMARKS.md); each can be overridden by ETDIST_<NAME>.
+# Defaults from the sweep on 2x H200 (docs/benchmarks.md); each can be overridden by ETDIST_<NAME>.
 BLOCK = 8192
 NUM_WARPS = 4
 PROGRAMS_PER_SM = 4

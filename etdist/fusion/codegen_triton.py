@@ -270,8 +270,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         out("if _et_last != 0:")
         with out.indent():
             # the error record's first word straight into pinned host memory, where the host reads it
-            # at the next call without a sync (a copy after each launch cost 8-15 us per call at decode
-            # sizes, eager or replayed from a CUDA graph: BENCHMARKS.md, ninth session)
+            # at the next call without a sync (a copy after each launch cost 8-15 us a call: records
+            # error_word_ab)
             out("tl.store(error_host, tl.load(arena, volatile=True))")
             out(f"tl.atomic_xchg(arena + {ArenaLayout.in_kernel('ev_epoch')}, ev_epoch, sem='relaxed', scope='gpu')")
             if dynamic:  # the queue's head back to the tasks pushed (claims overshoot it at the end)

@@ -13,8 +13,8 @@ States: a kernel keeps one state (arena, buffers, epochs) per input shape on a m
 STATES_KEPT most recently used ones prepared (so a layer's two calls of one kernel at different K
 do not re-prepare each other), plus every state a CUDA graph captured: those are pinned for the
 mesh's life, never re-laid or moved. Sharing one state, a call at another shape re-laid the counters
-and grew (moved) the buffers under a captured graph: replays read garbage or waited forever
-(twenty-fourth session). Which states are pinned is agreed by every rank at the next new shape, so
+and grew (moved) the buffers under a captured graph: replays read garbage or waited forever.
+Which states are pinned is agreed by every rank at the next new shape, so
 their allocations stay in step even where only some ranks captured.
 
 Watchdog: a wait that expires records the stalled event in the arena's error record (on every
@@ -62,8 +62,7 @@ from .ir import Role, early_at
 
 DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
 # ETDIST_ERROR_WORD_COPY=1 also copies the error word to the host after each launch, as before the
-# kernel stored it there itself: only to re-run the ninth session's A/B (the copy cost 8-15 us per
-# call at decode sizes, eager and in CUDA graphs; BENCHMARKS.md)
+# kernel stored it there itself: only to re-run that A/B (records error_word_ab)
 ERROR_WORD_COPY = knobs.read("ETDIST_ERROR_WORD_COPY", knobs.flag, False)
 # Keys of kernels' state in mesh.cache. Not id(kernel): a freed kernel's id is reused by a new one,
 # which then found the old state on some ranks and not on others (their collectives desynchronised).

@@ -75,7 +75,7 @@ def summary(trace: Iterable[tuple], rank: int = 0) -> str:
     count, first start, last end, mean and p90 duration, mean wait, and the mean gap before it (from
     the end of the task before it on its program: where a schedule's hand-offs cost, by kind); the
     gaps between consecutive tasks on a program (the scheduling overhead). What
-    launch/trace_gemm_rs.py and trace_moe.py print."""
+    experiments/trace_gemm_rs.py and trace_moe.py print."""
     mine = [r for r in trace if r[0] == rank]
     if not mine:
         return f"rank {rank}: no tasks"
@@ -116,7 +116,7 @@ def _waited(label: str) -> float:
 
 def median_body_us(trace: Iterable[tuple], rank: int, kind: str) -> Optional[float]:
     """The median time of one rank's `kind` tasks less their waits: a tile body's own time (None
-    where the rank ran none). launch/trace_mlp.py and trace_ag_gemm.py rate GEMM tiles with it."""
+    where the rank ran none). experiments/trace_mlp.py and trace_ag_gemm.py rate GEMM tiles with it."""
     bodies = sorted(e - s - _waited(label) for r, _, label, s, e in trace
                     if r == rank and label.split("@")[0] == kind)
     return bodies[len(bodies) // 2] if bodies else None

@@ -1,4 +1,4 @@
-"""The measurement protocol of DESIGN.md ("How we measure", "Result records") as a library.
+"""The measurement protocol of docs/benchmarks.md ("How we measure") and docs/design.md's record schema as a library.
 
     timing     time_batched / time_single / time_alternated / slowest_rank: CUDA events on a GPU,
                perf_counter on CPU

@@ -1,4 +1,4 @@
-"""The baselines etdist must beat, measured in the same run (DESIGN.md "How we measure").
+"""The baselines etdist must beat, measured in the same run (docs/benchmarks.md, "How we measure").
 
 Two tensor-parallel workloads, shapes as seen by one rank (bf16 by default):
 

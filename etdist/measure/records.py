@@ -1,4 +1,4 @@
-"""Result records (DESIGN.md): one JSON object per line of bench/results/<workload>.jsonl.
+"""Result records (docs/design.md): one JSON object per line of bench/results/<workload>.jsonl.
 
 Appending only: a re-run adds lines, and the newest record of a cell (workload, model, M, world,
 schedule) is the one that counts. `make_record` stamps a measurement with the environment and time:
@@ -21,7 +21,7 @@ from typing import Iterable, Optional
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # Paths whose changes do not make a measured tree "dirty": the records themselves, report output.
-_NOT_CODE = ("bench/results", "bench/plots", "BENCHMARKS.md")
+_NOT_CODE = ("bench/results", "bench/plots", "docs/benchmarks.md")
 
 
 @dataclass
@@ -66,7 +66,7 @@ def _from_obj(obj: dict, where: str) -> Record:
     missing = [k for k in _REQUIRED if k not in obj]
     unknown = sorted(set(obj) - _KNOWN)
     if missing or unknown:
-        raise ValueError(f"{where}: record does not follow DESIGN.md's schema "
+        raise ValueError(f"{where}: record does not follow docs/design.md's record schema "
                          f"(missing {missing}, unknown {unknown})")
     return Record(**obj)
 

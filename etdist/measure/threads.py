@@ -1,5 +1,5 @@
 """Which threads of this process keep a CPU core busy, from /proc (Linux): NVSHMEM's proxy thread
-spun one core in every etdist process until the mesh turned it off (twenty-fourth session)."""
+spun one core in every etdist process until the mesh turned it off (records host_path)."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""Timing per DESIGN.md: warm up, barrier, then batches of back-to-back calls between two events.
+"""Timing per docs/benchmarks.md ("How we measure"): warm up, barrier, then batches of back-to-back calls between two events.
 
 A batch of `calls` calls between two CUDA events hides host launch latency as a real forward pass
 does; per-call time = batch time / calls; the result is the median over `batches` batches. Across
@@ -131,9 +131,9 @@ def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 4, gr
     Per name: the median over all its rounds' batches, then the slowest rank. Collective: the ranks
     of `group` must pass the same names in the same order (checked).
 
-    Why alternate: timed in a fixed order, the later of two identical kernels measured 2-3% faster
-    (launch/ops_ab.py, twenty-third session), and the bench's first contender ~6% faster at large M
-    (twenty-fourth session). An even number of rounds balances every pair's order.
+    Why alternate: timed in a fixed order, the later of two identical kernels measured 2-3% faster,
+    and the bench's first contender ~6% faster at large M (records ops_ab_control, bench_order_ab).
+    An even number of rounds balances every pair's order.
     """
     if rounds < 1:
         raise ValueError(f"need rounds >= 1, got {rounds}")

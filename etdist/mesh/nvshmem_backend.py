@@ -59,7 +59,7 @@ def env_defaults(env, *, one_node: bool) -> None:
         env.setdefault("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo")  # init hangs without it
         # Peers through NVLink only: NVSHMEM's proxy thread has no work, yet it spins a whole core,
         # and where it shared the main thread's core an eager op call took ~50 us instead of ~24
-        # (twenty-fourth session). Off, it takes device-side global exit and NVSHMEM's own wait
+        # (records host_path). Off, it takes device-side global exit and NVSHMEM's own wait
         # timeouts with it: we use neither (our watchdog is our own).
         env.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
         env.setdefault("NVSHMEM_DISABLE_LOCAL_ONLY_PROXY", "1")

@@ -3,8 +3,7 @@
 torch.compile(mode="reduce-overhead") warms a graph up and records it with every allocation of
 the calling thread routed to the graph's private pool. A kernel's scratch made there (at a shape's
 first call) stays alive in our kernel state after the call; the pool counts it as its own and
-cudagraph trees refuse ("tensors in the cudagraph pool not tracked as outputs"; one H200, twenty-
-fifth session). The routing is per thread, so these buffers are allocated by a short-lived thread
+cudagraph trees refuse ("tensors in the cudagraph pool not tracked as outputs"). The routing is per thread, so these buffers are allocated by a short-lived thread
 of their own (tens of us, only when a buffer is made or grown), on the caller's device and current
 stream (the caching allocator ties a block to the stream it was allocated on).
 """

