@@ -14,4 +14,4 @@ NPROC=${NPROC:-$($PYTHON -c 'import torch; print(torch.cuda.device_count())')}
 export NPROC
 bash launch/torchrun.sh -m model=${MODELS_OVERRIDE:-$MODELS} workload=${WORKLOADS:-gemm_rs,ag_gemm,mlp} schedule=${SCHEDULE:-static} bench=gpu \
   bench.results_dir=${RESULTS:-bench/results} "$@" 2>&1 | grep -vE '^(W1|\[W|Setting OMP|\*{5})'
-if [ "${RESULTS:-bench/results}" = bench/results ]; then $PYTHON -m etdist.report > /dev/null && echo "BENCHMARKS.md regenerated"; fi
+if [ "${RESULTS:-bench/results}" = bench/results ]; then $PYTHON -m etdist.bench.report > /dev/null && echo "BENCHMARKS.md regenerated"; fi

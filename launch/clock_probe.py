@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from etdist.measure import records
+from etdist.bench.measure import records
 
 
 def poll(samples: list, stop: threading.Event, t0: float) -> None:

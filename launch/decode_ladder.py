@@ -138,8 +138,8 @@ def main():
     want = x.float() @ ws[0].float()
     wbytes = ws[0].numel() * ws[0].element_size()
     if not interp:
-        from etdist.measure.baselines import rotating
-        from etdist.measure.timing import time_batched
+        from etdist.bench.measure.baselines import rotating
+        from etdist.bench.measure.timing import time_batched
         us = time_batched(rotating(lambda i: torch.mm(x, ws[i]), 4), device=dev)
         print(f"{'torch.mm':34s} {us:8.1f} us  {wbytes / us / 1e6:.2f} TB/s", flush=True)
     for kernel, bm, bn, bk, warps, stages, tps in LADDER:

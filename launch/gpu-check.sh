@@ -36,7 +36,7 @@ if [ "$PART" = tests ]; then
   echo "== gpu tests exit $tests"
   exit "$tests"
 fi
-timeout 900 python3 -m torch.distributed.run --nproc_per_node="$NGPU" -m etdist.bench_collectives --out "$RESULTS" \
+timeout 900 python3 -m torch.distributed.run --nproc_per_node="$NGPU" -m etdist.bench.collectives --out "$RESULTS" \
   2>&1 | grep -v '^W[0-9]' > "$log/collectives.log"
 if [ "$NGPU" -ge 2 ]; then
   timeout 300 python3 -m torch.distributed.run --nproc_per_node=2 launch/sync_latency.py 2>&1 | grep -v '^W[0-9]' > "$log/sync.log"

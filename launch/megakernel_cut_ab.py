@@ -13,7 +13,7 @@ compiled with parts of its generated source cut, against that plain loop and tor
 
 The cuts are only right at world 1 (a diagnostic, not a kernel to ship). Shapes: gemm_rs's on one
 rank of SHARD (K = intermediate / SHARD, N = hidden). Each contender is checked against float32
-first, then all are timed alternately (etdist.measure.timing, 4 rotating weight copies). Records
+first, then all are timed alternately (etdist.bench.measure.timing, 4 rotating weight copies). Records
 in $OUT/megakernel_cut_ab.jsonl (default /tmp).
 """
 import os
@@ -28,10 +28,10 @@ import etdist as et
 from etdist.fusion import compile as et_compile
 from etdist.fusion import cuda_runtime
 from etdist.kernels import gemm_tiles
-from etdist.measure import baselines as B
-from etdist.measure import records
-from etdist.measure.shapes import MLP_SHAPES
-from etdist.measure.timing import time_alternated
+from etdist.bench.measure import baselines as B
+from etdist.bench.measure import records
+from etdist.bench.measure.shapes import MLP_SHAPES
+from etdist.bench.measure.timing import time_alternated
 from etdist.ops import gemm_rs as gemm_rs_op
 
 CUTS = {"op": [],

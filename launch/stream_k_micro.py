@@ -20,7 +20,7 @@ Every wait has a watchdog (an error word the host checks).
     torchrun --nproc_per_node=1 launch/stream_k_micro.py            # MODELS=..., MS=..., SHARD=2, ROUNDS=4
 
 The shapes are gemm_rs's on one rank of SHARD (K = intermediate / SHARD, N = hidden). Each contender
-is checked against a float32 reference first, then timed alternately (etdist.measure.timing,
+is checked against a float32 reference first, then timed alternately (etdist.bench.measure.timing,
 4 rotating weight copies). Records in $OUT/stream_k_micro.jsonl (default /tmp).
 """
 import math
@@ -34,10 +34,10 @@ import triton.language as tl
 import etdist as et
 from etdist.kernels.gemm_tiles import async_proxy_fence, grouped_tile, store_tile
 from etdist.kernels.sync import ld_acquire, notify, wait
-from etdist.measure import baselines as B
-from etdist.measure import records
-from etdist.measure.shapes import MLP_SHAPES
-from etdist.measure.timing import time_alternated
+from etdist.bench.measure import baselines as B
+from etdist.bench.measure import records
+from etdist.bench.measure.shapes import MLP_SHAPES
+from etdist.bench.measure.timing import time_alternated
 
 BM, BN, BK, WARPS, STAGES, GROUP_M = 128, 256, 64, 8, 4, 8
 MAX_SPINS = 1 << 22

@@ -4,7 +4,7 @@ padded allocation, so no box runs past its tensor), or through masked pointer lo
 
     python launch/tma_oob_micro.py K N BN      # e.g. 16384 53248 128 (llama31_405b gate/up, a rank of 2)
 
-Timed as DESIGN.md's protocol (etdist.measure.timing); records in $OUT/tma_oob_micro.jsonl (default /tmp).
+Timed as DESIGN.md's protocol (etdist.bench.measure.timing); records in $OUT/tma_oob_micro.jsonl (default /tmp).
 """
 import os
 import sys
@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from etdist.measure import records
-from etdist.measure.timing import time_batched
+from etdist.bench.measure import records
+from etdist.bench.measure.timing import time_batched
 
 
 @triton.jit

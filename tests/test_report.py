@@ -1,11 +1,11 @@
-"""etdist.report from synthetic records: tables, speedups, geometric means, markers, plots."""
+"""etdist.bench.report from synthetic records: tables, speedups, geometric means, markers, plots."""
 import math
 import re
 
 import pytest
 
-from etdist import report
-from etdist.measure.records import Record, append
+from etdist.bench import report
+from etdist.bench.measure.records import Record, append
 
 ENV = dict(device="NVIDIA H200", torch="2.11.0+cu130", triton="3.6.0", commit="abc1234")
 

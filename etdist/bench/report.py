@@ -1,0 +1,285 @@
+"""BENCHMARKS.md tables and plots from the result records (DESIGN.md "Result records").
+
+    python -m etdist.bench.report [--results bench/results] [--out BENCHMARKS.md] [--plots bench/plots]
+
+Reads every <results>/*.jsonl, keeps the newest record per cell (workload, model, M, world,
+schedule), and writes one markdown table per workload between the markers below in --out (the
+rest of the file is left as it is), one PNG per workload, schedule and world into --plots
+(speedup over the CUDA-graph baseline against M), and prints the tables.
+
+Speedup = best baseline / ours, where the best baseline is the faster of `graph` and `eager`
+(DESIGN.md: at large sizes the graph is sometimes the slower of the two), and for MoE also of
+`loop` (the torch layer with one mm pair per expert; older MoE records call it `eager`) and
+`fused` (a serving engine's fused MoE kernels, etdist.bench.measure.fused_moe; from the sixteenth session).
+"""
+from __future__ import annotations
+
+import re
+import argparse
+import math
+import os
+import pathlib
+from collections import defaultdict
+from typing import Iterable, Optional, Sequence
+
+from .measure.records import Record, load, newest_per_cell
+from .measure.shapes import MLP_SHAPES
+
+BEGIN = "<!-- report:begin -->"
+END = "<!-- report:end -->"
+HEADLINE = ("graph", "eager", "loop", "fused")     # the best baseline is the faster of these
+BASELINE_ORDER = ("graph", "eager", "loop", "fused", "symm_mem", "mm")
+
+
+# ----------------------------------------------------------------------------------- the numbers
+
+def load_results(folder) -> list[Record]:
+    """Every record of every <folder>/*.jsonl, files in name order, lines in file order."""
+    records = []
+    for path in sorted(pathlib.Path(folder).glob("*.jsonl")):
+        records.extend(load(path))
+    return records
+
+
+def best_baseline(rec: Record) -> Optional[float]:
+    """The fastest of the headline baselines (HEADLINE), or None if the record has none."""
+    times = [rec.baselines[k] for k in HEADLINE if rec.baselines.get(k) is not None]
+    return min(times) if times else None
+
+
+def speedup(rec: Record) -> Optional[float]:
+    best = best_baseline(rec)
+    return best / rec.ours_us if best is not None and rec.ours_us > 0 else None
+
+
+def ours_graph_us(rec: Record) -> Optional[float]:
+    """Our op captured in a CUDA graph and replayed (as the `graph` baseline is), where measured."""
+    v = (rec.extra or {}).get("ours_graph_us")
+    return float(v) if v else None
+
+
+def graph_speedup(rec: Record) -> Optional[float]:
+    """The better of the baselines over the better of ours eager and ours in a graph."""
+    best, g = best_baseline(rec), ours_graph_us(rec)
+    return best / min(rec.ours_us, g) if best is not None and g else None
+
+
+def ceilings(cells: Sequence[Record]) -> Optional[tuple[float, float, int]]:
+    """The geometric-mean speedups over the best baseline that a kernel taking the floor's time, and
+    one taking the local mm(s)' time (the communication hidden), would reach on `cells`: the most a
+    speedup target can ask of these cells (None without a floor and an mm in every cell)."""
+    if not cells or any(not r.floor_us or not r.baselines.get("mm") or best_baseline(r) is None for r in cells):
+        return None
+    return (geomean(best_baseline(r) / r.floor_us for r in cells),
+            geomean(best_baseline(r) / r.baselines["mm"] for r in cells), len(cells))
+
+
+def geomean(values: Iterable[float]) -> float:
+    values = list(values)
+    if not values:
+        raise ValueError("geomean of no values")
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _model_key(model: str) -> tuple:
+    order = list(MLP_SHAPES)
+    return (order.index(model), "") if model in order else (len(order), str(model))
+
+
+def _row_key(rec: Record) -> tuple:
+    return (_model_key(rec.model), rec.M, rec.world, rec.schedule)
+
+
+# ------------------------------------------------------------------------------------ the tables
+
+def _us(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _baseline_names(records: Sequence[Record]) -> list[str]:
+    present = {k for r in records for k in r.baselines}
+    return [k for k in BASELINE_ORDER if k in present] + sorted(present - set(BASELINE_ORDER))
+
+
+def _distinct(records: Sequence[Record], key: str) -> str:
+    return ", ".join(sorted({str(getattr(r, key)) for r in records}))
+
+
+def _speedup_cell(s: Optional[float]) -> str:
+    if s is None:
+        return "-"
+    if s < 1:       # rounded down, so that a slower cell never reads 1.00x
+        return f"**{math.floor(s * 100) / 100:.2f}x** (slower)"
+    return f"{s:.2f}x"
+
+
+def workload_table(workload: str, records: Sequence[Record]) -> str:
+    """The markdown section of one workload: provenance, table, geometric means, slow cells."""
+    records = sorted(records, key=_row_key)
+    names = _baseline_names(records)
+    graphed = any(ours_graph_us(r) for r in records)
+    head = ["model", "M", "world", "schedule", "ours us", *(["ours graph us"] if graphed else []),
+            *[f"{k} us" for k in names], "best baseline us", "speedup",
+            *(["speedup, ours eager or graph"] if graphed else []), "ours/floor", "rel_err"]
+    first, last = min(r.date for r in records), max(r.date for r in records)
+    cpu = all(str(r.device).startswith("CPU runtime") for r in records)
+    lines = [f"### {workload}", "",
+             f"device: {_distinct(records, 'device')}; torch {_distinct(records, 'torch')}; "
+             f"triton {_distinct(records, 'triton')}; commit {_distinct(records, 'commit')}; "
+             f"measured {first if first == last else f'{first} .. {last}'}", ""]
+    if cpu:   # what the CPU runtime's times mean
+        lines += ["A correctness run: simulated ranks and programs checked against a float64 reference; "
+                  "`eager` is that reference run eagerly in one process, so the speedup column is no "
+                  "speed claim (speed is measured on GPUs).", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in records:
+        floor = f"{r.ours_us / r.floor_us:.2f}" if r.floor_us else "-"
+        err = "-" if r.rel_err is None else f"{r.rel_err:.1e}"
+        row = [str(r.model), str(r.M), str(r.world), r.schedule, _us(r.ours_us),
+               *([_us(ours_graph_us(r))] if graphed else []),
+               *[_us(r.baselines.get(k)) for k in names], _us(best_baseline(r)), _speedup_cell(speedup(r)),
+               *([_speedup_cell(graph_speedup(r))] if graphed else []), floor, err]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    for schedule, world in sorted({(r.schedule, r.world) for r in records}):
+        cells = [r for r in records if (r.schedule, r.world) == (schedule, world) and speedup(r) is not None]
+        if not cells:
+            continue
+        slow = [r for r in cells if speedup(r) < 1]
+        line = (f"- geometric-mean speedup, {workload} {schedule} world {world}: "
+                f"**{geomean(speedup(r) for r in cells):.2f}x** over {len(cells)} cells "
+                + ("(vs the float64 reference, eager)" if cpu
+                   else "(vs the best baseline: the faster of graph and eager, for MoE also loop and fused)"))
+        if slow:
+            line += f"; slower than the best baseline in {len(slow)}: " + ", ".join(
+                f"{r.model} M={r.M}" for r in slow)
+        lines.append(line)
+        ceiling = ceilings(cells)
+        if ceiling and not cpu:
+            at_floor, at_mm, n = ceiling
+            lines.append(f"- ceilings, {workload} {schedule} world {world} (the same {n} cells): a kernel at the floor "
+                         f"would reach **{at_floor:.2f}x** (best baseline / floor), one as fast as the mm alone with "
+                         f"every exchange hidden **{at_mm:.2f}x** (best baseline / mm)")
+        both = [r for r in cells if graph_speedup(r) is not None]
+        if both:
+            lines.append(f"- with ours also captured in a CUDA graph (the better of ours eager and graph vs "
+                         f"the best baseline), {workload} {schedule} world {world}: "
+                         f"**{geomean(graph_speedup(r) for r in both):.2f}x** over the {len(both)} cells "
+                         f"measured both ways (eager alone on the same cells: "
+                         f"{geomean(speedup(r) for r in both):.2f}x)")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def render(records: Sequence[Record], plots: Optional[dict[tuple, pathlib.Path]] = None,
+           out_dir: pathlib.Path = pathlib.Path("."), source: str = "bench/results") -> str:
+    """The block that goes between the markers: a table per workload, then links to the plots."""
+    parts = [f"Generated by `python -m etdist.bench.report` from {source}/*.jsonl (newest record "
+             "per cell); edits between the report markers are overwritten.", ""]
+    by_workload: dict[str, list[Record]] = defaultdict(list)
+    for r in records:
+        by_workload[r.workload].append(r)
+    if not by_workload:
+        parts.append("No result records yet.\n")
+    for workload in sorted(by_workload):
+        parts.append(workload_table(workload, by_workload[workload]))
+        for (w, schedule, world), p in sorted((plots or {}).items()):
+            if w == workload:
+                rel = pathlib.Path(os.path.relpath(p, out_dir)).as_posix()
+                parts.append(f"![{workload} {schedule} world {world}]({rel})")
+        parts.append("")
+    return "\n".join(parts).rstrip("\n") + "\n"
+
+
+# ------------------------------------------------------------------------------------- the plots
+
+def plot_speedups(records: Sequence[Record], folder) -> dict[tuple, pathlib.Path]:
+    """One PNG per (workload, schedule, world): speedup over the `graph` baseline against M
+    (log2 axis), one line per model, a dashed line at 1. A group whose records have no graph
+    baseline (CPU-runtime runs) is plotted against `eager` instead, and says so. Returns
+    {(workload, schedule, world): file written}."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = pathlib.Path(folder)
+    groups: dict[tuple, list[Record]] = defaultdict(list)
+    for r in records:
+        if (r.baselines.get("graph") or r.baselines.get("eager")) and r.ours_us > 0:
+            groups[(r.workload, r.schedule, r.world)].append(r)
+    written = {}
+    for (workload, schedule, world), all_recs in sorted(groups.items()):
+        key = "graph" if any(r.baselines.get("graph") for r in all_recs) else "eager"
+        recs = [r for r in all_recs if r.baselines.get(key)]
+        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+        models = sorted({r.model for r in recs}, key=_model_key)
+        for model in models:
+            pts = sorted((r.M, r.baselines[key] / r.ours_us) for r in recs if r.model == model)
+            ax.plot([m for m, _ in pts], [s for _, s in pts], marker="o", label=str(model))
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ticks = _tick_values({r.M for r in recs})
+        ax.set_xticks(ticks, [str(m) for m in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("tokens M (log2 scale)")
+        ax.set_ylabel("speedup over cuBLAS+NCCL CUDA graph (x)" if key == "graph"
+                      else "speedup over the eager baseline (x)")
+        ax.set_title(f"{workload}, {schedule} schedule, world {world}: {key} baseline / ours")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, ncol=2)
+        fig.tight_layout()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / re.sub(r"[^A-Za-z0-9_.-]", "-", f"{workload}_{schedule}_w{world}.png")  # "n/a" etc.
+        fig.savefig(path)
+        plt.close(fig)
+        written[(workload, schedule, world)] = path
+    return written
+
+
+def _tick_values(ms: set[int]) -> list[int]:
+    """The M values to label: powers of two first, then others not crowding them (1000 vs 1024)."""
+    ticks: list[int] = []
+    for m in sorted(ms, key=lambda m: (m & (m - 1) != 0, m)):
+        if all(abs(math.log2(m / t)) > 0.2 for t in ticks):
+            ticks.append(m)
+    return sorted(ticks)
+
+
+# ---------------------------------------------------------------------------------- the document
+
+def splice(text: str, block: str) -> str:
+    """`text` with everything between the report markers replaced by `block`; the markers and
+    block are appended when the text has none. Content outside the markers is kept as it is."""
+    body = block.rstrip("\n") + "\n"
+    if BEGIN not in text and END not in text:
+        prefix = text.rstrip("\n") + "\n\n" if text.strip() else "# Benchmarks\n\n"
+        return f"{prefix}{BEGIN}\n{body}{END}\n"
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"expected one {BEGIN} followed by one {END}; fix the markers by hand")
+    start = text.index(BEGIN) + len(BEGIN)
+    return f"{text[:start]}\n{body}{text[text.index(END):]}"
+
+
+def write_report(results, out, plots) -> str:
+    """Regenerate the tables in `out` and the PNGs in `plots` from `results`; returns the block."""
+    out = pathlib.Path(out)
+    records = newest_per_cell(load_results(results))
+    written = plot_speedups(records, plots)
+    block = render(records, written, out.parent, source=os.path.relpath(results, out.parent))
+    old = out.read_text() if out.exists() else ""
+    out.write_text(splice(old, block))
+    return block
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m etdist.bench.report",
+                                     description="BENCHMARKS.md tables and plots from bench/results")
+    parser.add_argument("--results", default="bench/results", help="folder of <workload>.jsonl")
+    parser.add_argument("--out", default="BENCHMARKS.md", help="markdown file to update")
+    parser.add_argument("--plots", default="bench/plots", help="folder for the PNGs")
+    args = parser.parse_args(argv)
+    print(write_report(args.results, args.out, args.plots))
+
+
+if __name__ == "__main__":
+    main()
