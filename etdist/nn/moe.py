@@ -27,7 +27,7 @@ from .. import fusion
 from .. import knobs
 from ..fusion.codegen_triton import claim_ahead
 from ..fusion.compile import early_push_level
-from ..collectives.compiled import call_op, define_op
+from ..collectives.custom_op import call_op, define_op
 from ..fusion.errors import InputError
 from ..ops.gemm_rs import refusal_reaches_peers
 from ..workloads import moe as moe_graph
@@ -356,7 +356,7 @@ class MoE(nn.Module):
 
 
 # torch.compile: the layer as one custom op, so Dynamo does not trace into the kernel's host path
-# (collectives/compiled.py says why). A custom op takes tensors and plain values: the layer travels as its key
+# (collectives/custom_op.py says why). A custom op takes tensors and plain values: the layer travels as its key
 # (a string: torch.compile(dynamic=True) would make an int symbolic).
 _LAYERS: "weakref.WeakValueDictionary[str, MoE]" = weakref.WeakValueDictionary()
 _LAYER_KEYS = itertools.count(1)

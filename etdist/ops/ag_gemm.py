@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from .. import knobs
-from ..collectives.compiled import call_op
+from ..collectives.custom_op import call_op
 from ..workloads import ag_gemm
 from .gemm_rs import (LARGE, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands, fp32_config,
                       interleave_sources, no_rows, refusal_reaches_peers, row_pointers, total_rows_of)

@@ -11,7 +11,7 @@ import torch
 from .. import knobs
 from ..fusion import compile as et_compile
 from ..fusion.cuda_runtime import post_refusal
-from ..collectives.compiled import call_op
+from ..collectives.custom_op import call_op
 from ..fusion.errors import InputError
 from ..mesh import MeshError, current_mesh
 from ..workloads import gemm_rs

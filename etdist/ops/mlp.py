@@ -12,7 +12,7 @@ import torch
 
 from .. import knobs
 from ..fusion.errors import InputError
-from ..collectives.compiled import call_op
+from ..collectives.custom_op import call_op
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
 from .gemm_rs import (SCRATCH_BYTES, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel,
