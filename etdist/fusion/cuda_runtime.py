@@ -34,6 +34,7 @@ launches captured in CUDA graphs are not ordered by us.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 from collections import OrderedDict
@@ -44,7 +45,7 @@ import numpy as np
 import torch
 from triton.runtime import _allocation as triton_allocation
 
-from .. import knobs
+from .. import knobs, log
 from ..kernels.launch_hooks import hooks_active
 from ..mesh.persistent import empty_persistent
 from ..mesh.stream_order import capturing as stream_capturing, capturing_current
@@ -68,6 +69,7 @@ _KERNEL_IDS = itertools.count()
 # Error record kinds in a kernel's arena: 1 and 2 are the kernel's own (kernels/sync.py: a wait
 # timed out, a shape disagreed); 3 is the host's, posted by a rank that refused its call (below).
 ERR_REFUSED = 3
+_LOG = logging.getLogger(__name__)   # ETDIST_DUMP=1: the generated kernel, at debug level
 
 
 def _sync(mesh) -> None:
@@ -224,7 +226,8 @@ class CudaKernel:
             patch_interpreter()
         self.source = generate(self.ir, trace, self.dynamic, self.early)
         if os.environ.get("ETDIST_DUMP", "0") not in ("", "0"):
-            print(self.source)
+            log.show_debug(_LOG)
+        _LOG.debug("generated kernel of graph %r:\n%s", self.ir.name, self.source)
         self.module = load_module(self.ir, self.source)
         self.params = kernel_params(self.ir, trace, self.dynamic)
         self.output_names = frozenset(s.name for s in self.ir.tensors if s.role is Role.OUTPUT)
