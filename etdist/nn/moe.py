@@ -192,7 +192,11 @@ def _check_gate_up_layout(module, state_dict, prefix, *_) -> None:
 
 
 class MoE(nn.Module):
-    def __init__(self, hidden: int, expert_intermediate: int, num_experts: int, top_k: int, mesh=None,
+    """Top-k routed SwiGLU experts, expert-parallel over the mesh's ranks (num_experts / world each),
+    one megakernel per call (the module docstring says how). Seeded random weights until
+    `load_experts`; simulate_world=R: all R shards in this module on the CPU runtime. Forward only."""
+
+    def __init__(self, hidden: int, expert_intermediate: int, num_experts: int, top_k: int, *, mesh=None,
                  schedule: str = "dynamic", dtype: torch.dtype = torch.bfloat16,
                  simulate_world: Optional[int] = None, device=None):
         super().__init__()

@@ -121,7 +121,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
                                   interleave=interleave_sources(rows, cfg.block_m, world))
 
 
-def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Optional[int] = None,
+def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, *, mesh=None, total_rows: Optional[int] = None,
                     out: Optional[torch.Tensor] = None, schedule: str = "static") -> torch.Tensor:
     """x gathered over ranks by rows, times this rank's columns of w: [M, K] @ [K, N_local] -> [M, N_local].
 

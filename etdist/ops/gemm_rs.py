@@ -361,7 +361,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
                                                  cfg.block_k, splits, align, cfg.swap_ab, reduce_n=reduce_n)
 
 
-def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: str = "static",
+def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, *, mesh=None, schedule: str = "static",
                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """sum over ranks of x @ w, scattered by rows: this rank's rows [r*C, min((r+1)*C, M)), C = cdiv(M, R).
 
