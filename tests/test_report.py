@@ -43,9 +43,9 @@ def _table_rows(block, workload):
 
 def test_tables_speedups_and_geomean(results, tmp_path, capsys):
     out = tmp_path / "BENCHMARKS.md"
-    report.main(["--results", str(results), "--out", str(out), "--plots", str(tmp_path / "plots")])
+    report.main(["--results", str(results), "--out", str(out), "--plots", str(tmp_path / "plots"), "--print"])
     text = out.read_text()
-    assert capsys.readouterr().out.strip() in text             # the tables go to stdout too
+    assert capsys.readouterr().out.split("\n6 cells")[0].strip() in text   # --print: the tables too
     head, *rows = _table_rows(text, "gemm_rs")
     assert "symm_mem us" in head and "best baseline us" in head and "ours/floor" in head
     assert len(rows) == 5                                      # the older duplicate cell is gone
@@ -65,6 +65,33 @@ def test_tables_speedups_and_geomean(results, tmp_path, capsys):
     assert "gemm_rs dynamic world 2: **1.00x** over 1 cells" in text
     assert "| 1000.0 |" in _table_rows(text, "ag_gemm")[1]
     assert "device: NVIDIA H200; torch 2.11.0+cu130; triton 3.6.0; commit abc1234" in text
+
+
+def test_a_short_summary_into_a_run_folder_by_default(results, tmp_path, monkeypatch, capsys):
+    """`python -m etdist.report` wrote BENCHMARKS.md and bench/plots in the working directory (the
+    repository) and printed every table (17k lines); now a new run folder and a few lines."""
+    monkeypatch.chdir(tmp_path)
+    report.main(["--results", str(results)])
+    printed = capsys.readouterr().out.splitlines()
+    folder, = (tmp_path / "outputs" / "report").glob("*/*")
+    assert (folder / "report.md").exists() and len(list((folder / "plots").glob("*.png"))) == 3
+    assert not (tmp_path / "BENCHMARKS.md").exists() and not (tmp_path / "bench" / "plots").exists()
+    assert printed[0] == "6 cells (the newest record of each) in 2 record sets"
+    assert printed[1].startswith("  gemm_rs: 5 cells; geomean speedup dynamic world 2 1.00x over 1, "
+                                 "static world 2 1.45x over 4 (1 slower)")
+    assert printed[2].startswith("  ag_gemm: 1 cells") and printed[-1].startswith("wrote outputs/report/")
+    assert len(printed) == 4
+    report.main(["--results", str(results), "--dir", "mine"])
+    assert (tmp_path / "mine" / "report.md").exists() and (tmp_path / "mine" / "plots").is_dir()
+
+
+def test_repo_writes_the_checkouts_documents(results, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(report, "checkout", lambda: tmp_path)
+    report.main(["--repo", "--results", str(results)])
+    assert (tmp_path / report.REPO_DOC).exists() and (tmp_path / report.REPO_PLOTS).is_dir()
+    with pytest.raises(SystemExit):
+        report.main(["--repo", "--dir", "x"])
+    assert "no --dir, --out or --plots with it" in capsys.readouterr().err
 
 
 def test_ceilings_bound_what_a_speedup_target_can_ask(results, tmp_path):

@@ -1,11 +1,14 @@
-"""BENCHMARKS.md tables and plots from the result records (DESIGN.md "Result records").
+"""Markdown tables and plots from the result records (DESIGN.md "Result records").
 
-    python -m etdist.bench.report [--results bench/results] [--out BENCHMARKS.md] [--plots bench/plots]
+    python -m etdist.bench.report [--results bench/results] [--dir DIR | --out FILE --plots DIR | --repo]
 
 Reads every <results>/*.jsonl, keeps the newest record per cell (workload, model, M, world,
-schedule), and writes one markdown table per workload between the markers below in --out (the
-rest of the file is left as it is), one PNG per workload, schedule and world into --plots
-(speedup over the CUDA-graph baseline against M), and prints the tables.
+schedule), and writes one markdown table per workload between the markers below in the report
+file (the rest of the file is left as it is) and one PNG per workload, schedule and world
+(speedup over the CUDA-graph baseline against M). They go into a new run folder
+(outputs/report/<date>/<time>: report.md, plots/) unless --dir, --out/--plots or --repo (the
+repository's own document and plots, REPO_DOC and REPO_PLOTS) say otherwise. It prints a short
+summary (one line per workload); --print adds the tables.
 
 Speedup = best baseline / ours, where the best baseline is the faster of `graph` and `eager`
 (DESIGN.md: at large sizes the graph is sometimes the slower of the two), and for MoE also of
@@ -16,15 +19,19 @@ from __future__ import annotations
 
 import re
 import argparse
+import datetime
 import math
 import os
 import pathlib
+import warnings
 from collections import defaultdict
 from typing import Iterable, Optional, Sequence
 
 from .measure.records import Record, load, newest_per_cell
 from .measure.shapes import MLP_SHAPES
 
+# what --repo regenerates, in the checkout that holds this package (and the records it reads there)
+REPO_DOC, REPO_PLOTS, REPO_RESULTS = "BENCHMARKS.md", "bench/plots", "bench/results"
 BEGIN = "<!-- report:begin -->"
 END = "<!-- report:end -->"
 HEADLINE = ("graph", "eager", "loop", "fused")     # the best baseline is the faster of these
@@ -227,7 +234,9 @@ def plot_speedups(records: Sequence[Record], folder) -> dict[tuple, pathlib.Path
         ax.set_title(f"{workload}, {schedule} schedule, world {world}: {key} baseline / ours")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, ncol=2)
-        fig.tight_layout()
+        with warnings.catch_warnings():   # a long legend: matplotlib says so once per plot
+            warnings.simplefilter("ignore", UserWarning)
+            fig.tight_layout()
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / re.sub(r"[^A-Za-z0-9_.-]", "-", f"{workload}_{schedule}_w{world}.png")  # "n/a" etc.
         fig.savefig(path)
@@ -262,23 +271,93 @@ def splice(text: str, block: str) -> str:
 
 def write_report(results, out, plots) -> str:
     """Regenerate the tables in `out` and the PNGs in `plots` from `results`; returns the block."""
+    return _write(results, out, plots)[2]
+
+
+def _write(results, out, plots) -> tuple[list[Record], dict, str]:
+    """write_report's work: (the records shown, the plots written, the block)."""
     out = pathlib.Path(out)
     records = newest_per_cell(load_results(results))
     written = plot_speedups(records, plots)
     block = render(records, written, out.parent, source=os.path.relpath(results, out.parent))
     old = out.read_text() if out.exists() else ""
     out.write_text(splice(old, block))
-    return block
+    return records, written, block
+
+
+# the workloads the main command and the collectives benchmark measure: named one by one in the
+# summary; other record sets (A/B runs, probes) are counted
+SUMMARY_WORKLOADS = ("gemm_rs", "ag_gemm", "mlp", "mlp_replicated", "moe", "collectives", "reduce_scatter",
+                     "all_gather", "all_reduce", "all_to_all")
+
+
+def summary(records: Sequence[Record], out, plots: dict) -> str:
+    """A few lines on what a report holds: for each of SUMMARY_WORKLOADS present its cells and, per
+    schedule and world, the geometric-mean speedup (over the float64 reference for CPU-runtime
+    records); how many other record sets it holds; where it went."""
+    workloads = sorted({r.workload for r in records})
+    lines = [f"{len(records)} cells (the newest record of each) in {len(workloads)} record sets"]
+    for workload in [w for w in SUMMARY_WORKLOADS if w in workloads]:
+        recs = [r for r in records if r.workload == workload]
+        groups = []
+        for schedule, world in sorted({(r.schedule, r.world) for r in recs}):
+            s = [speedup(r) for r in recs if (r.schedule, r.world) == (schedule, world) and speedup(r) is not None]
+            if s:
+                slow = sum(v < 1 for v in s)
+                groups.append(f"{schedule} world {world} {geomean(s):.2f}x over {len(s)}"
+                              + (f" ({slow} slower)" if slow else ""))
+        cpu = all(str(r.device).startswith("CPU runtime") for r in recs)
+        lines.append(f"  {workload}: {len(recs)} cells" + (" (CPU runtime: vs the float64 reference)" if cpu else "")
+                     + ("; geomean speedup " + ", ".join(groups) if groups else ""))
+    others = [w for w in workloads if w not in SUMMARY_WORKLOADS]
+    if others:
+        lines.append(f"  and {len(others)} other record sets (A/B runs, probes): their tables are in the report")
+    lines.append(f"wrote {out} and {len(plots)} plots in {os.path.commonpath([str(p) for p in plots.values()])}"
+                 if plots else f"wrote {out} (no plots)")
+    return "\n".join(lines)
+
+
+def checkout() -> pathlib.Path:
+    """The repository checkout this package runs from (--repo writes its documents there)."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    if not (root / "pyproject.toml").exists() or not (root / "etdist" / "bench").is_dir():
+        raise SystemExit(f"--repo: etdist runs from {root}, which is no checkout of the repository "
+                         "(an installed wheel?); give --out and --plots instead")
+    return root
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m etdist.bench.report",
-                                     description="BENCHMARKS.md tables and plots from bench/results")
-    parser.add_argument("--results", default="bench/results", help="folder of <workload>.jsonl")
-    parser.add_argument("--out", default="BENCHMARKS.md", help="markdown file to update")
-    parser.add_argument("--plots", default="bench/plots", help="folder for the PNGs")
+    parser = argparse.ArgumentParser(
+        prog="python -m etdist.bench.report",
+        description="Markdown tables and plots from result records, written into a new run folder "
+                    "(outputs/report/<date>/<time>) unless told where.")
+    parser.add_argument("--results", help=f"folder of <workload>.jsonl (default {REPO_RESULTS}; with --repo, the "
+                        "checkout's)")
+    parser.add_argument("--dir", help="folder for report.md and plots/ (default: a new outputs/report/<date>/<time>)")
+    parser.add_argument("--out", help="markdown file to update (default: <dir>/report.md)")
+    parser.add_argument("--plots", help="folder for the PNGs (default: <dir>/plots)")
+    parser.add_argument("--repo", action="store_true",
+                        help=f"update the repository's own {REPO_DOC} and {REPO_PLOTS} (in the checkout)")
+    parser.add_argument("--print", dest="tables", action="store_true", help="print the tables too")
     args = parser.parse_args(argv)
-    print(write_report(args.results, args.out, args.plots))
+    if args.repo:
+        if args.dir or args.out or args.plots:
+            parser.error("--repo writes the repository's documents: no --dir, --out or --plots with it")
+        root = checkout()
+        results = args.results or root / REPO_RESULTS
+        out, plots = root / REPO_DOC, root / REPO_PLOTS
+    else:
+        results = args.results or REPO_RESULTS
+        folder = pathlib.Path(args.dir or datetime.datetime.now().strftime("outputs/report/%Y-%m-%d/%H-%M-%S"))
+        out = pathlib.Path(args.out) if args.out else folder / "report.md"
+        plots = pathlib.Path(args.plots) if args.plots else folder / "plots"
+    if not pathlib.Path(results).is_dir():
+        raise SystemExit(f"no results folder {results} (give --results)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records, written, block = _write(results, out, plots)
+    if args.tables:
+        print(block)
+    print(summary(records, out, written))
 
 
 if __name__ == "__main__":
