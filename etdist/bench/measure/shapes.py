@@ -1,7 +1,7 @@
 """The shapes we measure: the paper's eight dense MLPs (ANCHORS.md), the two MoE layers of issue 7
 and the token counts M.
 
-Names and sizes match conf/model/<name>.yaml (tests/test_measure.py checks that they agree).
+Names and sizes match etdist/bench/conf/model/<name>.yaml (tests/test_measure.py checks that they agree).
 Sharding over `world` tensor-parallel ranks (BASELINES.md):
   gemm_rs  h [M, I/world] @ w_down [I/world, H] -> reduce-scatter over M -> [M/world, H]
   ag_gemm  x [M/world, H] all-gather -> [M, H] @ w_gate_up [H, 2*I/world]
