@@ -7,7 +7,7 @@ with mode="reduce-overhead" (inductor's CUDA graphs replay the whole step, our l
 Steps (decode sizes, torch ops around ours as in a model): gemm_rs at M=16 (qwen3_8b's down
 projection shard, K=6144, N=4096) + residual add + RMS-style norm; nn.MoE (qwen3_30b_a3b's layer)
 at 1 token + residual. Every contender is checked against the eager step first, then timed in
-turning order (etdist.measure.timing.time_alternated), eager calls back to back. Records: ours_us =
+turning order (etdist.bench.measure.timing.time_alternated), eager calls back to back. Records: ours_us =
 compiled default, baselines eager and reduce-overhead.
 """
 import os
@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
-from etdist.measure import records
-from etdist.measure.timing import time_alternated
+from etdist.bench.measure import records
+from etdist.bench.measure.timing import time_alternated
 
 
 def rel(a, b):

@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from etdist.kernels import gemm_tiles
-from etdist.measure import records
-from etdist.measure.shapes import MLP_SHAPES
+from etdist.bench.measure import records
+from etdist.bench.measure.shapes import MLP_SHAPES
 
 COPIES = 4
 

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
-from etdist.measure import records
-from etdist.measure.threads import busy_threads, thread_ticks
+from etdist.bench.measure import records
+from etdist.bench.measure.threads import busy_threads, thread_ticks
 
 
 def per_call_us(fn, calls: int = 300, repeats: int = 5) -> float:

@@ -5,7 +5,7 @@
 
 A variant is moe_layer arguments replacing the layer's own (`key=value`, joined by `+`; `base`: the
 layer as it is), compiled through the layer's own plan (tiles, alignment, early push) with the
-weights packed as nn.MoE packs them. Every round times each variant once (etdist.measure.timing,
+weights packed as nn.MoE packs them. Every round times each variant once (etdist.bench.measure.timing,
 the slowest rank), in turn, the order turning by one every round (with a fixed order, ops_ab.py's
 later slot measured 2-3% faster for identical kernels); a variant's time is its median over the
 rounds. Each variant's output is checked against the float32 loop of the torch layer before any
@@ -19,11 +19,11 @@ import statistics
 import torch.distributed as dist
 
 import etdist as et
-from etdist.bench_gpu import REL_ERR_LIMIT, moe_operands
-from etdist.measure import records
-from etdist.measure.moe_baseline import torch_moe
-from etdist.measure.shapes import MOE_SHAPES
-from etdist.measure.timing import time_ranks
+from etdist.bench.gpu import REL_ERR_LIMIT, moe_operands
+from etdist.bench.measure import records
+from etdist.bench.measure.moe_baseline import torch_moe
+from etdist.bench.measure.shapes import MOE_SHAPES
+from etdist.bench.measure.timing import time_ranks
 
 
 def variant(text: str) -> dict:

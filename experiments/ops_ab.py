@@ -11,7 +11,7 @@ sequence_parallel=False) while it runs (`NAME=value`, joined by `+`; `base`: the
 is), e.g. `SPLIT_TAIL=0`, `MAX_SPLITS=1`, `TAIL_SPLITS=1`, `ROW_POINTERS=0`,
 `WHOLE_32=32,128,64,4,6,swap`; the plan caches are cleared around it, and each variant keeps its
 own compiled kernels. Each variant's output is checked against a float32 reference before
-any timing. Every round times each variant once (etdist.measure.timing, 4 rotating weight copies),
+any timing. Every round times each variant once (etdist.bench.measure.timing, 4 rotating weight copies),
 each right after a torch.mm timing (gemm_rs, ag_gemm: x @ w; mlp: both mms, no activation), the
 variants' order turning by one every round (a fixed order favoured the later slots by 2-3%); a time
 is the median over the rounds. Prints a table with ratios to mm and to the first variant; records
@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
-from etdist.measure import baselines as B
-from etdist.measure import records
-from etdist.measure.shapes import MLP_SHAPES
-from etdist.measure.timing import time_ranks
+from etdist.bench.measure import baselines as B
+from etdist.bench.measure import records
+from etdist.bench.measure.shapes import MLP_SHAPES
+from etdist.bench.measure.timing import time_ranks
 from etdist.kernels import gemm_tiles
 from etdist.ops import ag_gemm as ag_gemm_op
 from etdist.ops import gemm_rs as gemm_rs_op
@@ -89,7 +89,7 @@ class patched:
 
 def operands(op: str, M: int, H: int, I: int, dev):
     """(float32 reference of weight copy 0, torch.mm's step, the op's step): step(i) runs on weight
-    copy i of COPIES (etdist.measure.baselines' operand makers)."""
+    copy i of COPIES (etdist.bench.measure.baselines' operand makers)."""
     out = torch.empty(M, H if op == "gemm_rs" else 2 * I, device=dev, dtype=torch.bfloat16)
     if op in ("gemm_rs", "ag_gemm"):   # gemm_rs: h [M, I] @ w_down [I, H]; ag_gemm: x [M, H] @ w_gate_up [H, 2I]
         ops = B.random_operands(M, *((I, H) if op == "gemm_rs" else (H, 2 * I)), copies=COPIES, device=dev)

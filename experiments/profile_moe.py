@@ -4,9 +4,9 @@
         --metrics lts__t_sector_hit_rate.pct,dram__bytes_read.sum,lts__t_bytes.sum \
         python3 -m torch.distributed.run --nproc_per_node=1 experiments/profile_moe.py mixtral_8x7b 1024 0 static,dynamic
 
-Arguments: model (etdist.measure.shapes.MOE_SHAPES), tokens, routing skew (0: uniform; 1.5: the benchmark's
+Arguments: model (etdist.bench.measure.shapes.MOE_SHAPES), tokens, routing skew (0: uniform; 1.5: the benchmark's
 Zipf), schedules. Only the calls between cudaProfilerStart and Stop are profiled: the layer once per
-schedule, then the fused baseline (etdist.measure.fused_moe, its tuned config). ncu serialises the
+schedule, then the fused baseline (etdist.bench.measure.fused_moe, its tuned config). ncu serialises the
 kernels and fixes the clocks: its durations compare with each other, not with timed records.
 """
 import sys
@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
-from etdist.bench_gpu import moe_operands
-from etdist.measure import fused_moe
-from etdist.measure.shapes import MOE_SHAPES
+from etdist.bench.gpu import moe_operands
+from etdist.bench.measure import fused_moe
+from etdist.bench.measure.shapes import MOE_SHAPES
 
 
 def main(model: str, tokens: int, skew: float, schedules: list[str]):

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 import etdist as et
-from etdist.measure.shapes import MLP_SHAPES
-from etdist.measure.timing import time_ranks
+from etdist.bench.measure.shapes import MLP_SHAPES
+from etdist.bench.measure.timing import time_ranks
 
 dist.init_process_group("cpu:gloo,cuda:nccl")
 mesh = et.init_mesh()

@@ -102,7 +102,7 @@ def main():
     mesh = et.init_mesh()
     if mesh.world_size != 2:
         raise SystemExit(f"sync_latency.py needs exactly 2 ranks, got {mesh.world_size}")
-    if why := et.mesh.timing_refused():   # its own CUDA-event timing, not etdist.measure's
+    if why := et.mesh.timing_refused():   # its own CUDA-event timing, not etdist.bench.measure's
         raise SystemExit(f"sync_latency.py: {why}")
     gpu = mesh.device.type == "cuda"
     if not gpu and not args.check:

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
-from etdist.bench_gpu import _chunk
+from etdist.bench.gpu import _chunk
 from etdist.fusion import trace as tr
-from etdist.measure.timing import time_ranks
+from etdist.bench.measure.timing import time_ranks
 from etdist.ops import ag_gemm as ag_op
 
 M, K, NF = (int(a) for a in sys.argv[1:4])

@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import etdist as et
 from etdist.fusion import trace as tr
-from etdist.measure import baselines as B
+from etdist.bench.measure import baselines as B
 from etdist.ops import gemm_rs as op
 
 M, N, KF = (int(a) for a in sys.argv[1:4])

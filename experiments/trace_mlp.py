@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
-from etdist.bench_gpu import _chunk
+from etdist.bench.gpu import _chunk
 from etdist.fusion import trace as tr
-from etdist.measure.timing import time_ranks
+from etdist.bench.measure.timing import time_ranks
 from etdist.ops import mlp as mlp_op
 
 M, H, IF = (int(a) for a in sys.argv[1:4])

@@ -2,7 +2,7 @@
 layer's own tile class for the token count) under both schedules: the untraced layer's time, then
 one traced launch summarised per rank (span, busy share, per-kind task statistics, gaps between
 tasks: the scheduling overhead); Chrome traces in $OUT (default /tmp). SKEW=1.5: the benchmark's
-Zipf-like routing (etdist.workloads.moe.skew_router, as etdist.bench_gpu.moe_cell builds it).
+Zipf-like routing (etdist.workloads.moe.skew_router, as etdist.bench.gpu.moe_cell builds it).
 
     torchrun --nproc_per_node=2 experiments/trace_moe.py [tokens]
 """
@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 import etdist as et
 from etdist.fusion import trace as tr
-from etdist.measure.shapes import MOE_SHAPES
-from etdist.measure.timing import time_ranks
+from etdist.bench.measure.shapes import MOE_SHAPES
+from etdist.bench.measure.timing import time_ranks
 from etdist.workloads import moe as moe_graph
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096

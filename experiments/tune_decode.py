@@ -19,10 +19,10 @@ import triton
 import torch.distributed as dist
 
 import etdist as et
-from etdist.bench_gpu import _chunk, _gather_rows, _max_over_ranks, _rel_err
-from etdist.measure.baselines import rotating, swiglu
-from etdist.measure.shapes import MLP_SHAPES
-from etdist.measure.timing import time_ranks
+from etdist.bench.gpu import _chunk, _gather_rows, _max_over_ranks, _rel_err
+from etdist.bench.measure.baselines import rotating, swiglu
+from etdist.bench.measure.shapes import MLP_SHAPES
+from etdist.bench.measure.timing import time_ranks
 from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op
 from etdist.ops.gemm_rs import TileConfig
 

@@ -22,7 +22,11 @@ cd "$(dirname "$0")/.."
 export NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=${NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME:-lo} NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4G}
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 RESULTS=${1:-bench/results}
-NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null)
+if [ "${NGPU:-0}" -lt 1 ]; then
+  echo "gpu-check.sh: no CUDA GPU here (python3 sees ${NGPU:-no torch}); it checks the GPU claims, so it needs one" >&2
+  exit 1
+fi
 log=$(mktemp -d)
 
 PART=${PART:-all}
@@ -36,7 +40,7 @@ if [ "$PART" = tests ]; then
   echo "== gpu tests exit $tests"
   exit "$tests"
 fi
-timeout 900 python3 -m torch.distributed.run --nproc_per_node="$NGPU" -m etdist.bench_collectives --out "$RESULTS" \
+timeout 900 python3 -m torch.distributed.run --nproc_per_node="$NGPU" -m etdist.bench.collectives --out "$RESULTS" \
   2>&1 | grep -v '^W[0-9]' > "$log/collectives.log"
 if [ "$NGPU" -ge 2 ]; then
   timeout 300 python3 -m torch.distributed.run --nproc_per_node=2 experiments/sync_latency.py 2>&1 | grep -v '^W[0-9]' > "$log/sync.log"

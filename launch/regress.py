@@ -12,7 +12,7 @@ contender runs, with the plan caches cleared around it and its own compiled kern
 is checked against a float32 reference (its output written over NaN) before anything is timed, and
 its CUDA-graph replay against its eager call. Each round times every contender once (a barrier,
 warm-up, 2 batches of back-to-back calls sized to ~2 ms, weights rotated over 4 copies), the
-order turning every round (etdist.measure.timing.turns); a time is the median over the rounds'
+order turning every round (etdist.bench.measure.timing.turns); a time is the median over the rounds'
 batches on the slower rank. Contenders per cell: ours (eager) and ours_graph per variant, the
 baselines eager and graph (and mm alone).
 
@@ -35,10 +35,10 @@ import torch.distributed as dist
 
 import etdist as et
 from etdist.kernels import gemm_tiles
-from etdist.measure import baselines as B
-from etdist.measure import records
-from etdist.measure.shapes import MLP_SHAPES
-from etdist.measure.timing import _per_call, slowest_rank, turns
+from etdist.bench.measure import baselines as B
+from etdist.bench.measure import records
+from etdist.bench.measure.shapes import MLP_SHAPES
+from etdist.bench.measure.timing import _per_call, slowest_rank, turns
 from etdist.ops import ag_gemm as ag_gemm_op
 from etdist.ops import gemm_rs as gemm_rs_op
 from etdist.ops import mlp as mlp_op
@@ -113,7 +113,7 @@ def gather_rows(x: torch.Tensor, M: int, world: int) -> torch.Tensor:
 
 def cell(op: str, mesh, H: int, I: int, M: int):
     """(ours: step(i, out=None) on weight copy i, this rank's float32 reference of copy 0, output
-    shape, baselines' Measured, floor args): the operands as etdist.bench_gpu's cells make them."""
+    shape, baselines' Measured, floor args): the operands as etdist.bench.gpu's cells make them."""
     R, dev, rank = mesh.world_size, mesh.device, mesh.rank
     lo, hi = chunk(M, R, rank)
     if op == "gemm_rs":

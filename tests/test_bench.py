@@ -4,18 +4,18 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from etdist import bench
-from etdist.config import ScheduleName, WorkloadName
+from etdist.bench import main as bench
+from etdist.bench.config import SCHEMAS, ScheduleName, WorkloadName
 
-CONF = str(pathlib.Path(__file__).resolve().parents[1] / "conf")
-MODELS = sorted(p.stem for p in (pathlib.Path(CONF) / "model").glob("*.yaml"))
+CONF = pathlib.Path(bench.__file__).parent / "conf"    # shipped in the package, found as a module
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 
 
 def cfg(*overrides):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+    with initialize_config_module(config_module="etdist.bench.conf", version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 
 
@@ -31,6 +31,20 @@ def test_every_model_composes(model):
 def test_every_group_option_composes(group, option):
     c = cfg(f"{group}={option}")
     OmegaConf.to_container(c, resolve=True, throw_on_missing=True)
+
+
+@pytest.mark.parametrize("group", sorted(SCHEMAS))
+def test_schemas_are_not_choices(group):
+    """`schedule=base_schedule` composed and ran: the schemas were stored as options of their groups."""
+    from hydra.core.global_hydra import GlobalHydra
+    with initialize_config_module(config_module="etdist.bench.conf", version_base="1.3"):
+        options = GlobalHydra.instance().config_loader().get_group_options(group)
+    files = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    assert options == files, options
+    for name in (f"base_{group}", f"schema_{group}"):
+        with pytest.raises(Exception, match=f"Could not find '{group}/{name}'") as err:
+            cfg(f"{group}={name}")
+        assert f"Available options in '{group}'" in str(err.value)
 
 
 def test_enums_parse():
@@ -116,7 +130,7 @@ def test_results_dir_takes_the_cpu_records_too(tmp_path):
 
 
 def test_gpu_plan_runs_what_gpus_have_and_names_the_rest():
-    from etdist import bench_gpu
+    from etdist.bench import gpu as bench_gpu
     cells, left_out = bench_gpu.plan(cfg("model=llama31_8b", "workload=all", "schedule=both", "bench=gpu"))
     assert cells == [(w, s, M) for w in ("gemm_rs", "ag_gemm", "mlp", "mlp_replicated") for s in ("static", "dynamic")
                      for M in (16, 128, 1024, 8192, 1000)]
@@ -138,13 +152,34 @@ def test_mesh_nvshmem_without_gpus_is_a_clear_error(monkeypatch):
     assert not bench.on_gpus(cfg("mesh=auto"))
 
 
+@pytest.mark.parametrize("option", ["bench=gpu", "bench=gpu_moe"])   # (an id "gpu" would mark it a GPU test)
+def test_gpu_sweep_without_gpus_is_a_clear_error(option, monkeypatch):
+    """bench=gpu on a CPU machine ran the CPU runtime at the GPU token counts, silently, for minutes."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="GPU sweep .* this machine has no CUDA GPU; use bench=cpu"):
+        bench.on_gpus(cfg(option))
+    with pytest.raises(SystemExit, match="mesh=cpu picks the CPU runtime"):
+        bench.on_gpus(cfg(option, "mesh=cpu"))
+    assert not bench.on_gpus(cfg("bench=cpu"))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without GPUs")
+def test_main_command_refuses_a_gpu_sweep_at_once(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "etdist.bench", "bench=gpu", f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "this machine has no CUDA GPU; use bench=cpu" in out.stderr + out.stdout
+    assert "Traceback" not in out.stderr and not (tmp_path / "results").exists()
+
+
 def test_moe_floor_counts_the_experts_and_slots_the_routing_reaches():
-    """The floor of a MoE cell (etdist.bench_gpu): weights of the experts that received a slot, or the
+    """The floor of a MoE cell (etdist.bench.gpu): weights of the experts that received a slot, or the
     FLOPs of the slots, on the busiest rank. Routing all 4 tokens to experts 0 and 1 (of 8) must count
     2 experts' weights, not min(experts, slots) = 8 of them; a 2-expert rank's share is checked by hand."""
     import torch
-    from etdist import bench_gpu
-    from etdist.measure.baselines import Ceilings
+    from etdist.bench import gpu as bench_gpu
+    from etdist.bench.measure.baselines import Ceilings
     H, I, E, k = 16, 8, 8, 2
     router = torch.full((H, E), -10.0)
     router[:, :2] = torch.tensor([2.0, 1.0])   # every token scores experts 0 and 1 highest

@@ -51,3 +51,18 @@ def test_launch_scripts_pass_overrides(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert "8 cells over 2 processes" in p.stdout
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without GPUs")
+@pytest.mark.parametrize("script", ["bench-gpu.sh", "gpu-check.sh"])
+def test_gpu_scripts_without_gpus_fail_in_one_line(script, tmp_path):
+    """bench-gpu.sh without GPUs printed a traceback and exited 0 ("BENCHMARKS.md regenerated")."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHON=sys.executable,
+               PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    before = (ROOT / "BENCHMARKS.md").stat().st_mtime if (ROOT / "BENCHMARKS.md").exists() else None
+    p = subprocess.run(["bash", str(ROOT / "launch" / script)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode != 0
+    assert p.stdout == "" and p.stderr.count("\n") == 1, p.stdout + p.stderr
+    assert p.stderr.startswith(f"{script}: no CUDA GPU here")
+    assert before is None or (ROOT / "BENCHMARKS.md").stat().st_mtime == before

@@ -1,4 +1,4 @@
-"""etdist.measure on CPU: timing, records, shapes, floors, eager baselines (gloo, world 1)."""
+"""etdist.bench.measure on CPU: timing, records, shapes, floors, eager baselines (gloo, world 1)."""
 import json
 import pathlib
 
@@ -7,12 +7,12 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from etdist.measure import baselines as B
-from etdist.measure import records as R
-from etdist.measure.shapes import ALL_M, MLP_SHAPES, MOE_SHAPES, ag_gemm_dims, gemm_rs_dims
-from etdist.measure.timing import slowest_rank, time_alternated, time_batched, time_ranks, time_single
+from etdist.bench.measure import baselines as B
+from etdist.bench.measure import records as R
+from etdist.bench.measure.shapes import ALL_M, MLP_SHAPES, MOE_SHAPES, ag_gemm_dims, gemm_rs_dims
+from etdist.bench.measure.timing import slowest_rank, time_alternated, time_batched, time_ranks, time_single
 
-CONF = pathlib.Path(__file__).resolve().parents[1] / "conf" / "model"
+CONF = pathlib.Path(__file__).resolve().parents[1] / "etdist" / "bench" / "conf" / "model"
 
 
 # ----------------------------------------------------------------------------------------- timing
@@ -56,7 +56,7 @@ def test_time_alternated_turns_the_order_every_round():
 
 
 def test_turns_balance_every_pair_over_an_even_number_of_rounds():
-    from etdist.measure.timing import turns
+    from etdist.bench.measure.timing import turns
     for n in range(1, 8):
         names = list(range(n))
         for rounds in (2, 4, 6):
@@ -71,7 +71,7 @@ def test_turns_balance_every_pair_over_an_even_number_of_rounds():
 
 
 def test_time_alternated_takes_the_median_of_every_batch(monkeypatch):
-    from etdist.measure import timing
+    from etdist.bench.measure import timing
     given = {"a": iter([[1.0], [2.0], [100.0]]), "b": iter([[5.0, 7.0], [6.0, 900.0], [8.0, 9.0]])}
     monkeypatch.setattr(timing, "_per_call", lambda fn, **kw: next(given[fn()]))
     us = time_alternated({"a": lambda: "a", "b": lambda: "b"}, rounds=3, device="cpu")
@@ -389,7 +389,7 @@ def test_eager_baselines_two_ranks_ragged(tmp_path):
 def test_busy_threads_names_a_spinning_thread():
     import threading
 
-    from etdist.measure.threads import busy_threads
+    from etdist.bench.measure.threads import busy_threads
     stop = threading.Event()
 
     def spin():

@@ -207,10 +207,10 @@ def test_ranks_may_share_a_gpu_for_correctness_checks_only(monkeypatch):
     """init_mesh(share_gpu=True) / ETDIST_SHARE_GPU=1 deals the ranks over the GPUs by local rank
     (two ranks on one GPU: NVSHMEM's multi-process-per-GPU mode) where the plain mesh refuses more
     ranks than GPUs; a bad value is named; the cpu backend ignores it. The mesh shares a GPU only
-    where two ranks did land on one (asked for: else refused), and only then etdist.measure
+    where two ranks did land on one (asked for: else refused), and only then etdist.bench.measure
     refuses to time (their kernels take turns on it)."""
     from etdist.mesh import mesh as mesh_module
-    from etdist.measure import timing
+    from etdist.bench.measure import timing
     launch = resolve_launch(detect_launch(), 2, 1, 1)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(MeshError, match=r"only 1 GPU\(s\) here.*init_mesh\(share_gpu=True\) or ETDIST_SHARE_GPU=1"):

@@ -1,14 +1,14 @@
 """The torch MoE baseline (issue 7) matches the float64 reference, on one rank and expert-parallel
 over two gloo ranks, every way it runs: experts grouped (torch._grouped_mm), one mm pair each or
-the serving engine's fused Triton kernels (etdist.measure.fused_moe, run by the Triton
+the serving engine's fused Triton kernels (etdist.bench.measure.fused_moe, run by the Triton
 interpreter here), dispatch with exchanged sizes or fixed padded blocks (the CUDA-graph-capturable
 form)."""
 import pytest
 import torch
 import torch.distributed as dist
 
-from etdist.measure.fused_moe import CONFIGS
-from etdist.measure.moe_baseline import torch_moe
+from etdist.bench.measure.fused_moe import CONFIGS
+from etdist.bench.measure.moe_baseline import torch_moe
 from etdist.workloads import moe
 
 WAYS = [(experts, dispatch) for experts in ("grouped", "loop", "fused") for dispatch in ("exact", "padded")]
@@ -38,7 +38,7 @@ def test_torch_moe_one_and_two_ranks(tmp_path, monkeypatch):
 def test_experts_no_token_routes_to_are_skipped():
     """Grouped experts with empty groups (skewed routing leaves most experts idle) and padding rows
     (expert -1) that belong to no group."""
-    from etdist.measure.moe_baseline import _grouped_experts, _looped_experts
+    from etdist.bench.measure.moe_baseline import _grouped_experts, _looped_experts
     gen = torch.Generator().manual_seed(0)
     rows = torch.randn(9, 16, generator=gen)
     local = torch.tensor([3, -1, 0, 3, 3, -1, 0, 3, 3])
@@ -58,7 +58,7 @@ def test_align_pads_each_expert_to_whole_row_blocks():
     """The fused baseline's slot list: each expert's slots in order, padded to a multiple of the row
     block with the out-of-range slot, experts with no slot take no block, left-out slots (-1) are
     nowhere, and each used block names its expert."""
-    from etdist.measure.fused_moe import align
+    from etdist.bench.measure.fused_moe import align
     ids = torch.tensor([[3, 0], [3, -1], [0, 3], [3, 3]])   # slot t*2+j; experts 1, 2 get none
     al = align(ids, num_experts=4, block_m=4)
     S = al.slots
@@ -77,7 +77,7 @@ def test_every_fused_config_builds_for_sm90_and_fits(cfg):
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from etdist.measure.fused_moe import _expert_gemm
+    from etdist.bench.measure.fused_moe import _expert_gemm
     ptrs = ("a_ptr", "b_ptr", "c_ptr", "scale_ptr", "slot_ptr", "expert_ptr", "rows_used_ptr")
     sig = {**{p: "*bf16" for p in ptrs[:4]}, **{p: "*i32" for p in ptrs[4:]},
            **{n: "i32" for n in ("max_rows", "N", "slots", "sa_m", "sa_k", "sb_e", "sb_k", "sb_n", "sc_m", "sc_n")}}

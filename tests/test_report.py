@@ -1,11 +1,11 @@
-"""etdist.report from synthetic records: tables, speedups, geometric means, markers, plots."""
+"""etdist.bench.report from synthetic records: tables, speedups, geometric means, markers, plots."""
 import math
 import re
 
 import pytest
 
-from etdist import report
-from etdist.measure.records import Record, append
+from etdist.bench import report
+from etdist.bench.measure.records import Record, append
 
 ENV = dict(device="NVIDIA H200", torch="2.11.0+cu130", triton="3.6.0", commit="abc1234")
 
@@ -43,9 +43,9 @@ def _table_rows(block, workload):
 
 def test_tables_speedups_and_geomean(results, tmp_path, capsys):
     out = tmp_path / "benchmarks.md"
-    report.main(["--results", str(results), "--out", str(out), "--plots", str(tmp_path / "plots")])
+    report.main(["--results", str(results), "--out", str(out), "--plots", str(tmp_path / "plots"), "--print"])
     text = out.read_text()
-    assert capsys.readouterr().out.strip() in text             # the tables go to stdout too
+    assert capsys.readouterr().out.split("\n6 cells")[0].strip() in text   # --print: the tables too
     head, *rows = _table_rows(text, "gemm_rs")
     assert "symm_mem us" in head and "best baseline us" in head and "ours/floor" in head
     assert head.endswith("| commit | date |")
@@ -102,6 +102,33 @@ def test_the_document_shows_only_its_workloads_and_keeps_summary_markers(results
     report.main(["--results", str(results), "--out", str(out), "--plots", str(tmp_path / "plots"), "--workloads", "all"])
     text = out.read_text()
     assert "### gemm_rs_split_ab" in text and "| 5.0 |" in text
+
+
+def test_a_short_summary_into_a_run_folder_by_default(results, tmp_path, monkeypatch, capsys):
+    """`python -m etdist.bench.report` wrote BENCHMARKS.md and bench/plots in the working directory (the
+    repository) and printed every table (17k lines); now a new run folder and a few lines."""
+    monkeypatch.chdir(tmp_path)
+    report.main(["--results", str(results)])
+    printed = capsys.readouterr().out.splitlines()
+    folder, = (tmp_path / "outputs" / "report").glob("*/*")
+    assert (folder / "report.md").exists() and len(list((folder / "plots").glob("*.png"))) == 3
+    assert not (tmp_path / "BENCHMARKS.md").exists() and not (tmp_path / "bench" / "plots").exists()
+    assert printed[0] == "6 cells (the newest record of each) in 2 record sets"
+    assert printed[1].startswith("  gemm_rs: 5 cells; geomean speedup dynamic world 2 1.00x over 1, "
+                                 "static world 2 1.45x over 4 (1 slower)")
+    assert printed[2].startswith("  ag_gemm: 1 cells") and printed[-1].startswith("wrote outputs/report/")
+    assert len(printed) == 4
+    report.main(["--results", str(results), "--dir", "mine"])
+    assert (tmp_path / "mine" / "report.md").exists() and (tmp_path / "mine" / "plots").is_dir()
+
+
+def test_repo_writes_the_checkouts_documents(results, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(report, "checkout", lambda: tmp_path)
+    report.main(["--repo", "--results", str(results)])
+    assert (tmp_path / report.REPO_DOC).exists() and (tmp_path / report.REPO_PLOTS).is_dir()
+    with pytest.raises(SystemExit):
+        report.main(["--repo", "--dir", "x"])
+    assert "no --dir, --out or --plots with it" in capsys.readouterr().err
 
 
 def test_ceilings_bound_what_a_speedup_target_can_ask(results, tmp_path):

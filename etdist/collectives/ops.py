@@ -24,7 +24,7 @@ import torch
 from ..mesh import Mesh, MeshError, current_mesh
 from ..mesh.stream_order import capturing as stream_capturing
 from . import plan as plans
-from .compiled import call_op
+from .custom_op import call_op
 from .cpu_exchange import exchange_cpu
 from .gpu_exchange import exchange_interpreted, prepare_gpu
 from .plan import OP_NAMES, Op

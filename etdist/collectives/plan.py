@@ -14,6 +14,8 @@ from ..mesh.control import SIG_COUNT_BITS
 
 
 class Op(enum.IntEnum):
+    """The standalone collectives, as their plans and kernels name them."""
+
     REDUCE_SCATTER = 1
     ALL_GATHER = 2
     ALL_REDUCE = 3

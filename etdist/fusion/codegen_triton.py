@@ -18,7 +18,7 @@ Event counters live in one int32 arena (symmetric memory: peers notify into it):
 Waits spin until `counter >= launch epoch x count` (counters re-arm by growing, never reset
 while shapes stay the same), bounded by the watchdog in etdist.kernels.sync. A wait's error
 code is (16 + event index) << 20 | element, which the host decodes back to a coordinate.
-ETDIST_DUMP=1 prints the generated source.
+ETDIST_DUMP=1 logs the generated source (logger etdist.fusion.cuda_runtime, to stderr).
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ from .. import knobs
 from .errors import GraphError
 from .expr import Expr, as_expr, var
 from .ir import GraphIR, TaskSpec, early_pushed, pinned_prefix, tail_start
+from .loader import load_module
+from .trace import TRACE_WORDS
 
 ERR_WORDS = 8
 EVENT_CODE_BASE = 16
@@ -81,9 +83,6 @@ def event_code(event_index: int, linear: int) -> int:
 def decode_event_code(code: int) -> tuple[int, int] | None:
     e = (code >> ELEMENT_BITS) - EVENT_CODE_BASE
     return (e, code & ((1 << ELEMENT_BITS) - 1)) if e >= 0 else None
-
-
-TRACE_WORDS = 4   # per task in trace mode: start ns, waits done ns, end ns, SM << 32 | program
 
 
 # what every megakernel takes besides the graph's tensors, sizes and event offsets (error_host:
@@ -435,8 +434,6 @@ def compile_for(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps:
     kernel (.asm["ptx"], .metadata.shared = bytes of shared memory per program). early: as generate's."""
     import triton
     from triton.backends.compiler import GPUTarget
-
-    from .cuda_runtime import load_module
 
     fn = load_module(ir, generate(ir, trace, dynamic, early)).megakernel
     sig = {**signature(ir, trace, dynamic), "NUM_PROGRAMS": "constexpr", "USE_ASM": "constexpr"}

@@ -3,16 +3,17 @@
     kernel = et.compile(graph, schedule="static", target="cpu")
     outs = kernel.run([{"x": x0, "w": w0}, {"x": x1, "w": w1}])   # one dict per rank
 
-ETDIST_DEBUG=1 prints each pass and its counts. ETDIST_EARLY_PUSH picks the dynamic schedule's
+ETDIST_DEBUG=1 logs each pass and its counts (logger etdist.fusion.compile, to stderr). ETDIST_EARLY_PUSH picks the dynamic schedule's
 early push (ir.early_pushed): 0 off, 1 (the default) the tasks that wait on pinned work, 2 also the
 chains behind them.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Mapping, Optional, Sequence, Union
 
-from .. import knobs
+from .. import knobs, log
 from .bind import MapTable
 from .cpu_runtime import CpuKernel
 from .errors import GraphError
@@ -23,6 +24,7 @@ from .validate import validate
 SCHEDULES = ("static", "dynamic")
 TARGETS = ("cpu", "cuda")
 DEFAULT_CPU_PROGRAMS = 4
+_LOG = logging.getLogger(__name__)
 
 
 EARLY_PUSH_LEVELS = (0, 1, 2)
@@ -65,16 +67,18 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
         raise GraphError(f"compile takes an et.Graph (or its IR), got {type(graph).__name__}")
     if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):
         raise GraphError(f"programs must be a positive int, got {programs!r}")
-    debug = os.environ.get("ETDIST_DEBUG", "0") not in ("", "0")
+    if os.environ.get("ETDIST_DEBUG", "0") not in ("", "0"):
+        log.show_debug(_LOG)
+    debug = _LOG.isEnabledFor(logging.DEBUG)
     ir = graph.to_ir() if isinstance(graph, Graph) else graph
     if debug:
-        print(f"[etdist] canonicalise {ir.name}: {len(ir.tasks)} device functions, {len(ir.events)} "
-              f"event tensors, {len(ir.tensors)} tensors, key {ir.key()}")
+        _LOG.debug(f"canonicalise {ir.name}: {len(ir.tasks)} device functions, {len(ir.events)} "
+                   f"event tensors, {len(ir.tensors)} tensors, key {ir.key()}")
     table = MapTable.build(ir)
     report = validate(ir, table, schedule, samples)
     if debug:
-        print(f"[etdist] validate {ir.name}: {report.tasks} tasks over {len(report.samples)} samples; "
-              f"runtime-checked events: {list(report.dynamic_events)}")
+        _LOG.debug(f"validate {ir.name}: {report.tasks} tasks over {len(report.samples)} samples; "
+                   f"runtime-checked events: {list(report.dynamic_events)}")
     if early_push is None:
         early_push = early_push_level()
     elif early_push not in EARLY_PUSH_LEVELS or isinstance(early_push, bool):
@@ -86,5 +90,5 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
         kernel = CpuKernel(table, schedule, programs or DEFAULT_CPU_PROGRAMS, early_push=early_push)
         kernel.trace_default = trace
     if debug:
-        print(f"[etdist] build {ir.name}: {kernel}")
+        _LOG.debug(f"build {ir.name}: {kernel}")
     return kernel

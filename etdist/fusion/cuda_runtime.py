@@ -33,14 +33,10 @@ launches captured in CUDA graphs are not ordered by us.
 """
 from __future__ import annotations
 
-import hashlib
-import inspect
-import importlib.util
 import itertools
+import logging
 import math
 import os
-import pathlib
-import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
@@ -49,16 +45,18 @@ import numpy as np
 import torch
 from triton.runtime import _allocation as triton_allocation
 
-from .. import knobs
+from .. import knobs, log
 from ..kernels.launch_hooks import hooks_active
 from ..mesh.persistent import empty_persistent
 from ..mesh.stream_order import capturing as stream_capturing, capturing_current
 from .bind import MapTable, bind, bind_inputs
 from .schedule_dynamic import release_plan
-from .codegen_triton import ERR_WORDS, TRACE_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
+from .codegen_triton import ERR_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
 from .errors import GraphError, InputError, RuntimeFault
 from .expr import RANK_NAME, evaluate
 from .ir import Role, early_at
+from .loader import load_module
+from .trace import TRACE_WORDS, gpu_rows
 
 DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
 # ETDIST_ERROR_WORD_COPY=1 also copies the error word to the host after each launch, as before the
@@ -70,43 +68,12 @@ _KERNEL_IDS = itertools.count()
 # Error record kinds in a kernel's arena: 1 and 2 are the kernel's own (kernels/sync.py: a wait
 # timed out, a shape disagreed); 3 is the host's, posted by a rank that refused its call (below).
 ERR_REFUSED = 3
+_LOG = logging.getLogger(__name__)   # ETDIST_DUMP=1: the generated kernel, at debug level
 
 
 def _sync(mesh) -> None:
     if mesh.device.type == "cuda":
         torch.cuda.synchronize(mesh.device)
-
-
-CACHE = pathlib.Path(os.environ.get("ETDIST_CACHE", pathlib.Path.home() / ".cache" / "etdist"))
-
-
-def _body_key(fn) -> str:
-    """A tile body's source key (interpreted functions have no cache_key: hash their source)."""
-    key = getattr(fn, "cache_key", None)
-    return key if key is not None else hashlib.sha256(inspect.getsource(fn.fn).encode()).hexdigest()
-
-
-def load_module(ir, source: str):
-    """Write the generated source to the cache (Triton reads source from files) and import it.
-    Keyed by the source and the tile bodies' own sources, so a redefined body gets a new module."""
-    bodies = "".join(_body_key(t.triton_body) for t in ir.tasks)
-    key = hashlib.sha256((source + bodies).encode()).hexdigest()[:16]
-    path = CACHE / f"megakernel_{ir.name}_{key}.py"
-    if not path.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        tmp.replace(path)
-    name = f"etdist_megakernel_{ir.name}_{key}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    for t in ir.tasks:  # the tile bodies the generated code calls by name
-        setattr(mod, f"_et_body_{t.name}", t.triton_body)
-    spec.loader.exec_module(mod)
-    sys.modules[name] = mod
-    return mod
 
 
 @dataclass
@@ -259,7 +226,8 @@ class CudaKernel:
             patch_interpreter()
         self.source = generate(self.ir, trace, self.dynamic, self.early)
         if os.environ.get("ETDIST_DUMP", "0") not in ("", "0"):
-            print(self.source)
+            log.show_debug(_LOG)
+        _LOG.debug("generated kernel of graph %r:\n%s", self.ir.name, self.source)
         self.module = load_module(self.ir, self.source)
         self.params = kernel_params(self.ir, trace, self.dynamic)
         self.output_names = frozenset(s.name for s in self.ir.tensors if s.role is Role.OUTPUT)
@@ -468,7 +436,6 @@ class CudaKernel:
         if st is None or st.shape is None:
             raise GraphError(f"graph {self.ir.name!r} has not been launched on this mesh yet")
         self.check(mesh)  # waits for the launch and raises if it failed
-        from .trace import gpu_rows
         env = {**st.shape.sizes, RANK_NAME: mesh.rank}
         rows = gpu_rows(self.ir, env, st.shape.fixed["trace_buf"].cpu().tolist(), mesh.rank)
         # each GPU's %globaltimer has its own origin (2x H200: ~0.24 s apart), so every rank's

@@ -234,12 +234,14 @@ def ungrouped(i: Size, j: Size, rows: Size, cols: Size, group: int) -> Size:
 
 
 def minimum(a: Size, b: Size) -> Size:
+    """min(a, b) of sizes or index expressions (Python's min cannot see inside a symbolic one)."""
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)
     return Expr("min", (as_expr(a), as_expr(b)))
 
 
 def maximum(a: Size, b: Size) -> Size:
+    """max(a, b) of sizes or index expressions (Python's max cannot see inside a symbolic one)."""
     if isinstance(a, int) and isinstance(b, int):
         return max(a, b)
     return Expr("max", (as_expr(a), as_expr(b)))
@@ -252,18 +254,22 @@ def every(start: Size, stop: Size) -> Expr:
 
 
 def where(cond: Expr, a: Size, b: Size) -> Expr:
+    """`a` where `cond` is nonzero, else `b`: the `if` of a traced map (Python's if cannot branch on it)."""
     return Expr("where", (as_expr(cond), as_expr(a), as_expr(b)))
 
 
 def eq(a: Size, b: Size) -> Expr:
+    """1 where a == b, else 0 (`==` on two expressions compares their structure, not their values)."""
     return _bin("eq", a, b)
 
 
 def logical_and(a: Size, b: Size) -> Expr:
+    """1 where both a and b are nonzero, else 0 (Python's `and` cannot see inside an expression)."""
     return _bin("and", a, b)
 
 
 def logical_or(a: Size, b: Size) -> Expr:
+    """1 where a or b is nonzero, else 0 (Python's `or` cannot see inside an expression)."""
     return _bin("or", a, b)
 
 

@@ -18,14 +18,15 @@ import json
 import pathlib
 from typing import Iterable, Optional
 
+from .expr import evaluate
+
+TRACE_WORDS = 4   # per task in trace mode: start ns, waits done ns, end ns, SM << 32 | program
+
 
 def gpu_rows(ir, sizes: dict, buf, rank: int) -> list[tuple]:
     """A GPU trace buffer (TRACE_WORDS int64 per task, by global task id, as the generated kernel
     writes it) -> (rank, SM, "task@(i, j) program p, waited w us", start us, end us) for every task
     that ran, times from this rank's earliest start. `sizes`: the bound sizes with RANK and WORLD."""
-    from .codegen_triton import TRACE_WORDS
-    from .expr import evaluate
-
     words = [int(v) for v in buf]
     # this rank's origin in integer ns first: %globaltimer values (~1e18) lose 256 ns as doubles
     t0 = min((words[k] for k in range(0, len(words), TRACE_WORDS) if words[k + 2]), default=0)

@@ -356,7 +356,7 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
     share_gpu: several ranks on one GPU (default ETDIST_SHARE_GPU=1 / 0), ranks dealt over the GPUs by
     local rank: NVSHMEM's multi-process-per-GPU mode, for correctness checks of more ranks than a
     machine has GPUs. Where ranks do land on one GPU (mesh.shares_gpu), their kernels take turns on
-    it, so etdist.measure refuses to time, and NCCL (torch.distributed's CUDA collectives) refuses
+    it, so etdist.bench.measure refuses to time, and NCCL (torch.distributed's CUDA collectives) refuses
     two ranks on one GPU. No effect with backend 'cpu' (a bad ETDIST_SHARE_GPU is still refused).
     """
     global _CURRENT

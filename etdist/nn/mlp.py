@@ -32,7 +32,12 @@ _CPU_TILE = 16
 
 
 class TensorParallelMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, mesh=None, activation: str = "silu",
+    """A SwiGLU MLP (hidden -> intermediate -> hidden) sharded over the mesh's ranks, one megakernel
+    per call (the module docstring says how). `from_dense` shards an existing dense MLP; built
+    directly it holds seeded random weights (init_weights=True). simulate_world=R: all R shards in
+    this module on the CPU runtime, no mesh. Forward only."""
+
+    def __init__(self, hidden: int, intermediate: int, *, mesh=None, activation: str = "silu",
                  dtype: torch.dtype = torch.bfloat16, sequence_parallel: bool = True,
                  simulate_world: Optional[int] = None, device=None, init_weights: bool = True):
         super().__init__()
@@ -68,7 +73,7 @@ class TensorParallelMLP(nn.Module):
         self._kernel = None
 
     @classmethod
-    def from_dense(cls, module: nn.Module, mesh=None, sequence_parallel: bool = False,
+    def from_dense(cls, module: nn.Module, *, mesh=None, sequence_parallel: bool = False,
                    simulate_world: Optional[int] = None) -> "TensorParallelMLP":
         """Shard a dense MLP with gate_proj, up_proj, down_proj (nn.Linear, no bias). Defaults to
         replicated input/output, which drops into a model that is not sequence-parallel."""

@@ -27,7 +27,7 @@ from .. import fusion
 from .. import knobs
 from ..fusion.codegen_triton import claim_ahead
 from ..fusion.compile import early_push_level
-from ..collectives.compiled import call_op, define_op
+from ..collectives.custom_op import call_op, define_op
 from ..fusion.errors import InputError
 from ..ops.gemm_rs import refusal_reaches_peers
 from ..workloads import moe as moe_graph
@@ -166,7 +166,11 @@ def _check_gate_up_layout(module, state_dict, prefix, *_) -> None:
 
 
 class MoE(nn.Module):
-    def __init__(self, hidden: int, expert_intermediate: int, num_experts: int, top_k: int, mesh=None,
+    """Top-k routed SwiGLU experts, expert-parallel over the mesh's ranks (num_experts / world each),
+    one megakernel per call (the module docstring says how). Seeded random weights until
+    `load_experts`; simulate_world=R: all R shards in this module on the CPU runtime. Forward only."""
+
+    def __init__(self, hidden: int, expert_intermediate: int, num_experts: int, top_k: int, *, mesh=None,
                  schedule: str = "dynamic", dtype: torch.dtype = torch.bfloat16,
                  simulate_world: Optional[int] = None, device=None):
         super().__init__()
@@ -330,7 +334,7 @@ class MoE(nn.Module):
 
 
 # torch.compile: the layer as one custom op, so Dynamo does not trace into the kernel's host path
-# (collectives/compiled.py says why). A custom op takes tensors and plain values: the layer travels as its key
+# (collectives/custom_op.py says why). A custom op takes tensors and plain values: the layer travels as its key
 # (a string: torch.compile(dynamic=True) would make an int symbolic).
 _LAYERS: "weakref.WeakValueDictionary[str, MoE]" = weakref.WeakValueDictionary()
 _LAYER_KEYS = itertools.count(1)

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from .. import knobs
-from ..collectives.compiled import call_op
+from ..collectives.custom_op import call_op
 from ..workloads import ag_gemm
 from .gemm_rs import (LARGE, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands, fp32_config,
                       interleave_sources, no_rows, refusal_reaches_peers, row_pointers, total_rows_of)
@@ -127,7 +127,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
                                   interleave=interleave_sources(rows, cfg.block_m, world))
 
 
-def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Optional[int] = None,
+def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, *, mesh=None, total_rows: Optional[int] = None,
                     out: Optional[torch.Tensor] = None, schedule: str = "static") -> torch.Tensor:
     """x gathered over ranks by rows, times this rank's columns of w: [M, K] @ [K, N_local] -> [M, N_local].
 

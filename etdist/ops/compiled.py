@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..collectives.compiled import define_op
+from ..collectives.custom_op import define_op
 from ..fusion.errors import InputError
 from ..mesh.mesh import mesh_by_key
 from . import ag_gemm, gemm_rs, mlp

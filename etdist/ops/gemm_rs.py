@@ -11,7 +11,7 @@ import torch
 from .. import knobs
 from ..fusion import compile as et_compile
 from ..fusion.cuda_runtime import post_refusal
-from ..collectives.compiled import call_op
+from ..collectives.custom_op import call_op
 from ..fusion.errors import InputError
 from ..mesh import MeshError, current_mesh
 from ..workloads import gemm_rs
@@ -344,7 +344,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
                                                  cfg.block_k, splits, align, cfg.swap_ab, reduce_n=reduce_n)
 
 
-def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: str = "static",
+def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, *, mesh=None, schedule: str = "static",
                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """sum over ranks of x @ w, scattered by rows: this rank's rows [r*C, min((r+1)*C, M)), C = cdiv(M, R).
 

@@ -12,7 +12,7 @@ import torch
 
 from .. import knobs
 from ..fusion.errors import InputError
-from ..collectives.compiled import call_op
+from ..collectives.custom_op import call_op
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
 from .gemm_rs import (SCRATCH_BYTES, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel,
@@ -222,7 +222,7 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
     return cfg, build, ({"M": M, "TAIL": tail} if splits > 1 else {"M": M})
 
 
-def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, mesh=None,
+def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, *, mesh=None,
                         total_rows: Optional[int] = None, out: Optional[torch.Tensor] = None,
                         schedule: str = "static", sequence_parallel: bool = True) -> torch.Tensor:
     """This rank's rows of sum_r (silu(x @ gate_r) * (x @ up_r)) @ w_down_r, sequence-parallel

@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 
+import etdist.fusion as et   # the graph builder, not the package root
+
 from . import ag_gemm, collectives, gemm_rs, mlp, moe
 
 
@@ -71,7 +73,6 @@ def _mlp_replicated_case(model, world, M, seed) -> Case:
 def all_reduce_graph(block_m: int, block_n: int):
     """x [M, H] on every rank -> the sum over ranks on every rank, from the reduce_scatter and
     all_gather fragments (the gathered rows are cut back to M by a last task)."""
-    import etdist as et
     g = et.Graph("all_reduce")
     M, N = g.size("M"), g.size("N")
     R, me = g.world, g.rank

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-import etdist as et
+import etdist.fusion as et   # the graph builder (what `import etdist as et` offers), not the package root
 from etdist.kernels import gemm_tiles
 
 from .gather import gather_rows, source_order

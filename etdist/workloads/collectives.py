@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import etdist as et
+import etdist.fusion as et   # the graph builder (what `import etdist as et` offers), not the package root
 from etdist.kernels import copy_tiles
 
 Guard = Optional[Callable]  # (i, j) -> the event element guarding a source tile

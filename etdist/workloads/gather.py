@@ -1,7 +1,7 @@
 """The all-gather of ragged row chunks that the AG+GEMM and MLP graphs start with."""
 from __future__ import annotations
 
-import etdist as et
+import etdist.fusion as et   # the graph builder (what `import etdist as et` offers), not the package root
 from etdist.kernels import copy_tiles
 
 

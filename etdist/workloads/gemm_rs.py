@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-import etdist as et
+import etdist.fusion as et   # the graph builder (what `import etdist as et` offers), not the package root
 from etdist.kernels import gemm_tiles
 
 from .gather import owner_order

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-import etdist as et
+import etdist.fusion as et   # the graph builder (what `import etdist as et` offers), not the package root
 from etdist.kernels import gemm_tiles
 
 from .gather import gather_rows, owner_order, source_order

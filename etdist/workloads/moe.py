@@ -32,7 +32,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-import etdist as et
+import etdist.fusion as et   # the graph builder (what `import etdist as et` offers), not the package root
 from etdist.kernels import moe_tiles
 from etdist.kernels.gemm_tiles import use_tma
 

@@ -1,7 +1,7 @@
 """Checks of the graph builders' integer parameters: the same message everywhere, before any graph."""
 from __future__ import annotations
 
-import etdist as et
+import etdist.fusion as et   # the graph builder (what `import etdist as et` offers), not the package root
 
 
 def positive_int(where: str, name: str, value, optional: bool = False):

@@ -110,7 +110,7 @@ def check_ok(mesh):
 def check_idle_threads(mesh):
     """Idle, no thread of the process keeps a core busy (NVSHMEM's proxy thread spun one whole core
     and doubled the host time of an eager call where it shared the main thread's core)."""
-    from etdist.measure.threads import busy_threads
+    from etdist.bench.measure.threads import busy_threads
     torch.cuda.synchronize()
     busy = busy_threads(1.0)
     spinning = {tid: f"{b:.0%}" for tid, (_, b) in busy.items() if b > 0.5}

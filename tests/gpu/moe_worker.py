@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
-from etdist.measure.baselines import graphed
-from etdist.measure.moe_baseline import torch_moe
+from etdist.bench.measure.baselines import graphed
+from etdist.bench.measure.moe_baseline import torch_moe
 from etdist.workloads import moe as moe_graph
 
 

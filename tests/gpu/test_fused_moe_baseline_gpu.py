@@ -1,11 +1,11 @@
-"""The serving-style fused MoE baseline (etdist.measure.fused_moe) on a GPU: every config of its
+"""The serving-style fused MoE baseline (etdist.bench.measure.fused_moe) on a GPU: every config of its
 tuning table against the float32 loop, in bf16, on ragged sizes and skewed routing; the tuned pick
 replays from a CUDA graph. Run: pytest -m gpu tests/gpu."""
 import pytest
 import torch
 
-from etdist.measure import fused_moe as F
-from etdist.measure.moe_baseline import torch_moe
+from etdist.bench.measure import fused_moe as F
+from etdist.bench.measure.moe_baseline import torch_moe
 from etdist.workloads.moe import skew_router
 
 pytestmark = pytest.mark.gpu

@@ -100,7 +100,7 @@ def test_ranks_sharing_one_gpu_match_float64(world):
     """More ranks than GPUs, on one GPU (init_mesh(share_gpu=True)): gemm_rs, ag_gemm and both MLPs
     at every size class, the per-source plans with their sources side by side and in order, both
     schedules at M=129, against float64. Runs on any GPU machine: the cross-rank protocols where
-    only one GPU is lent (its times would mean nothing, and etdist.measure refuses them)."""
+    only one GPU is lent (its times would mean nothing, and etdist.bench.measure refuses them)."""
     if torch.cuda.device_count() < 1:
         pytest.skip("needs a GPU")
     rc, out = torchrun(world, worker=pathlib.Path(__file__).with_name("shared_gpu_worker.py"), timeout=900,

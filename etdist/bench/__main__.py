@@ -1,0 +1,4 @@
+"""`python -m etdist.bench`: the main command (etdist.bench.main)."""
+from .main import main
+
+main()
