@@ -332,7 +332,7 @@ def _op_kernels():
     for M in (16, 64, 128, 129, 256, 8192):
         cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132, 2, P)
         yield f"gemm_rs M={M}", build, cfg.num_warps, cfg.num_stages
-    # a decode candidate of experiments/tune_decode.py's A/B
+    # a decode candidate (a 16-row skinny class, swapped)
     yield "gemm_rs skinny swap 16x128x128", \
         lambda: gemm_rs.gemm_reduce_scatter_skinny(16, 128, bf, 128, 4, 16, swap_ab=True), 4, 6
     L, T = P.large, P.mlp_tiles

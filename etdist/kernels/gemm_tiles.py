@@ -240,7 +240,7 @@ def gemm_rs_skinny_matmul(s, j, x, w, partial, partial_peers, M, K, N, RANK, WOR
     MMA's M side and the few token rows its N side, which may be as small as 16 (a wgmma's M is
     64): the x stage shrinks to BLOCK_M x BLOCK_K and the shared memory goes to deeper weight
     stages (16x128x128 takes 6 stages, 160 KiB of weights in flight, against 48 KiB for 64x64x128
-    at 4 stages). gemm_rs's 32- and 128-row classes use it (launch/tune_decode.py's A/Bs)."""
+    at 4 stages). gemm_rs's 32- and 128-row classes use it (records gemm_rs_skinny_ab.jsonl)."""
     KB = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K) * BLOCK_K
     k_end = tl.minimum(K, (s + 1) * KB)
     offs_m = tl.arange(0, BLOCK_M)
