@@ -43,10 +43,10 @@ def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, config:
     """How many of the last down tiles (config.mlp_tiles' rows, config.mlp_down_n wide) of each
     rank's order to cut in `splits` slices (at most one owner's): the number that makes the static
     schedule's busiest program least busy, its tasks (dealt round-robin: task t to program t % sms)
-    weighed by their work at common.SM_TFLOPS, a
-    slice SPLIT_COST more per extra slice; the fewest among equals, and none unless that program's
-    load falls by MIN_GAIN, nor where every down tile fits in one wave (the model then trades the
-    gate/up tiles' dealing against partials it does not price: records mlp_w1_ab.jsonl).
+    weighed by their work at common.SM_TFLOPS, a slice SPLIT_COST more per extra slice; the fewest
+    among equals, and none unless that program's load falls by MIN_GAIN, nor where every down tile
+    fits in one wave (the model then trades the gate/up tiles' dealing against partials it does not
+    price: records mlp_w1_ab.jsonl).
     own_from_x: as the graph is built (then the gather deals (world - 1) x row tiles x column tiles
     copies ahead of the gate/up tiles, not world x)."""
     cfg, down_n = config.mlp_tiles, config.mlp_down_n
