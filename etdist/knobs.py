@@ -67,12 +67,6 @@ def power_of_two(text: str) -> int:
     return v
 
 
-def non_negative_int(text: str) -> int:
-    if not text.strip().isdigit():
-        raise ValueError("want an integer >= 0")
-    return int(text)
-
-
 def positive_float(text: str) -> float:
     try:
         v = float(text)

@@ -36,7 +36,7 @@ class FakeCompiled:
 
 torch._C._cuda_getCurrentRawStream = lambda i: 0
 mesh = FakeMesh()
-rs_op._sm_count = mlp_op._sm_count = ag_op._sm_count = lambda i: 132   # the plans ask for the SM count
+rs_op.sm_count = mlp_op.sm_count = ag_op.sm_count = lambda i: 132   # the plans ask for the SM count
 def new_state(self, mesh):
     word = torch.zeros(1, dtype=torch.int32)
     return cr._MeshState(programs=132, error_word=word, error_np=word.numpy(), compiled=FakeCompiled())

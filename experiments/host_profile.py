@@ -24,8 +24,9 @@ w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16) / K ** 0.5
 x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
 call = lambda: et.ops.gemm_reduce_scatter(x, w, mesh=mesh)  # noqa: E731
 call()
-cfg, splits, align, build = op.kernel_plan(M, K, N, x.dtype, op._sm_count(mesh.device.index), mesh.world_size)
-kernel = op.cached_kernel(op._KERNELS, cfg, "static", build)
+cfg, splits, align, build = op.kernel_plan(M, K, N, x.dtype, op.sm_count(mesh.device.index), mesh.world_size,
+                                           et.ops.DEFAULT_PLAN)
+kernel = op.cached_kernel(op._KERNELS, et.ops.DEFAULT_PLAN, cfg, "static", build)
 st = kernel.state(mesh)
 inner = lambda: kernel(mesh, x=x, w=w)  # noqa: E731
 y = torch.empty(-(-M // mesh.world_size), N, device=mesh.device, dtype=x.dtype)

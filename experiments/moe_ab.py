@@ -6,7 +6,7 @@
 A variant is moe_layer arguments replacing the layer's own (`key=value`, joined by `+`; `base`: the
 layer as it is), compiled through the layer's own plan (tiles, alignment, early push) with the
 weights packed as nn.MoE packs them. Every round times each variant once (etdist.bench.measure.timing,
-the slowest rank), in turn, the order turning by one every round (with a fixed order, ops_ab.py's
+the slowest rank), in turn, the order turning by one every round (with a fixed order, the former ops_ab.py's
 later slot measured 2-3% faster for identical kernels); a variant's time is its median over the
 rounds. Each variant's output is checked against the float32 loop of the torch layer before any
 timing. Prints a table, ratios
@@ -72,7 +72,7 @@ def main():
                     calls.append(lambda kernel=kernel, args=args: kernel(mesh, **args))
                     errs.append(err)
                 times = [[] for _ in names]
-                for r in range(rounds):   # the order turns by one every round (ops_ab.py found a fixed one biased)
+                for r in range(rounds):   # the order turns by one every round (a fixed one was biased)
                     for v in [*range(r % len(calls), len(calls)), *range(r % len(calls))]:
                         times[v].append(time_ranks(calls[v], device=mesh.device))
                         if mesh.rank == 0:

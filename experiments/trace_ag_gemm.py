@@ -35,7 +35,7 @@ op_us = time_ranks(lambda: et.ops.all_gather_gemm(x, w, mesh=mesh, total_rows=M)
 mm_us = time_ranks(lambda: xa @ w, device=dev)
 
 sms = torch.cuda.get_device_properties(dev).multi_processor_count
-cfg, build = ag_op.kernel_plan(M, K, N, bf16, sms, R)   # the op's plan
+cfg, build = ag_op.kernel_plan(M, K, N, bf16, sms, R, et.ops.DEFAULT_PLAN)   # the op's plan
 graph = build()
 kernel = et.compile(graph, schedule="static", target="cuda", trace=True)
 kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages

@@ -71,7 +71,8 @@ for what, replay in cases.items():
         for rank, (period, rows) in enumerate(everyone):
             show(what, rank, period, rows)
 
-cfg, splits, _, build = op.kernel_plan(M, K, N, x.dtype, op._sm_count(mesh.device.index), mesh.world_size)
+cfg, splits, _, build = op.kernel_plan(M, K, N, x.dtype, op.sm_count(mesh.device.index), mesh.world_size,
+                                       et.ops.DEFAULT_PLAN)
 kernel = et.compile(build(), schedule="static", target="cuda", trace=True)
 kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
 traced = B.graphed(lambda i: kernel(mesh, x=x, w=ws[i])["y"], 4, mesh.device)

@@ -34,7 +34,7 @@ up_us = time_ranks(lambda: xa @ wgu, device=dev)
 down_us = time_ranks(lambda: h @ wd, device=dev)
 
 sms = torch.cuda.get_device_properties(dev).multi_processor_count
-cfg, build, sizes = mlp_op.kernel_plan(M, H, I, bf16, sms, R)   # the op's plan
+cfg, build, sizes = mlp_op.kernel_plan(M, H, I, bf16, sms, R, et.ops.DEFAULT_PLAN)   # the op's plan
 down_n = build.keywords.get("down_n", cfg.block_n)
 graph = build()
 kernel = et.compile(graph, schedule="static", target="cuda", trace=True)

@@ -3,12 +3,12 @@ fixed grid of cells (op x shape x M), each plan variant of ours against cuBLAS+N
 a CUDA graph), alternated in one process, then every cell compared with the last committed records.
 
     torchrun --nproc_per_node=2 launch/regress.py                       # the regression grid
-    torchrun --nproc_per_node=2 launch/regress.py --ops gemm_rs --models qwen3_8b --ms 1024 \
-        --variants "base;FUSE_OWN=0"                                    # a two-GPU A/B of a plan change
+    torchrun --nproc_per_node=2 launch/regress.py --ops ag_gemm,mlp --models qwen3_8b --ms 129,160,256 \
+        --variants "base;whole_max_m=256"                               # a two-GPU A/B of a plan change
 
-A variant sets module attributes of the ops' plan modules (etdist.ops.gemm_rs / ag_gemm / mlp,
-etdist.kernels.gemm_tiles; `NAME=value` joined by `+`; `base` is the tree as it is) while its
-contender runs, with the plan caches cleared around it and its own compiled kernels. Every variant
+A variant is a PlanConfig override (`field=value` joined by `+`, etdist.ops.PlanConfig.override;
+`base` is DEFAULT_PLAN) that its contender passes to the op as `config=`: its own plans and compiled
+kernels beside the others', nothing patched. Every variant
 is checked against a float32 reference (its output written over NaN) before anything is timed, and
 its CUDA-graph replay against its eager call. Each round times every contender once (a barrier,
 warm-up, 2 batches of back-to-back calls sized to ~2 ms, weights rotated over 4 copies), the
@@ -26,6 +26,7 @@ of the same cell there is printed, and a short table closes the run.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import statistics
@@ -34,66 +35,21 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
-from etdist.kernels import gemm_tiles
 from etdist.bench.measure import baselines as B
 from etdist.bench.measure import records
 from etdist.bench.measure.shapes import MLP_SHAPES
 from etdist.bench.measure.timing import _per_call, slowest_rank, turns
-from etdist.ops import ag_gemm as ag_gemm_op
-from etdist.ops import gemm_rs as gemm_rs_op
-from etdist.ops import mlp as mlp_op
 
 COPIES = 4
-MODULES = {"gemm_rs": (gemm_rs_op, gemm_tiles), "ag_gemm": (ag_gemm_op, gemm_rs_op, gemm_tiles),
-           "mlp": (mlp_op, ag_gemm_op, gemm_rs_op, gemm_tiles),
-           "mlp_replicated": (mlp_op, ag_gemm_op, gemm_rs_op, gemm_tiles)}
 # the dense M sweep: decode, ragged and round sizes, up to a long prefill
 DEFAULT_MS = [16, 128, 129, 160, 192, 256, 320, 384, 511, 640, 768, 896, 1000, 1024, 1536, 2048, 2500, 3072,
               4096, 6144, 8192]
 
 
-def variant(text: str) -> dict:
-    """`A=1+B=2` -> {"A": "1", "B": "2"}; `base` -> {}."""
-    return {k: v for k, _, v in (p.partition("=") for p in text.split("+") if p and p != "base")}
-
-
-def converted(current, text: str):
-    if isinstance(current, gemm_rs_op.TileConfig):
-        return gemm_rs_op.TileConfig.parse(text)
-    if isinstance(current, bool):
-        return bool(int(text))
-    return type(current)(float(text) if isinstance(current, float) else int(text))
-
-
-class patched:
-    """The plan modules' attributes set to a variant's values inside the block, plan caches cleared,
-    and the variant's own kernel caches (the ops key their kernels on the plan's build arguments)."""
-
-    kernels: dict = {}
-
-    def __init__(self, op: str, text: str):
-        self.modules, self.values, self.key, self.saved = MODULES[op], variant(text), text, []
-
-    def __enter__(self):
-        for module in self.modules:
-            if hasattr(module, "_KERNELS"):
-                own = self.kernels.setdefault((module.__name__, self.key), {})
-                self.saved.append((module, "_KERNELS", module._KERNELS))
-                module._KERNELS = own
-        for k, v in self.values.items():
-            module = next((m for m in self.modules if hasattr(m, k)), None)
-            if module is None:
-                raise AttributeError(f"variant {self.key!r}: none of {[m.__name__ for m in self.modules]} has {k}")
-            self.saved.append((module, k, getattr(module, k)))
-            setattr(module, k, converted(getattr(module, k), v))
-        et.ops.clear_plan_caches()
-        return self
-
-    def __exit__(self, *exc):
-        for module, k, v in reversed(self.saved):
-            setattr(module, k, v)
-        self.saved = []
-        et.ops.clear_plan_caches()
+def variants(text: str) -> dict:
+    """`base;whole_max_m=256` -> {"base": DEFAULT_PLAN, "whole_max_m=256": its PlanConfig}: every
+    variant parsed (and a bad one refused) before anything runs."""
+    return {v: et.ops.DEFAULT_PLAN.override(v) for v in text.split(";") if v}
 
 
 def chunk(M: int, world: int, rank: int) -> tuple[int, int]:
@@ -112,8 +68,9 @@ def gather_rows(x: torch.Tensor, M: int, world: int) -> torch.Tensor:
 
 
 def cell(op: str, mesh, H: int, I: int, M: int):
-    """(ours: step(i, out=None) on weight copy i, this rank's float32 reference of copy 0, output
-    shape, baselines' Measured, floor args): the operands as etdist.bench.gpu's cells make them."""
+    """(ours: step(i, out=None, config=DEFAULT_PLAN) on weight copy i, this rank's float32 reference
+    of copy 0, output shape, baselines' Measured, floor args): the operands as etdist.bench.gpu's
+    cells make them."""
     R, dev, rank = mesh.world_size, mesh.device, mesh.rank
     lo, hi = chunk(M, R, rank)
     if op == "gemm_rs":
@@ -121,14 +78,16 @@ def cell(op: str, mesh, H: int, I: int, M: int):
         x = ops.x[:M].contiguous()
         ref = x.float() @ ops.weights[0].float()
         dist.all_reduce(ref)
-        step = lambda i, out=None: et.ops.gemm_reduce_scatter(x, ops.weights[i], mesh=mesh, out=out)  # noqa: E731
+        step = lambda i, out=None, config=None: et.ops.gemm_reduce_scatter(  # noqa: E731
+            x, ops.weights[i], mesh=mesh, out=out, config=config)
         base = B.baseline_fns(op, M, I // R, H, copies=COPIES, device=dev, symm_mem=False, operands=ops)
         return step, ref[lo:hi], (hi - lo, H), base, (M, I, H)
     if op == "ag_gemm":
         ops = B.ag_gemm_operands(M, H, 2 * I // R, copies=COPIES, device=dev)
         x = ops.x[:hi - lo].contiguous()
         ref = gather_rows(x, M, R) @ ops.weights[0].float()
-        step = lambda i, out=None: et.ops.all_gather_gemm(x, ops.weights[i], mesh=mesh, total_rows=M, out=out)  # noqa: E731
+        step = lambda i, out=None, config=None: et.ops.all_gather_gemm(  # noqa: E731
+            x, ops.weights[i], mesh=mesh, total_rows=M, out=out, config=config)
         base = B.baseline_fns(op, M, H, 2 * I // R, copies=COPIES, device=dev, symm_mem=False, operands=ops)
         return step, ref, (M, 2 * I // R), base, (M, H, 2 * I)
     seq = op == "mlp"
@@ -136,8 +95,9 @@ def cell(op: str, mesh, H: int, I: int, M: int):
     x = ops.x[:hi - lo].contiguous() if seq else ops.x
     full = B.swiglu((gather_rows(x, M, R) if seq else x.float()) @ ops.gate_up[0].float()) @ ops.down[0].float()
     dist.all_reduce(full)
-    step = lambda i, out=None: et.ops.tensor_parallel_mlp(  # noqa: E731
-        x, ops.gate_up[i], ops.down[i], mesh=mesh, total_rows=M if seq else None, sequence_parallel=seq, out=out)
+    step = lambda i, out=None, config=None: et.ops.tensor_parallel_mlp(  # noqa: E731
+        x, ops.gate_up[i], ops.down[i], mesh=mesh, total_rows=M if seq else None, sequence_parallel=seq, out=out,
+        config=config)
     base = B.baseline_fns(op, M, H, I // R, copies=COPIES, device=dev, symm_mem=False, operands=ops)
     return step, (full[lo:hi] if seq else full), ((hi - lo) if seq else M, H), base, (M, H, I)
 
@@ -155,18 +115,13 @@ def max_over_ranks(v: float, dev) -> float:
 
 
 def timed(contenders: dict, dev, rounds: int, est_us: float) -> dict:
-    """us per call of each contender (name -> (zero-arg call, variant or None, op)), rounds of
-    turning order, each a barrier, 2 warm-ups and 2 batches of ~2 ms; the slower rank's median."""
+    """us per call of each contender (name -> zero-arg call), rounds of turning order, each a
+    barrier, 2 warm-ups and 2 batches of ~2 ms; the slower rank's median."""
     calls = max(3, min(20, round(2000 / max(est_us, 1.0))))
     samples = {n: [] for n in contenders}
     for order in turns(list(contenders), rounds):
         for n in order:
-            fn, var, op = contenders[n]
-            if var is None:
-                samples[n] += _per_call(fn, calls=calls, batches=2, warmup=2, barrier=dist.barrier, device=dev)
-            else:
-                with patched(op, var):
-                    samples[n] += _per_call(fn, calls=calls, batches=2, warmup=2, barrier=dist.barrier, device=dev)
+            samples[n] += _per_call(contenders[n], calls=calls, batches=2, warmup=2, barrier=dist.barrier, device=dev)
     return {n: slowest_rank(statistics.median(s)) for n, s in samples.items()}
 
 
@@ -191,17 +146,19 @@ def main():
     ap.add_argument("--ops", default="gemm_rs,ag_gemm,mlp")
     ap.add_argument("--models", default=",".join(MLP_SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, DEFAULT_MS)))
-    ap.add_argument("--variants", default="base", help="';'-separated, e.g. 'base;FUSE_OWN=0'")
+    ap.add_argument("--variants", default="base",
+                    help="';'-separated PlanConfig overrides, e.g. 'base;whole_max_m=256'")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--against", default="bench/results")
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/regress"))
     ap.add_argument("--notes", default="")
     args = ap.parse_args()
+    configs = variants(args.variants)
     dist.init_process_group("cpu:gloo,cuda:nccl")
     mesh = et.init_mesh()
     dev, lead = mesh.device, mesh.rank == 0
-    names = args.variants.split(";")
+    names = list(configs)
     env = records.env_info()
     ceil = B.measure_ceilings(dev)
     ceil = B.Ceilings(copy_TBps=-slowest_rank(-ceil.copy_TBps), mm_TFps=-slowest_rank(-ceil.mm_TFps))
@@ -218,23 +175,22 @@ def main():
                 step, ref, shape, base, fl = cell(op, mesh, H, I, M)
                 contenders, errs, good = {}, {}, []
                 for v in names:
-                    with patched(op, v):
-                        out = torch.full(shape, float("nan"), device=dev, dtype=torch.bfloat16)
-                        got = step(0, out=out)
-                        errs[v] = max_over_ranks(rel_err(got, ref), dev)   # every rank sees the same
-                        replay = B.graphed(step, COPIES, dev)
-                        g_err = max_over_ranks(rel_err(replay(), step(0).float()), dev)
+                    ours = functools.partial(step, config=configs[v])
+                    out = torch.full(shape, float("nan"), device=dev, dtype=torch.bfloat16)
+                    got = ours(0, out=out)
+                    errs[v] = max_over_ranks(rel_err(got, ref), dev)   # every rank sees the same
+                    replay = B.graphed(ours, COPIES, dev)
+                    g_err = max_over_ranks(rel_err(replay(), ours(0).float()), dev)
                     if not (errs[v] < 2e-2 and g_err < 1e-3):   # reported and left out, never timed
                         if lead:
                             print(f"WRONG {op} {model} M={M} variant {v}: rel err {errs[v]:.1e}, "
                                   f"graph replay against eager {g_err:.1e}", flush=True)
                         continue
                     good.append(v)
-                    contenders[f"ours[{v}]"] = (B.rotating(step, COPIES), v, op)
-                    contenders[f"graph[{v}]"] = (replay, None, op)
-                for n, fn in base.fns.items():
-                    contenders[n] = (fn, None, op)
-                est = _per_call(contenders["eager"][0], calls=3, batches=1, warmup=1, barrier=dist.barrier,
+                    contenders[f"ours[{v}]"] = B.rotating(ours, COPIES)
+                    contenders[f"graph[{v}]"] = replay
+                contenders.update(base.fns)
+                est = _per_call(contenders["eager"], calls=3, batches=1, warmup=1, barrier=dist.barrier,
                                 device=dev)[0]
                 t = timed(contenders, dev, args.rounds, slowest_rank(est))
                 floor = B.floor_us(*fl, mesh.world_size, ceil.copy_TBps, ceil.mm_TFps, workload=op)

@@ -12,15 +12,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_op_plans():
-    """Tests patch the ops' plan knobs (module attributes): no cached plan outlives a test."""
-    yield
-    import sys
-    if "etdist.ops" in sys.modules:
-        sys.modules["etdist.ops"].clear_plan_caches()
-
-
 def ranks_env(world: int) -> dict:
     """The environment of a `world`-rank GPU test run here: one rank per GPU where there are enough;
     else the ranks share the GPUs (init_mesh(share_gpu=True): NVSHMEM's multi-process-per-GPU mode,

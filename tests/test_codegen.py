@@ -75,7 +75,7 @@ def test_aligned_gemm_tiles_load_through_tma(build):
 
 @pytest.mark.parametrize("build", ["ag_gemm", "mlp", "mlp_replicated_swap", "gemm_rs_tail"])
 def test_row_pointer_tiles_load_weights_through_tma_and_rows_through_pointers(build):
-    """row_pointers (the plans' choice where a row tile's box would run far past the rows: ops.gemm_rs.
+    """row_pointers (the plans' choice where a row tile's box would run far past the rows: ops.common.
     row_pointers): the weights still load through descriptors, the rows through masked cp.async (the
     swapped tile transposes the rows it loaded). test_op_megakernels_do_not_spill compiles the ops'
     row-pointer kernels too."""
@@ -325,21 +325,22 @@ def _spill_bytes(ptx: str) -> int:
 def _op_kernels():
     """(name, graph, warps, stages) of the kernels the fused ops and nn.MoE compile, bf16, aligned."""
     from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op, mlp as mlp_op
+    from etdist.ops.common import DEFAULT_PLAN as P
     from etdist.workloads import moe
     bf = torch.bfloat16
-    # every size class (256: LARGE tiles in contraction slices; 129: rows through pointers)
+    # every size class (256: large tiles in contraction slices; 129: rows through pointers)
     for M in (16, 64, 128, 129, 256, 8192):
-        cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132)
+        cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132, 2, P)
         yield f"gemm_rs M={M}", build, cfg.num_warps, cfg.num_stages
-    # a decode candidate of experiments/tune_decode.py's A/B
+    # a decode candidate (a 16-row skinny class, swapped)
     yield "gemm_rs skinny swap 16x128x128", \
         lambda: gemm_rs.gemm_reduce_scatter_skinny(16, 128, bf, 128, 4, 16, swap_ab=True), 4, 6
-    L, T = rs_op.LARGE, mlp_op.TILES
-    # ETDIST_GEMM_RS_SPLIT_TAIL's graph: two matmul bodies (whole tiles, slices) in one kernel
+    L, T = P.large, P.mlp_tiles
+    # the tail plan's graph: two matmul bodies (whole tiles, slices) in one kernel
     yield "gemm_rs tail", lambda: gemm_rs.gemm_reduce_scatter(L.block_m, L.block_n, bf, L.block_k, 16, splits=4, wave=132), \
         L.num_warps, L.num_stages
     for M in (16, 64, 128):   # every whole-gather class of each op, as the ops build them
-        A, W = ag_op.whole_tile("all_gather_gemm", M), ag_op.whole_tile("tensor_parallel_mlp", M)
+        A, W = ag_op.whole_tile("all_gather_gemm", M, P), ag_op.whole_tile("tensor_parallel_mlp", M, P)
         yield f"ag_gemm_whole M={M}", functools.partial(ag_gemm.all_gather_gemm_whole, A.block_m, A.block_n, bf,
                                                         A.block_k, 16, swap_ab=A.swap_ab), A.num_warps, A.num_stages
         yield f"mlp_whole M={M}", functools.partial(mlp.tp_mlp_whole, W.block_m, W.block_n, bf, W.block_k, 16,
@@ -358,28 +359,28 @@ def _op_kernels():
         yield f"mlp_whole M={M} narrow", functools.partial(mlp.tp_mlp_whole, W.block_m, W.block_n, bf, W.block_k, 16,
                                                            down_splits=4, up_n=ag_op.WHOLE_MIN_N, swap_ab=W.swap_ab), \
             W.num_warps, W.num_stages
-    own = dict(own_from_x=ag_op.OWN_FROM_X)   # above 128 rows, as the ops build them
+    own = dict(own_from_x=True)   # above 128 rows, as the ops build them
     yield "ag_gemm", lambda: ag_gemm.all_gather_gemm(L.block_m, L.block_n, bf, L.block_k, 16, **own), L.num_warps, \
         L.num_stages
-    A = ag_op.LARGE_NARROW   # above 128 rows where LARGE tiles leave a ragged last wave
+    A = P.large_narrow   # above 128 rows where the large tiles leave a ragged last wave
     yield "ag_gemm narrow", lambda: ag_gemm.all_gather_gemm(A.block_m, A.block_n, bf, A.block_k, 16, **own), \
         A.num_warps, A.num_stages
-    yield "mlp", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, **own), T.num_warps, \
+    yield "mlp", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=P.mlp_down_n, **own), T.num_warps, \
         T.num_stages
-    yield "mlp tail", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, tail_splits=3,
+    yield "mlp tail", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=P.mlp_down_n, tail_splits=3,
                                          **own), T.num_warps, T.num_stages
-    yield "mlp rows", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N, tail_splits=3,
+    yield "mlp rows", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=P.mlp_down_n, tail_splits=3,
                                          row_pointers=True, padded=True), T.num_warps, T.num_stages
-    yield "mlp padded own", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=mlp_op.DOWN_N,
+    yield "mlp padded own", lambda: mlp.tp_mlp(T.block_m, T.block_n, bf, T.block_k, 16, down_n=P.mlp_down_n,
                                                tail_splits=3, padded=True, **own), T.num_warps, T.num_stages
     yield "ag_gemm narrow rows", lambda: ag_gemm.all_gather_gemm(A.block_m, A.block_n, bf, A.block_k, 16,
                                                                  row_pointers=True, **own), A.num_warps, A.num_stages
     # the plans at M = 129 on two ranks: the sources' (owners') tiles side by side
-    # (ops.gemm_rs.INTERLEAVE_SOURCES); gemm_rs in 2 slices (llama31_70b) and whole (gpt3_175b)
-    for name, (cfg, build) in (("ag_gemm interleaved", ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2)),
-                               ("mlp interleaved", mlp_op.kernel_plan(129, 8192, 14336, bf, 132, 2)[:2]),
-                               ("gemm_rs interleaved", rs_op.kernel_plan(129, 14336, 8192, bf, 132, 2)[::3]),
-                               ("gemm_rs interleaved whole", rs_op.kernel_plan(129, 24576, 12288, bf, 132, 2)[::3])):
+    # (ops.common.interleave_sources); gemm_rs in 2 slices (llama31_70b) and whole (gpt3_175b)
+    for name, (cfg, build) in (("ag_gemm interleaved", ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2, P)),
+                               ("mlp interleaved", mlp_op.kernel_plan(129, 8192, 14336, bf, 132, 2, P)[:2]),
+                               ("gemm_rs interleaved", rs_op.kernel_plan(129, 14336, 8192, bf, 132, 2, P)[::3]),
+                               ("gemm_rs interleaved whole", rs_op.kernel_plan(129, 24576, 12288, bf, 132, 2, P)[::3])):
         assert build.keywords["interleave"], name
         yield name, build, cfg.num_warps, cfg.num_stages
     # nn.MoE's decode-size class (Qwen3-30B-A3B's top-8 of 128). Its combine's [64, 256]

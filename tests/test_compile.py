@@ -129,3 +129,26 @@ def test_a_call_whose_result_goes_unused_still_runs(mesh):
             assert len(calls) == 1, backend
     finally:
         lib._destroy()   # the module's stand-in is the kernel again
+
+
+
+def test_another_plan_config_is_refused_under_compile(mesh):
+    """A compiled node carries no PlanConfig: an op traced with another config is refused, naming
+    it, before it runs (Dynamo breaks the graph there and the refusal reaches the caller; with
+    fullgraph=True, where a graph break is an error, Dynamo's). The default itself, or none, compiles."""
+    w = torch.randn(16, 8)
+    wide = et.ops.DEFAULT_PLAN.override("whole_max_m=256")
+
+    def f(h, config):
+        return et.ops.gemm_reduce_scatter(h, w, mesh=mesh, config=config) * 2
+
+    for config in (None, et.ops.DEFAULT_PLAN):
+        torch._dynamo.reset()
+        assert torch.compile(f, fullgraph=True, backend="aot_eager")(torch.randn(6, 16), config).shape == (3, 8)
+    torch._dynamo.reset()
+    with pytest.raises(et.InputError, match="et.ops.gemm_reduce_scatter under torch.compile runs the default plan "
+                                            "only; got config with whole_max_m=256"):
+        torch.compile(f, backend="aot_eager")(torch.randn(6, 16), wide)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(torch.randn(6, 16), wide)

@@ -2,7 +2,6 @@
 rank raise before anything launches (a fake mesh stands in for the ranks' host exchange)."""
 import dataclasses
 import math
-import subprocess
 
 import pytest
 import torch
@@ -11,7 +10,10 @@ import etdist as et
 from etdist.fusion.bind import MapTable
 from etdist.fusion.cuda_runtime import CudaKernel
 from etdist.mesh.stream_order import StreamOrder
+from etdist.ops.common import DEFAULT_PLAN
 from etdist.workloads import gemm_rs
+
+P = DEFAULT_PLAN   # the plans' config, as the ops take it by default
 
 
 class FakeComm:
@@ -104,7 +106,7 @@ def test_cpu_mesh_is_refused(kernel):
 
 
 def test_op_operand_checks_before_launch():
-    from etdist.ops.gemm_rs import check_operands
+    from etdist.ops.common import check_operands
     mesh = FakeMesh([])
     x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
     assert check_operands("op", "g", x, w, mesh) is mesh
@@ -143,7 +145,7 @@ def test_no_rows_at_all_launches_nothing(monkeypatch):
     def planned(*a):
         raise Planned
     monkeypatch.setattr(ag_op, "kernel_plan", planned)
-    monkeypatch.setattr(ag_op, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(ag_op, "sm_count", lambda index: 132)
     with pytest.raises(Planned):   # 2 ranks, no total_rows: 0 rows here may be a ragged M < 2, the kernel's agreement decides
         et.ops.all_gather_gemm(none, w, mesh=mesh)
     y = et.ops.tensor_parallel_mlp(none, w, wd, mesh=mesh, total_rows=0)
@@ -191,14 +193,14 @@ def test_replicated_mlp_without_rows_or_with_many(monkeypatch):
     launches of that many rows into slices of one y, and a wrong `out` is refused before any."""
     import etdist.ops.mlp as mlp_op
     monkeypatch.setattr(mlp_op, "cached_kernel", lambda *a: pytest.fail("built a kernel"))
-    monkeypatch.setattr(mlp_op, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(mlp_op, "sm_count", lambda index: 132)
     mesh, bf = FakeMesh([]), torch.bfloat16
     w_gate_up, w_down = torch.randn(16, 64, dtype=bf), torch.randn(32, 16, dtype=bf)
     y = et.ops.tensor_parallel_mlp(torch.randn(0, 16, dtype=bf), w_gate_up, w_down, mesh=mesh, sequence_parallel=False)
     assert y.shape == (0, 16)
     launches = []
 
-    def launch(plan, schedule, mesh, x, w_gate_up, w_down, out):
+    def launch(config, plan, schedule, mesh, x, w_gate_up, w_down, out):
         launches.append((plan[2]["M"], x.shape[0], out.shape[0], out.data_ptr()))
         return out
     monkeypatch.setattr(mlp_op, "_launch", launch)
@@ -382,24 +384,29 @@ def test_a_kernel_called_at_two_shapes_in_turn_prepares_each_once(monkeypatch):
 
 def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
     """slices x column tiles ~ tasks_per_sm x SMs, at least 1 slice and at most 8; the op's plan
-    takes the size class by M and the knob's tasks per SM."""
-    from etdist.ops.gemm_rs import (LARGE, SKINNY, SKINNY_32, SKINNY_128, fp32_config, kernel_plan,
-                                    skinny_splits, skinny_tasks_per_sm)
+    takes the size class by M and the config's tasks per SM."""
+    from etdist.ops.common import fp32_config
+    from etdist.ops.gemm_rs import kernel_plan, skinny_splits, skinny_tasks_per_sm
     assert skinny_splits(4096, 132, 64, 2) == 4            # 64 column tiles x 4 = 256 tasks on 132 SMs
     assert skinny_splits(4096, 132, 128, 1) == 4           # 32 x 4 = 128 tasks: one per SM
     assert skinny_splits(8192, 132, 128, 1) == 2
     assert skinny_splits(4608, 132, 128, 1) == 3           # 36 x 3 = 108: 4 would make 144, two waves
     assert skinny_splits(128, 132, 64, 2) == 8 and skinny_splits(1 << 20, 132, 64, 2) == 1
-    for M, want in ((1, SKINNY_32), (32, SKINNY_32), (33, SKINNY), (64, SKINNY), (65, SKINNY_128), (128, SKINNY_128)):
-        cfg, splits, align, _ = kernel_plan(M, 6144, 4096, torch.bfloat16, 132)
+    for M, want in ((1, P.skinny_32), (32, P.skinny_32), (33, P.skinny_64), (64, P.skinny_64), (65, P.skinny_128),
+                    (128, P.skinny_128)):
+        cfg, splits, align, _ = kernel_plan(M, 6144, 4096, torch.bfloat16, 132, 2, P)
         assert cfg is want and align == 16
-        assert splits == skinny_splits(4096, 132, want.block_n, skinny_tasks_per_sm(want))
+        assert splits == skinny_splits(4096, 132, want.block_n, skinny_tasks_per_sm(want, P))
     # fp32 halves the contraction step but keeps its class's tasks per SM
-    cfg, splits, _, build = kernel_plan(16, 6144, 4096, torch.float32, 132)
-    assert cfg == fp32_config(SKINNY_32) and cfg.swap_ab and splits == skinny_splits(4096, 132, 128, skinny_tasks_per_sm(SKINNY_32))
+    cfg, splits, _, build = kernel_plan(16, 6144, 4096, torch.float32, 132, 2, P)
+    assert cfg == fp32_config(P.skinny_32) and cfg.swap_ab and \
+        splits == skinny_splits(4096, 132, 128, skinny_tasks_per_sm(P.skinny_32, P))
     assert build().name.startswith("gemm_rs")
-    cfg, splits, align, build = kernel_plan(8192, 6000, 4095, torch.float32, 132)
-    assert cfg == fp32_config(LARGE) and splits == 1 and align == 1 and build().name == "gemm_rs"
+    cfg, splits, align, build = kernel_plan(8192, 6000, 4095, torch.float32, 132, 2, P)
+    assert cfg == fp32_config(P.large) and splits == 1 and align == 1 and build().name == "gemm_rs"
+    # the config's aim replaces one task per program for every class
+    two = P.override("skinny_tasks_per_sm=2")
+    assert kernel_plan(16, 6144, 4096, torch.bfloat16, 132, 2, two)[1] == skinny_splits(4096, 132, 128, 2)
 
 
 def test_large_graph_plans_split_k_by_waves_and_weight_traffic():
@@ -410,7 +417,9 @@ def test_large_graph_plans_split_k_by_waves_and_weight_traffic():
     once per owner, take longer than the whole tiles' single wave: slicing only adds partials (the
     owners' tiles side by side read them once: 4 slices). Many waves (M=8192) or full ones
     (llama31_70b at 1024: 256 tiles): whole tiles."""
-    from etdist.ops.gemm_rs import LARGE, HBM_TBS, REDUCE_WAVE_US, SM_TFLOPS, TASK_US, kernel_plan, large_plan, plan_cost
+    from etdist.ops.common import SM_TFLOPS
+    from etdist.ops.gemm_rs import HBM_TBS, REDUCE_WAVE_US, TASK_US, kernel_plan, large_plan, plan_cost
+    LARGE = P.large
     tile_us = 2 * 128 * 256 * 18432 / (SM_TFLOPS * 1e6)
     assert plan_cost(1024, 18432, 4608, 2, 132, LARGE) == 2 * (tile_us + TASK_US)  # compute-bound: 2 waves
     assert plan_cost(1024, 18432, 4608, 2, 132, LARGE, 4) == 5 * (tile_us / 4 + TASK_US) + 2 * REDUCE_WAVE_US
@@ -424,46 +433,49 @@ def test_large_graph_plans_split_k_by_waves_and_weight_traffic():
     for M, K, N, want, interleaved in ((1024, 18432, 4608, 4, 4), (1000, 12800, 5120, 4, 4), (256, 14336, 8192, 2, 2),
                                        (256, 24576, 12288, 1, 4), (1024, 6144, 4096, 1, 1), (1024, 14336, 8192, 1, 1),
                                        (8192, 18432, 4608, 1, 1)):
-        assert large_plan(M, K, N, 2, 132) == want, (M, K, N)
-        assert large_plan(M, K, N, 2, 132, interleave=True) == interleaved, (M, K, N)
-        cfg, splits, _, build = kernel_plan(M, K, N, torch.bfloat16, 132, world=2)   # interleaved at M <= 256
+        assert large_plan(M, K, N, 2, 132, P) == want, (M, K, N)
+        assert large_plan(M, K, N, 2, 132, P, interleave=True) == interleaved, (M, K, N)
+        cfg, splits, _, build = kernel_plan(M, K, N, torch.bfloat16, 132, 2, P)   # interleaved at M <= 256
         want = interleaved if M <= 256 else want
         g = build()
         assert (cfg, splits, g.name) == (LARGE, want, "gemm_rs")
         assert dict(next(t for t in g.to_ir().tasks if t.name == "matmul").constexprs)["SPLITS"] == want
 
 
-def test_split_k_knob_reaches_the_plan():
-    """ETDIST_GEMM_RS_MAX_SPLITS=1 keeps every LARGE tile whole, as before the split."""
-    code = ("import torch\nfrom etdist.ops import gemm_rs as op\n"
-            "for M, K, N in ((256, 6144, 4096), (1024, 18432, 4608), (1024, 6144, 4096)):\n"
-            "    cfg, s, _, _ = op.kernel_plan(M, K, N, torch.bfloat16, 132, world=2)\n"
-            "    print(M, cfg.block_n, s)")
-    assert _probe_lines(code, ETDIST_GEMM_RS_MAX_SPLITS="1") == [["256", "256", "1"], ["1024", "256", "1"],
-                                                                  ["1024", "256", "1"]]
-    assert _probe_lines(code) == [["256", "256", "4"], ["1024", "256", "4"], ["1024", "256", "1"]]
+def test_max_splits_reaches_the_plan():
+    """PlanConfig.max_splits=1 keeps every large tile whole; the plan caches key on the config, so
+    both plans stand side by side."""
+    from etdist.ops import gemm_rs as op
+
+    def plans(config):
+        return [(M, op.kernel_plan(M, K, N, torch.bfloat16, 132, 2, config)[0].block_n,
+                 op.kernel_plan(M, K, N, torch.bfloat16, 132, 2, config)[1])
+                for M, K, N in ((256, 6144, 4096), (1024, 18432, 4608), (1024, 6144, 4096))]
+    assert plans(P) == [(256, 256, 4), (1024, 256, 4), (1024, 256, 1)]
+    assert plans(P.override("max_splits=1")) == [(256, 256, 1), (1024, 256, 1), (1024, 256, 1)]
+    assert plans(P) == [(256, 256, 4), (1024, 256, 4), (1024, 256, 1)]
 
 
 def test_tail_plan_splits_only_the_last_waves_tiles():
-    """ETDIST_GEMM_RS_SPLIT_TAIL=1: the tiles that fill whole waves run whole and the rest in slices.
+    """The tail plan: the tiles that fill whole waves run whole and the rest in slices.
     gemma2_27b at M=1024: 144 tiles on 132 SMs, 12 left, 4 slices (48 tasks); qwen3_32b: 160, 28 left,
     4 slices (112). gpt3_175b at M=4096: 1536 tiles, 84 left: 3 slices, two waves of thirds (2 slices
     make two waves of halves). 100 left: whole (no slicing shortens that last wave). Fewer tiles
     than SMs: large_plan's roofline (gpt3_175b at M=256 stays whole: the weights bound it)."""
     from etdist.ops.gemm_rs import large_plan, tail_plan
-    assert tail_plan(1024, 18432, 4608, 2, 132) == 4 and tail_plan(1000, 12800, 5120, 2, 132) == 4
-    assert tail_plan(8192, 6144, 4096, 2, 132) == 1                    # 1024 tiles: 100 left of 132
-    assert tail_plan(4096, 24576, 12288, 2, 132) == 3                  # 1536 tiles: 84 left, 3 slices
-    assert tail_plan(2048, 18432, 4608, 2, 132) == 4                   # 288 tiles: 24 left
-    assert tail_plan(2048, 18432, 4608, 2, 144) == 1                   # 288 tiles: two whole waves
+    assert tail_plan(1024, 18432, 4608, 2, 132, P) == 4 and tail_plan(1000, 12800, 5120, 2, 132, P) == 4
+    assert tail_plan(8192, 6144, 4096, 2, 132, P) == 1                    # 1024 tiles: 100 left of 132
+    assert tail_plan(4096, 24576, 12288, 2, 132, P) == 3                  # 1536 tiles: 84 left, 3 slices
+    assert tail_plan(2048, 18432, 4608, 2, 132, P) == 4                   # 288 tiles: 24 left
+    assert tail_plan(2048, 18432, 4608, 2, 144, P) == 1                   # 288 tiles: two whole waves
     for M, K, N in ((256, 24576, 12288), (256, 6144, 4096), (129, 18432, 4608)):
-        assert tail_plan(M, K, N, 2, 132) == large_plan(M, K, N, 2, 132)
+        assert tail_plan(M, K, N, 2, 132, P) == large_plan(M, K, N, 2, 132, P)
     # the partials [2 x slices, M / 2, N] stay within 1 GiB (NVSHMEM's heap is 4 GiB by default) and
     # int32 offsets (found by review: llama31_405b's shape at M=32800 took 4.3 GB in 4 slices)
-    from etdist.ops.gemm_rs import slices_that_fit
+    from etdist.ops.common import slices_that_fit
     assert slices_that_fit(8192, 16384, 2, 2, 4) == 4 and slices_that_fit(16384, 16384, 2, 2, 4) == 2
     assert slices_that_fit(32800, 16384, 2, 2, 4) == 1 and slices_that_fit(32800, 16384, 2, 4, 4) == 1
-    assert tail_plan(8192, 26624, 16384, 2, 132) == 4 and tail_plan(32800, 26624, 16384, 2, 132) == 1
+    assert tail_plan(8192, 26624, 16384, 2, 132, P) == 4 and tail_plan(32800, 26624, 16384, 2, 132, P) == 1
 
 
 def test_chosen_plan_weighs_each_tasks_fixed_cost_and_the_reduce():
@@ -474,28 +486,26 @@ def test_chosen_plan_weighs_each_tasks_fixed_cost_and_the_reduce():
     of a wave: qwen3_8b at M=2560 (56 of 320 left, 2 slices, 0.92x), llama31_405b at M=6144 (36 of
     3072 left, 3 slices, 0.95x); gemma2_27b at M=1024 keeps its 4 (0.68x the whole tiles' time)."""
     from etdist.ops.gemm_rs import chosen_plan, kernel_plan
-    assert chosen_plan(768, 6144, 4096, 1, 132) == (1, 0) and chosen_plan(768, 6144, 4096, 2, 132) == (1, 0)
-    assert chosen_plan(2048, 7168, 3584, 2, 132) == (1, 0)
-    assert chosen_plan(2560, 6144, 4096, 2, 132) == (2, 132)
-    assert chosen_plan(6144, 26624, 16384, 2, 132) == (3, 132)
-    assert chosen_plan(1024, 18432, 4608, 2, 132) == (4, 132)
-    assert chosen_plan(512, 6144, 4096, 2, 132)[0] > 1                 # 64 tiles: slices still pay
-    _, splits, _, build = kernel_plan(768, 6144, 4096, torch.bfloat16, 132, world=2)
+    assert chosen_plan(768, 6144, 4096, 1, 132, P) == (1, 0) and chosen_plan(768, 6144, 4096, 2, 132, P) == (1, 0)
+    assert chosen_plan(2048, 7168, 3584, 2, 132, P) == (1, 0)
+    assert chosen_plan(2560, 6144, 4096, 2, 132, P) == (2, 132)
+    assert chosen_plan(6144, 26624, 16384, 2, 132, P) == (3, 132)
+    assert chosen_plan(1024, 18432, 4608, 2, 132, P) == (4, 132)
+    assert chosen_plan(512, 6144, 4096, 2, 132, P)[0] > 1                 # 64 tiles: slices still pay
+    _, splits, _, build = kernel_plan(768, 6144, 4096, torch.bfloat16, 132, 2, P)
     assert splits == 1 and build.keywords["wave"] == 0
 
 
-def test_split_tail_knob_builds_the_wave_graph():
-    """The tail plan (default): where large_plan slices every tile but the tiles fill a wave
-    (gemma2_27b at M=1024: 144 tiles), the graph gets the SM count as its wave and slices only the
-    tail; whole plans (M=8192) and fewer tiles than SMs (M=256: 32 tiles) keep large_plan's graph.
-    ETDIST_GEMM_RS_SPLIT_TAIL=0: every tile in large_plan's slices, as before."""
-    code = ("import torch\nfrom etdist.ops import gemm_rs as op\n"
-            "for M, K, N in ((1024, 18432, 4608), (8192, 6144, 4096), (256, 6144, 4096)):\n"
-            "    cfg, s, _, b = op.kernel_plan(M, K, N, torch.bfloat16, 132, world=2)\n"
-            "    print(M, s, b.keywords.get('wave', 0), len(b().to_ir().tasks))")
-    assert _probe_lines(code) == [["1024", "4", "132", "3"], ["8192", "1", "0", "2"], ["256", "4", "0", "2"]]
-    assert _probe_lines(code, ETDIST_GEMM_RS_SPLIT_TAIL="0") == [["1024", "4", "0", "2"], ["8192", "1", "0", "2"],
-                                                                 ["256", "4", "0", "2"]]
+def test_tail_plan_builds_the_wave_graph():
+    """Where large_plan slices every tile but the tiles fill a wave (gemma2_27b at M=1024: 144
+    tiles), the graph gets the SM count as its wave and slices only the tail; whole plans (M=8192)
+    and fewer tiles than SMs (M=256: 32 tiles) keep large_plan's graph."""
+    from etdist.ops import gemm_rs as op
+    got = []
+    for M, K, N in ((1024, 18432, 4608), (8192, 6144, 4096), (256, 6144, 4096)):
+        _, s, _, b = op.kernel_plan(M, K, N, torch.bfloat16, 132, 2, P)
+        got.append((M, s, b.keywords.get("wave", 0), len(b().to_ir().tasks)))
+    assert got == [(1024, 4, 132, 3), (8192, 1, 0, 2), (256, 4, 0, 2)]
 
 
 def test_skinny_classes_sum_narrow_column_tiles():
@@ -507,7 +517,7 @@ def test_skinny_classes_sum_narrow_column_tiles():
     widths = {}
     for N in (4096, 4608, 12288):
         for M in (1, 16, 64, 128):
-            cfg, _, _, build = op.kernel_plan(M, 6144, N, torch.bfloat16, 132, world=2)
+            cfg, _, _, build = op.kernel_plan(M, 6144, N, torch.bfloat16, 132, 2, P)
             reduce = next(t for t in build().to_ir().tasks if t.name == "reduce")
             assert build.keywords["reduce_n"] == dict(reduce.constexprs)["BLOCK_N"] and cfg.block_n == 128
             widths.setdefault(N, set()).add(build.keywords["reduce_n"])
@@ -522,13 +532,13 @@ def test_whole_tile_plans_keep_a_reduce_task():
     ce26af2), so that plan is gone."""
     from etdist.ops import gemm_rs as op
     for M in (1024, 8192):
-        _, splits, _, build = op.kernel_plan(M, 6144, 4096, torch.bfloat16, 132, world=2)
+        _, splits, _, build = op.kernel_plan(M, 6144, 4096, torch.bfloat16, 132, 2, P)
         names = [t.name for t in build().to_ir().tasks]
         assert splits == 1 and names == ["matmul", "reduce"] and "own_last" not in build.keywords
 
 
 def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
-    """The fused MLP's tail plan (ETDIST_MLP_TAIL_SPLITS=3): gemma2_27b at M=1024 deals 144 copies (to the peer only: own_from_x),
+    """The fused MLP's tail plan (mlp_tail_splits=3): gemma2_27b at M=1024 deals 144 copies (to the peer only: own_from_x),
     1152 gate/up tiles and 144 down tiles (each ~4x a gate/up tile's work) round-robin over 132
     programs, so 12 programs get a second down tile: its last 12 down tiles go in slices. qwen3_32b:
     160 down tiles, 36 sliced. Where the busiest program would gain less than MIN_GAIN (qwen3_8b,
@@ -536,17 +546,19 @@ def test_mlp_tail_plan_slices_where_down_tiles_leave_a_ragged_wave():
     128 and 112 down tiles; the model had sliced 48 and 32, which lost 3-10% on one H200). At most one
     owner's tiles; none with one slice."""
     from etdist.ops.mlp import tail_plan
-    assert tail_plan(1024, 4608, 18432, 2, 132, 3, own_from_x=True) == 12
-    assert tail_plan(1024, 4096, 7168, 2, 132, 3, own_from_x=True) == 0 and tail_plan(1000, 3584, 7168, 2, 132, 3, own_from_x=True) == 0
-    assert tail_plan(1000, 5120, 12800, 2, 132, 3, own_from_x=True) == 36
-    assert tail_plan(1024, 4096, 6144, 2, 132, 3, own_from_x=True) == 0 and tail_plan(1024, 8192, 14336, 2, 132, 3, own_from_x=True) == 0
-    assert tail_plan(1024, 4608, 18432, 2, 132, 1, own_from_x=True) == 0
+    assert tail_plan(1024, 4608, 18432, 2, 132, 3, P, own_from_x=True) == 12
+    assert tail_plan(1024, 4096, 7168, 2, 132, 3, P, own_from_x=True) == 0
+    assert tail_plan(1000, 3584, 7168, 2, 132, 3, P, own_from_x=True) == 0
+    assert tail_plan(1000, 5120, 12800, 2, 132, 3, P, own_from_x=True) == 36
+    assert tail_plan(1024, 4096, 6144, 2, 132, 3, P, own_from_x=True) == 0
+    assert tail_plan(1024, 8192, 14336, 2, 132, 3, P, own_from_x=True) == 0
+    assert tail_plan(1024, 4608, 18432, 2, 132, 1, P, own_from_x=True) == 0
     for M in (129, 300, 1000, 4096):
         rows = -(-M // 2)
-        assert 0 <= tail_plan(M, 4608, 18432, 2, 132, 3, own_from_x=True) <= -(-rows // 128) * 18
+        assert 0 <= tail_plan(M, 4608, 18432, 2, 132, 3, P, own_from_x=True) <= -(-rows // 128) * 18
     # the copies move the dealing: qwen3_8b's shape at M=2600 slices its last 88 down tiles only
-    # with the own rows' copies gone, at M=6700 its last 24 only with them (ETDIST_AG_GEMM_OWN_FROM_X=0)
-    assert [tail_plan(M, 4096, 6144, 2, 132, 3, own_from_x=own) for M in (2600, 6700) for own in (True, False)] == \
+    # with the own rows' copies gone, at M=6700 its last 24 only with them (own rows gathered too)
+    assert [tail_plan(M, 4096, 6144, 2, 132, 3, P, own_from_x=own) for M in (2600, 6700) for own in (True, False)] == \
         [88, 0, 0, 24]
 
 
@@ -555,30 +567,26 @@ def test_mlp_slices_every_down_tile_where_they_fit_one_wave():
     the slices that make their one wave shortest, 3% dearer per extra slice (gemm_rs.wave_splits):
     32 tiles 4 slices, 36 or 72 tiles 3 (two waves of thirds), 48 or 64 tiles 2, 96 tiles 4 (three
     waves of quarters), 112 or 128 tiles none; with more tiles than SMs, the tail plan's (a few of
-    them in TAIL_SPLITS slices). Both MLP plans; the sequence-parallel graph counts every owner's
+    them in mlp_tail_splits slices). Both MLP plans; the sequence-parallel graph counts every owner's
     tiles (world 2, M=512 on llama31_8b's shape: 2 owners x 2 row tiles x 16 column tiles = 64)."""
     from etdist.ops import mlp as mlp_op
-    assert [mlp_op.few_down_splits(t, 132, 4) for t in (32, 36, 48, 64, 72, 96, 112, 128, 133)] == \
+    assert [mlp_op.few_down_splits(t, 132, 4, P) for t in (32, 36, 48, 64, 72, 96, 112, 128, 133)] == \
         [4, 3, 2, 2, 3, 4, 1, 1, 1]
-    assert mlp_op.few_down_splits(32, 132, 2) == 2
+    assert mlp_op.few_down_splits(32, 132, 2, P) == 2
     bf16 = torch.bfloat16
-    _, build, sizes = mlp_op.kernel_plan(512, 4096, 7168, bf16, 132, 2)
+    _, build, sizes = mlp_op.kernel_plan(512, 4096, 7168, bf16, 132, 2, P)
     assert build.keywords["tail_splits"] == 2 and sizes == {"M": 512, "TAIL": 64}
-    _, build, sizes = mlp_op.kernel_plan(256, 4608, 18432, bf16, 132, 2)   # gemma2_27b: 2 x 18 tiles
+    _, build, sizes = mlp_op.kernel_plan(256, 4608, 18432, bf16, 132, 2, P)   # gemma2_27b: 2 x 18 tiles
     assert build.keywords["tail_splits"] == 3 and sizes == {"M": 256, "TAIL": 36}
-    _, build, sizes = mlp_op.kernel_plan(1024, 4608, 18432, bf16, 132, 2)  # 144 tiles: the tail plan's
+    _, build, sizes = mlp_op.kernel_plan(1024, 4608, 18432, bf16, 132, 2, P)  # 144 tiles: the tail plan's
     assert build.keywords["tail_splits"] == 3 and sizes == {"M": 1024, "TAIL": 12}
-    _, build, sizes = mlp_op.kernel_plan(1024, 4096, 7168, bf16, 132, 2)   # 128 tiles: whole
+    _, build, sizes = mlp_op.kernel_plan(1024, 4096, 7168, bf16, 132, 2, P)   # 128 tiles: whole
     assert build.keywords["tail_splits"] == 1 and sizes == {"M": 1024}
-    saved = mlp_op.TAIL_SPLITS
-    try:   # ETDIST_MLP_TAIL_SPLITS=1: every down tile whole, these too
-        mlp_op.TAIL_SPLITS = 1
-        et.ops.clear_plan_caches()
-        _, build, sizes = mlp_op.kernel_plan(512, 4096, 7168, bf16, 132, 2)
-        assert build.keywords["tail_splits"] == 1 and sizes == {"M": 512}
-    finally:
-        mlp_op.TAIL_SPLITS = saved
-        et.ops.clear_plan_caches()
+    whole = P.override("mlp_tail_splits=1")   # every down tile whole, these too
+    _, build, sizes = mlp_op.kernel_plan(512, 4096, 7168, bf16, 132, 2, whole)
+    assert build.keywords["tail_splits"] == 1 and sizes == {"M": 512}
+    _, build, sizes = mlp_op.kernel_plan(1024, 4608, 18432, bf16, 132, 2, whole)
+    assert build.keywords["tail_splits"] == 1 and sizes == {"M": 1024}
 
 
 def test_mlp_plans_pass_their_graphs_checks():
@@ -590,8 +598,8 @@ def test_mlp_plans_pass_their_graphs_checks():
     for H, I in ((4096, 7168), (4608, 18432)):
         for world in (1, 2, 3, 4, 8):
             for M in (129, 300, 500, 1000, 2000, 4100):
-                for plan in (mlp_op.kernel_plan(M, H, I, bf16, 132, world),
-                             mlp_op.replicated_plan(M, H, I, bf16, 132, world)):
+                for plan in (mlp_op.kernel_plan(M, H, I, bf16, 132, world, P),
+                             mlp_op.replicated_plan(M, H, I, bf16, 132, world, P)):
                     _, build, sizes = plan
                     env = {**sizes, "H": H, "I": I, WORLD_NAME: world, RANK_NAME: 0}
                     failed = [c.message for c in build().to_ir().checks if not c.cond.evaluate(env)]
@@ -608,43 +616,22 @@ def test_whole_mlp_slices_its_few_down_tiles():
     WHOLE_DOWN_SPLITS."""
     from etdist.ops import ag_gemm as ag_op
     from etdist.ops import mlp as mlp_op
-    small, rest = ag_op.whole_tile("tensor_parallel_mlp", 16), ag_op.whole_tile("tensor_parallel_mlp", 128)
-    narrow = dataclasses.replace(ag_op.whole_tile("tensor_parallel_mlp", 64), block_n=64)
+    small, rest = ag_op.whole_tile("tensor_parallel_mlp", 16, P), ag_op.whole_tile("tensor_parallel_mlp", 128, P)
+    narrow = dataclasses.replace(ag_op.whole_tile("tensor_parallel_mlp", 64, P), block_n=64)
     assert [mlp_op.whole_down_splits(16, 4096, small, 132), mlp_op.whole_down_splits(128, 4096, rest, 132),
             mlp_op.whole_down_splits(64, 4096, narrow, 132), mlp_op.whole_down_splits(16, 8192, small, 132),
             mlp_op.whole_down_splits(16, 12288, small, 132)] == [4, 4, 2, 2, 1]
     assert mlp_op.whole_down_splits(1, 512, small, 132) == mlp_op.WHOLE_DOWN_SPLITS
 
 
-def test_mlp_tail_knob_reaches_the_op():
-    code = "from etdist.ops import mlp\nprint(mlp.TAIL_SPLITS)"
-    assert _probe_lines(code) == [["3"]] and _probe_lines(code, ETDIST_MLP_TAIL_SPLITS="1") == [["1"]]
-
-
-_PLAN_PROBE = """
-import torch
-from etdist.ops import gemm_rs as op
-for M in (16, 32, 64, 128):
-    cfg, splits, _, _ = op.kernel_plan(M, 6144, 4096, torch.bfloat16, 132)
-    print(M, cfg.block_m, cfg.block_n, int(cfg.swap_ab), splits)
-"""
-
-
-def _probe_lines(code: str, **env) -> list[list[str]]:
-    """The words of each line `code` prints in a fresh interpreter (the knobs are read at import),
-    with no ETDIST_* variable but `env` (defaults unless asked)."""
-    import os
-    import subprocess
-    import sys
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ETDIST_")}
-    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True,
-                         text=True, check=True).stdout
-    return [line.split() for line in out.splitlines()]
-
-
-def _skinny_plans(**env):
-    """{M: (block_m, block_n, swap, splits)}."""
-    return {int(w[0]): tuple(map(int, w[1:])) for w in _probe_lines(_PLAN_PROBE, **env)}
+def _skinny_plans(config):
+    """{M: (block_m, block_n, swap, splits)} of gemm_rs's plans with `config`."""
+    from etdist.ops import gemm_rs as op
+    plans = {}
+    for M in (16, 32, 64, 128):
+        cfg, splits, _, _ = op.kernel_plan(M, 6144, 4096, torch.bfloat16, 132, 2, config)
+        plans[M] = (cfg.block_m, cfg.block_n, int(cfg.swap_ab), splits)
+    return plans
 
 
 def test_two_programs_per_sm_aim_at_two_tasks_per_sm():
@@ -652,21 +639,21 @@ def test_two_programs_per_sm_aim_at_two_tasks_per_sm():
     tasks per SM (one per program); the kernel launches that many programs."""
     from etdist.ops import gemm_rs as op
     two = op.TileConfig.parse("32,128,64,4,4,swap,2/sm")
-    assert op.skinny_tasks_per_sm(two) == 2.0 and op.skinny_tasks_per_sm(op.SKINNY_32) == 1.0
-    assert op.skinny_splits(4096, 132, 128, op.skinny_tasks_per_sm(two)) == 8
+    assert op.skinny_tasks_per_sm(two, P) == 2.0 and op.skinny_tasks_per_sm(P.skinny_32, P) == 1.0
+    assert op.skinny_splits(4096, 132, 128, op.skinny_tasks_per_sm(two, P)) == 8
 
 
-def test_a_class_knob_changes_only_its_own_class():
-    """From a review: the tasks per SM were keyed by tile, so a knob giving the 128-row class the
-    64-row class's tile made M <= 64 aim at 2 tasks per SM (8 slices instead of 4). And a knob
-    that puts a class out of size order still gives each M the smallest class that holds it."""
-    default = _skinny_plans()
+def test_a_class_config_changes_only_its_own_class():
+    """From a review: the tasks per SM were keyed by tile, so giving the 128-row class the 64-row
+    class's tile made M <= 64 aim at 2 tasks per SM (8 slices instead of 4). And a class out of
+    size order still gives each M the smallest class that holds it."""
+    default = _skinny_plans(P)
     assert default == {16: (32, 128, 1, 4), 32: (32, 128, 1, 4), 64: (64, 128, 0, 4), 128: (128, 128, 1, 4)}
-    same_tile = _skinny_plans(ETDIST_GEMM_RS_SKINNY_128="64,128,128,4,4")
+    same_tile = _skinny_plans(P.override("skinny_128=64,128,128,4,4"))
     assert same_tile[64] == default[64]                 # the first class's one task per SM
     assert same_tile[128][:3] == (128, 256, 0)          # no class holds 128 rows now: the large graph's
     assert same_tile[128][3] > 1                        # tiles, in slices (32 whole ones fill a quarter of the SMs)
-    out_of_order = _skinny_plans(ETDIST_GEMM_RS_SKINNY="16,128,128,4,6,swap")
+    out_of_order = _skinny_plans(P.override("skinny_64=16,128,128,4,6,swap"))
     assert out_of_order[16][:3] == (16, 128, 1) and out_of_order[32] == default[32]
     assert out_of_order[64] == default[128]      # no 64-row class left: the 128-row one serves M=64
 
@@ -680,14 +667,14 @@ def test_whole_gather_ops_take_their_tile_class_by_m(monkeypatch):
 
     asked = []
 
-    def caught(cache, cfg, schedule, build):
+    def caught(cache, config, cfg, schedule, build):
         asked.append((cfg, build().name))
         raise LookupError("caught before the compile")
 
     monkeypatch.setattr(ag_op, "cached_kernel", caught)
     monkeypatch.setattr(mlp_op, "cached_kernel", caught)
-    monkeypatch.setattr(mlp_op, "_sm_count", lambda index: 132)   # the tail plan asks above 128 rows
-    monkeypatch.setattr(ag_op, "_sm_count", lambda index: 132)    # whole_width asks at or below
+    monkeypatch.setattr(mlp_op, "sm_count", lambda index: 132)   # the tail plan asks above 128 rows
+    monkeypatch.setattr(ag_op, "sm_count", lambda index: 132)    # whole_width asks at or below
     mesh = types.SimpleNamespace(backend="nvshmem", device=torch.device("cpu"), world_size=2)
     H, I = 256, 128
     x = torch.randn(4, H, dtype=torch.bfloat16)
@@ -697,10 +684,10 @@ def test_whole_gather_ops_take_their_tile_class_by_m(monkeypatch):
             ag_op.all_gather_gemm(x, w, mesh=mesh, total_rows=M)
         with pytest.raises(LookupError):
             mlp_op.tensor_parallel_mlp(x, wgu, wd, mesh=mesh, total_rows=M)
-    small, ag, mlp_tile, big = ag_op.WHOLE_32, ag_op.WHOLE_AG, ag_op.WHOLE_MLP, ag_op.WHOLE_128
+    small, ag, mlp_tile, big = P.whole_32, P.whole_ag, P.whole_mlp, P.whole_128
     assert (small.block_m, small.swap_ab, ag.block_k, mlp_tile.block_k, big.block_m) == (32, True, 128, 64, 128)
     assert [cfg for cfg, _ in asked] == [small, small, small, small, ag, mlp_tile, ag, mlp_tile,
-                                         big, big, big, big, ag_op.LARGE, mlp_op.TILES]
+                                         big, big, big, big, P.large, P.mlp_tiles]
     assert [name for _, name in asked[:2]] == ["ag_gemm_whole", "mlp_whole"]
     assert [name for _, name in asked[-2:]] == ["ag_gemm", "mlp"]
 
@@ -711,33 +698,28 @@ def test_ag_gemm_takes_narrower_large_tiles_where_they_fill_the_last_wave():
     SMs at M=1000, llama31_8b's N=14336 (448 LARGE tiles: 3.4 waves) and qwen3_32b's 25600 (800:
     6.06), not qwen3_8b's 12288 (384: 2.9) nor any shape at M=8192 (full waves)."""
     from etdist.ops import ag_gemm as ag_op
-    pick = lambda M, N, world=1: ag_op.large_tile(M, N, world, 132).block_n   # noqa: E731
+    pick = lambda M, N, world=1: ag_op.large_tile(M, N, world, 132, P).block_n   # noqa: E731
     assert [pick(1000, 14336), pick(1000, 25600), pick(1000, 12288), pick(8192, 14336), pick(2048, 14336)] == \
         [128, 128, 256, 256, 256]
     assert pick(1000, 14336, world=2) == 128   # two sources of 500 rows: 2 x 4 row tiles, the same 448
-    assert ag_op.large_tile(129, 128, 2, 132) == ag_op.LARGE
+    assert ag_op.large_tile(129, 128, 2, 132, P) == P.large
 
 
-def test_own_rows_from_x_knob_reaches_both_per_source_graphs():
-    """Above 128 rows, all_gather_gemm's and the MLP's own row tiles read x (ETDIST_AG_GEMM_OWN_FROM_X,
-    default 1): the plans build the graphs with own_from_x, whose gather copies to the peers only
-    ((R - 1) x row tiles x column tiles copy tasks); =0 builds them as before. At or below 128 rows
-    (the whole-gather graphs) nothing changes."""
-    code = ("import torch\nfrom etdist.ops import ag_gemm, mlp\nfrom etdist.fusion.expr import evaluate\n"
-            "for M in (100, 1000):\n"
-            "    _, b = ag_gemm.kernel_plan(M, 256, 512, torch.bfloat16, 132, 2)\n"
-            "    _, m, _ = mlp.kernel_plan(M, 256, 512, torch.bfloat16, 132, 2)\n"
-            "    sends = [[t for t in f().to_ir().tasks if t.name.endswith('_send')][0] for f in (b, m)]\n"
-            "    print(M, b.keywords.get('own_from_x'), m.keywords.get('own_from_x'),\n"
-            "          *(evaluate(t.grid[0], {'WORLD': 2, 'RANK': 0, 'M': M}) for t in sends))")
-    on = {int(w[0]): w[1:] for w in _probe_lines(code)}
-    off = {int(w[0]): w[1:] for w in _probe_lines(code, ETDIST_AG_GEMM_OWN_FROM_X="0")}
-    assert on[1000] == ["True", "True", "1", "1"] and off[1000] == ["False", "False", "2", "2"]   # to R - 1 ranks
-    assert on[100][:2] == off[100][:2] == ["None", "None"]        # the whole-gather graphs: unchanged
-    bad = "from etdist import knobs\nimport etdist.ops.ag_gemm\nknobs.check('ETDIST_AG_GEMM_')"   # as every op call
-    with pytest.raises(subprocess.CalledProcessError, match="returned non-zero"):
-        _probe_lines(bad, ETDIST_AG_GEMM_OWN_FROM_X="yes")
-    _probe_lines(bad, ETDIST_AG_GEMM_OWN_FROM_X="0")
+def test_own_rows_from_x_in_both_per_source_graphs():
+    """Above 128 rows, all_gather_gemm's and the MLP's own row tiles read x: the plans build the
+    graphs with own_from_x, whose gather copies to the peers only ((R - 1) x row tiles x column
+    tiles copy tasks). At or below 128 rows (the whole-gather graphs) there is no such choice."""
+    from etdist.fusion.expr import evaluate
+    from etdist.ops import ag_gemm, mlp
+    got = {}
+    for M in (100, 1000):
+        _, b = ag_gemm.kernel_plan(M, 256, 512, torch.bfloat16, 132, 2, P)
+        _, m, _ = mlp.kernel_plan(M, 256, 512, torch.bfloat16, 132, 2, P)
+        sends = [[t for t in f().to_ir().tasks if t.name.endswith("_send")][0] for f in (b, m)]
+        got[M] = (b.keywords.get("own_from_x"), m.keywords.get("own_from_x"),
+                  *(evaluate(t.grid[0], {"WORLD": 2, "RANK": 0, "M": M}) for t in sends))
+    assert got[1000] == (True, True, 1, 1)                  # to R - 1 ranks
+    assert got[100][:2] == (None, None)
 
 
 def test_whole_width_narrows_tiles_fewer_than_the_sms(monkeypatch):
@@ -747,7 +729,7 @@ def test_whole_width_narrows_tiles_fewer_than_the_sms(monkeypatch):
     (two row tiles of 64), qwen3_8b's 96; one tile of 128 goes down to WHOLE_MIN_N (64), and no
     further. WHOLE_MIN_N=128 keeps every tile whole."""
     from etdist.ops import ag_gemm as ag_op
-    from etdist.ops.gemm_rs import TileConfig
+    from etdist.ops.common import TileConfig
     small, rest = TileConfig(32, 128, 64, 4, 6, swap_ab=True), TileConfig(64, 128, 128, 4, 4)
     assert ag_op.whole_width(16, 6144, small, 132) == 64
     assert ag_op.whole_width(16, 12288, small, 132) == 128
@@ -761,39 +743,29 @@ def test_whole_width_narrows_tiles_fewer_than_the_sms(monkeypatch):
     assert ag_op.whole_width(16, 6144, small, 132) == 128
 
 
-_WHOLE_PROBE = """
-from etdist.ops import ag_gemm as op
-for name in ("all_gather_gemm", "tensor_parallel_mlp"):
-    for M in (16, 64, 128):
-        c = op.whole_tile(name, M)
-        print(name, M, c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, int(c.swap_ab))
-"""
+def _whole_tiles(config):
+    """{(op, M): (block_m, block_n, block_k, warps, stages, swap)} of the whole-gather classes."""
+    from etdist.ops import ag_gemm as op
+    return {(name, M): (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, int(c.swap_ab))
+            for name in ("all_gather_gemm", "tensor_parallel_mlp") for M in (16, 64, 128)
+            for c in [op.whole_tile(name, M, config)]}
 
 
-def _whole_tiles(**env):
-    """{(op, M): (block_m, block_n, block_k, warps, stages, swap)}."""
-    return {(w[0], int(w[1])): tuple(map(int, w[2:])) for w in _probe_lines(_WHOLE_PROBE, **env)}
-
-
-def test_whole_gather_tile_knobs():
-    """ETDIST_WHOLE_32 / _AG / _MLP / _128 set one class each; ETDIST_WHOLE_TILES every class of both
-    ops, except a class that its own knob sets."""
-    default = _whole_tiles()
+def test_whole_gather_tile_classes():
+    """whole_32 / whole_ag / whole_mlp / whole_128 set one class each, shared where both ops use it."""
+    default = _whole_tiles(P)
     assert default == {("all_gather_gemm", 16): (32, 128, 64, 4, 6, 1), ("all_gather_gemm", 64): (64, 128, 128, 4, 4, 0),
                        ("all_gather_gemm", 128): (128, 128, 64, 8, 4, 0),
                        ("tensor_parallel_mlp", 16): (32, 128, 64, 4, 6, 1),
                        ("tensor_parallel_mlp", 64): (64, 128, 64, 4, 4, 0),
                        ("tensor_parallel_mlp", 128): (128, 128, 64, 8, 4, 0)}
-    one = _whole_tiles(ETDIST_WHOLE_AG="64,64,128,4,3")
+    one = _whole_tiles(P.override("whole_ag=64,64,128,4,3"))
     assert one == {**default, ("all_gather_gemm", 64): (64, 64, 128, 4, 3, 0)}
-    big = _whole_tiles(ETDIST_WHOLE_128="128,64,64,8,3,swap")
+    big = _whole_tiles(P.override("whole_128=128,64,64,8,3,swap"))
     assert big == {**default, ("all_gather_gemm", 128): (128, 64, 64, 8, 3, 1),
                    ("tensor_parallel_mlp", 128): (128, 64, 64, 8, 3, 1)}
-    every = _whole_tiles(ETDIST_WHOLE_TILES="64,128,64,4,4")
-    assert set(every.values()) == {(64, 128, 64, 4, 4, 0)}
-    both = _whole_tiles(ETDIST_WHOLE_TILES="64,128,64,4,4", ETDIST_WHOLE_32="16,128,64,4,6")
-    assert both[("all_gather_gemm", 16)] == both[("tensor_parallel_mlp", 16)] == (16, 128, 64, 4, 6, 0)
-    assert both[("all_gather_gemm", 128)] == (64, 128, 64, 4, 4, 0)
+    small = _whole_tiles(P.override("whole_32=16,128,64,4,6"))
+    assert small[("all_gather_gemm", 16)] == small[("tensor_parallel_mlp", 16)] == (16, 128, 64, 4, 6, 0)
 
 
 def test_a_new_kernel_never_finds_a_freed_kernels_state():
@@ -813,8 +785,8 @@ def test_a_new_kernel_never_finds_a_freed_kernels_state():
     assert stale == 0
 
 
-def test_tile_config_knob_format():
-    from etdist.ops.gemm_rs import TileConfig, fp32_config
+def test_tile_config_format():
+    from etdist.ops.common import TileConfig, fp32_config
     assert TileConfig.parse("16,128,128,4,6,swap") == TileConfig(16, 128, 128, 4, 6, swap_ab=True)
     assert TileConfig.parse("64, 64, 128, 4, 4") == TileConfig(64, 64, 128, 4, 4)
     assert fp32_config(TileConfig(16, 128, 128, 4, 6, True)) == TileConfig(16, 128, 64, 4, 3, True)
@@ -884,7 +856,7 @@ def test_an_op_refused_on_one_rank_stops_the_peers_launches():
     one's: the refusal posts an error into every prepared kernel of the op, so every rank raises."""
     from types import SimpleNamespace
 
-    from etdist.ops import gemm_rs as op
+    from etdist.ops import common as op
 
     posted = []
 
@@ -1051,31 +1023,25 @@ def test_replicated_plan_slices_ragged_down_waves_and_bounds_its_partials():
     in slices; above, the last down tiles in 3 slices where the last wave is ragged (gemma2_27b at
     M=1024: 144 tiles, 12 past the first wave); where all fit one wave, all of them in as many
     slices as make it shortest (llama31_8b at M=256: 32 tiles, 4 slices; at M=1024, 128 tiles:
-    none); none where TAIL_SPLITS is 1. One launch's partials [2, rows, H] stay within SCRATCH_BYTES and
+    none); none where mlp_tail_splits is 1. One launch's partials [2, rows, H] stay within SCRATCH_BYTES and
     int32 offsets: longer x runs in launches of replicated_rows rows (found by review: llama31_405b
     at world 8 and M=16512 would have wrapped the offsets)."""
     from etdist.ops import mlp as mlp_op
-    from etdist.ops.gemm_rs import SCRATCH_BYTES
+    from etdist.ops.common import SCRATCH_BYTES
     bf16 = torch.bfloat16
-    _, build, sizes = mlp_op.replicated_plan(16, 4096, 7168, bf16, 132, 2)
+    _, build, sizes = mlp_op.replicated_plan(16, 4096, 7168, bf16, 132, 2, P)
     assert build.keywords["down_splits"] == 4 and sizes == {"M": 16, "TAIL": 32}
-    _, build, sizes = mlp_op.replicated_plan(1024, 4608, 18432, bf16, 132, 2)
+    _, build, sizes = mlp_op.replicated_plan(1024, 4608, 18432, bf16, 132, 2, P)
     assert build.keywords["down_splits"] == 3 and sizes == {"M": 1024, "TAIL": 12}
-    _, build, sizes = mlp_op.replicated_plan(256, 4096, 7168, bf16, 132, 2)
+    _, build, sizes = mlp_op.replicated_plan(256, 4096, 7168, bf16, 132, 2, P)
     assert build.keywords["down_splits"] == 4 and sizes == {"M": 256, "TAIL": 32}
-    _, build, sizes = mlp_op.replicated_plan(1024, 4096, 7168, bf16, 132, 2)
+    _, build, sizes = mlp_op.replicated_plan(1024, 4096, 7168, bf16, 132, 2, P)
     assert build.keywords["down_splits"] == 1 and sizes == {"M": 1024}
-    saved = mlp_op.TAIL_SPLITS
-    try:
-        mlp_op.TAIL_SPLITS = 1
-        et.ops.clear_plan_caches()
-        _, build, sizes = mlp_op.replicated_plan(1024, 4608, 18432, bf16, 132, 2)
-        assert build.keywords["down_splits"] == 1 and sizes == {"M": 1024}
-        _, build, sizes = mlp_op.replicated_plan(256, 4096, 7168, bf16, 132, 2)
-        assert build.keywords["down_splits"] == 1 and sizes == {"M": 256}
-    finally:
-        mlp_op.TAIL_SPLITS = saved
-        et.ops.clear_plan_caches()
+    whole = P.override("mlp_tail_splits=1")
+    _, build, sizes = mlp_op.replicated_plan(1024, 4608, 18432, bf16, 132, 2, whole)
+    assert build.keywords["down_splits"] == 1 and sizes == {"M": 1024}
+    _, build, sizes = mlp_op.replicated_plan(256, 4096, 7168, bf16, 132, 2, whole)
+    assert build.keywords["down_splits"] == 1 and sizes == {"M": 256}
     for H, world in ((16384, 8), (8192, 2), (4096, 1)):
         rows = mlp_op.replicated_rows(H, world, 2)
         assert rows % 128 == 0 and world * rows * H * 2 <= SCRATCH_BYTES and world * rows * H < 2 ** 31
@@ -1083,65 +1049,53 @@ def test_replicated_plan_slices_ragged_down_waves_and_bounds_its_partials():
 
 
 
-def test_plans_load_rows_through_pointers_where_a_tile_runs_far_past_them(monkeypatch):
-    """ops.gemm_rs.row_pointers: a ragged last row tile that is the only one or less than half full
+def test_plans_load_rows_through_pointers_where_a_tile_runs_far_past_them():
+    """common.row_pointers: a ragged last row tile that is the only one or less than half full
     loads its rows through pointers (a descriptor's box zero-fills the rows past its tensor slowly);
     full tiles and nearly full last tiles keep descriptors; gemm_rs's skinny classes keep them
-    always; ETDIST_ROW_POINTERS (the module's ROW_POINTERS) forces either way."""
+    always."""
     from etdist.ops import ag_gemm as ag_op
     from etdist.ops import gemm_rs as rs_op
     from etdist.ops import mlp as mlp_op
+    from etdist.ops.common import row_pointers
     rule = {(16, 32): True, (32, 32): False, (100, 128): True, (128, 128): False, (129, 128): True,
             (191, 128): True, (192, 128): False, (500, 128): False, (1000, 128): False, (1024, 128): False}
-    assert {k: rs_op.row_pointers(*k) for k in rule} == rule
+    assert {k: row_pointers(*k) for k in rule} == rule
     bf = torch.bfloat16
 
     def chosen():
-        et.ops.clear_plan_caches()
-        return {"gemm_rs 129 w1": rs_op.kernel_plan(129, 7168, 4096, bf, 132, 1)[3].keywords["row_pointers"],
-                "gemm_rs 258 w2": rs_op.kernel_plan(258, 7168, 4096, bf, 132, 2)[3].keywords["row_pointers"],
-                "gemm_rs 256 w2": rs_op.kernel_plan(256, 7168, 4096, bf, 132, 2)[3].keywords["row_pointers"],
-                "gemm_rs 100 skinny": "row_pointers" in rs_op.kernel_plan(100, 7168, 4096, bf, 132, 2)[3].keywords,
-                "ag_gemm 100 whole": ag_op.kernel_plan(100, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"],
-                "ag_gemm 1000 w2": ag_op.kernel_plan(1000, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"],
-                "mlp 16 whole": mlp_op.kernel_plan(16, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"],
-                "mlp 129 w1": mlp_op.kernel_plan(129, 4096, 7168, bf, 132, 1)[1].keywords["row_pointers"],
-                "mlp 1024 w2": mlp_op.kernel_plan(1024, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"],
-                "replicated 129": mlp_op.replicated_plan(129, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"],
-                "replicated 1024": mlp_op.replicated_plan(1024, 4096, 7168, bf, 132, 2)[1].keywords["row_pointers"]}
+        return {"gemm_rs 129 w1": rs_op.kernel_plan(129, 7168, 4096, bf, 132, 1, P)[3].keywords["row_pointers"],
+                "gemm_rs 258 w2": rs_op.kernel_plan(258, 7168, 4096, bf, 132, 2, P)[3].keywords["row_pointers"],
+                "gemm_rs 256 w2": rs_op.kernel_plan(256, 7168, 4096, bf, 132, 2, P)[3].keywords["row_pointers"],
+                "gemm_rs 100 skinny": "row_pointers" in rs_op.kernel_plan(100, 7168, 4096, bf, 132, 2, P)[3].keywords,
+                "ag_gemm 100 whole": ag_op.kernel_plan(100, 4096, 7168, bf, 132, 2, P)[1].keywords["row_pointers"],
+                "ag_gemm 1000 w2": ag_op.kernel_plan(1000, 4096, 7168, bf, 132, 2, P)[1].keywords["row_pointers"],
+                "mlp 16 whole": mlp_op.kernel_plan(16, 4096, 7168, bf, 132, 2, P)[1].keywords["row_pointers"],
+                "mlp 129 w1": mlp_op.kernel_plan(129, 4096, 7168, bf, 132, 1, P)[1].keywords["row_pointers"],
+                "mlp 1024 w2": mlp_op.kernel_plan(1024, 4096, 7168, bf, 132, 2, P)[1].keywords["row_pointers"],
+                "replicated 129": mlp_op.replicated_plan(129, 4096, 7168, bf, 132, 2, P)[1].keywords["row_pointers"],
+                "replicated 1024": mlp_op.replicated_plan(1024, 4096, 7168, bf, 132, 2, P)[1].keywords["row_pointers"]}
     assert chosen() == {"gemm_rs 129 w1": True, "gemm_rs 258 w2": True, "gemm_rs 256 w2": False,
                         "gemm_rs 100 skinny": False, "ag_gemm 100 whole": True, "ag_gemm 1000 w2": False,
                         "mlp 16 whole": True, "mlp 129 w1": True, "mlp 1024 w2": False, "replicated 129": True,
                         "replicated 1024": False}
-    for forced in (0, 1):
-        monkeypatch.setattr(rs_op, "ROW_POINTERS", forced)
-        assert {v for k, v in chosen().items() if "skinny" not in k} == {bool(forced)}
-    monkeypatch.undo()
-    chosen()   # the plan caches hold the rule's plans again
 
 
-def test_mlp_plans_pad_the_gathered_rows_above_the_whole_gather_sizes(monkeypatch):
-    """ops.mlp.PAD_ROWS: above 128 rows the sequence-parallel MLP pads its gathered rows (gate/up
-    tiles read them through descriptors over whole row tiles) and, where row_pointers holds for a
-    rank's rows, gathers its own rows too instead of reading x (the caller's, which cannot be
-    padded); the whole-gather sizes do not pad. ETDIST_MLP_PAD_ROWS=0 and ETDIST_ROW_POINTERS=1 turn
-    it off. The graph pads the gathered rows by one row tile and hands the gate/up tiles TMA 3."""
-    from etdist.ops import gemm_rs as rs_op
+def test_mlp_plans_pad_the_gathered_rows_above_the_whole_gather_sizes():
+    """Above 128 rows the sequence-parallel MLP pads its gathered rows (gate/up tiles read them
+    through descriptors over whole row tiles) and, where row_pointers holds for a rank's rows,
+    gathers its own rows too instead of reading x (the caller's, which cannot be padded); the
+    whole-gather sizes do not pad. The graph pads the gathered rows by one row tile and hands the
+    gate/up tiles TMA 3."""
     from etdist.ops import mlp as mlp_op
     bf = torch.bfloat16
 
     def plan(M, world):
-        et.ops.clear_plan_caches()
-        kw = mlp_op.kernel_plan(M, 4096, 7168, bf, 132, world)[1].keywords
+        kw = mlp_op.kernel_plan(M, 4096, 7168, bf, 132, world, P)[1].keywords
         return kw.get("padded", False), kw.get("own_from_x", False)
     cells = {(16, 2): (False, False), (129, 1): (True, False), (258, 2): (True, False), (192, 1): (True, True),
              (1024, 2): (True, True)}
     assert {c: plan(*c) for c in cells} == cells
-    for attr, module, value in (("PAD_ROWS", mlp_op, False), ("ROW_POINTERS", rs_op, 1)):
-        monkeypatch.setattr(module, attr, value)
-        assert plan(129, 1) == (False, True) and plan(1024, 2) == (False, True)
-        monkeypatch.undo()
-    et.ops.clear_plan_caches()
 
     from etdist.fusion.expr import evaluate
     from etdist.workloads import mlp as mlp_graph
@@ -1153,35 +1107,29 @@ def test_mlp_plans_pad_the_gathered_rows_above_the_whole_gather_sizes(monkeypatc
         {"gate_up": 3, "down": 2}
 
 
-def test_interleaved_sources_only_where_each_source_is_one_row_tile(monkeypatch):
-    """ops.gemm_rs.INTERLEAVE_SOURCES (ETDIST_INTERLEAVE_SOURCES): the per-source graphs of ag_gemm
-    and the MLP, and gemm_rs's per-owner graph, put the sources' (owners') tiles side by side at two
-    or more ranks where each rank's rows are one row tile (M <= 256 at world 2, <= 512 at world 4),
-    the MLP only with its down tiles all whole or all in slices, gemm_rs in place of its own tiles
-    last (whole tiles: llama31_405b's shape at M <= 256); nowhere at one rank or at the skinny /
-    whole-gather sizes; 0 turns it off."""
+def test_interleaved_sources_only_where_each_source_is_one_row_tile():
+    """common.interleave_sources: the per-source graphs of ag_gemm and the MLP, and gemm_rs's
+    per-owner graph, put the sources' (owners') tiles side by side at two or more ranks where each
+    rank's rows are one row tile (M <= 256 at world 2, <= 512 at world 4), the MLP only with its
+    down tiles all whole or all in slices, gemm_rs in place of its own tiles last (whole tiles:
+    llama31_405b's shape at M <= 256); nowhere at one rank or at the skinny / whole-gather sizes."""
     from etdist.ops import ag_gemm as ag_op
     from etdist.ops import gemm_rs as rs_op
     from etdist.ops import mlp as mlp_op
     bf = torch.bfloat16
 
     def plans(M, world):
-        et.ops.clear_plan_caches()
-        ag = ag_op.kernel_plan(M, 8192, 28672, bf, 132, world)[1].keywords
-        mlp = mlp_op.kernel_plan(M, 8192, 14336, bf, 132, world)[1].keywords
-        rs = rs_op.kernel_plan(M, 24576, 12288, bf, 132, world)[3].keywords
+        ag = ag_op.kernel_plan(M, 8192, 28672, bf, 132, world, P)[1].keywords
+        mlp = mlp_op.kernel_plan(M, 8192, 14336, bf, 132, world, P)[1].keywords
+        rs = rs_op.kernel_plan(M, 24576, 12288, bf, 132, world, P)[3].keywords
         return ag.get("interleave", False), mlp.get("interleave", False), rs.get("interleave", False)
 
     want = {(128, 2): (False, False, False), (129, 2): (True, True, True), (256, 2): (True, True, True),
             (257, 2): (False, False, False), (129, 1): (False, False, False), (512, 4): (True, True, True),
             (1000, 2): (False, False, False)}
     assert {c: plans(*c) for c in want} == want
-    whole = rs_op.kernel_plan(256, 26624, 16384, bf, 132, 2)   # whole tiles, owners side by side
+    whole = rs_op.kernel_plan(256, 26624, 16384, bf, 132, 2, P)   # whole tiles, owners side by side
     assert whole[1] == 1 and whole[3].keywords["interleave"]
-    monkeypatch.setattr(rs_op, "INTERLEAVE_SOURCES", False)
-    assert {c: plans(*c) for c in want} == {c: (False, False, False) for c in want}
-    assert not rs_op.kernel_plan(256, 26624, 16384, bf, 132, 2)[3].keywords["interleave"]
-    et.ops.clear_plan_caches()
 
 
 def test_all_gather_gemm_reads_half_full_row_tiles_through_pointers():
@@ -1190,29 +1138,27 @@ def test_all_gather_gemm_reads_half_full_row_tiles_through_pointers():
     nearly full one (500 rows at M=1000) keeps descriptors, and gemm_rs keeps the former rule."""
     from etdist.ops import ag_gemm as ag_op
     from etdist.ops import gemm_rs as rs_op
+    from etdist.ops.common import row_pointers
     bf = torch.bfloat16
-    et.ops.clear_plan_caches()
-    assert ag_op.kernel_plan(384, 8192, 28672, bf, 132, 2)[1].keywords["row_pointers"]
-    assert not ag_op.kernel_plan(1000, 8192, 28672, bf, 132, 2)[1].keywords["row_pointers"]
-    assert not rs_op.kernel_plan(384, 14336, 8192, bf, 132, 2)[3].keywords["row_pointers"]
-    assert rs_op.row_pointers(192, 128, at_half=True) and not rs_op.row_pointers(192, 128)
+    assert ag_op.kernel_plan(384, 8192, 28672, bf, 132, 2, P)[1].keywords["row_pointers"]
+    assert not ag_op.kernel_plan(1000, 8192, 28672, bf, 132, 2, P)[1].keywords["row_pointers"]
+    assert not rs_op.kernel_plan(384, 14336, 8192, bf, 132, 2, P)[3].keywords["row_pointers"]
+    assert row_pointers(192, 128, at_half=True) and not row_pointers(192, 128)
 
 
-def test_whole_gather_reaches_256_rows_with_one_row_tile(monkeypatch):
-    """With WHOLE_MAX_M at 256, M = 129-256 takes the whole-gather graph with one 256-row tile per
+def test_whole_gather_reaches_256_rows_with_one_row_tile():
+    """With whole_max_m at 256, M = 129-256 takes the whole-gather graph with one 256-row tile per
     column (every weight read once), in both ops; at the default 128 those sizes keep the
     per-source graphs."""
     from etdist.ops import ag_gemm as ag_op
     from etdist.ops import mlp as mlp_op
     bf = torch.bfloat16
-    et.ops.clear_plan_caches()
-    assert ag_op.kernel_plan(200, 8192, 28672, bf, 132, 2)[1].func.__name__ == "all_gather_gemm"
-    monkeypatch.setattr(ag_op, "WHOLE_MAX_M", 256)
-    et.ops.clear_plan_caches()
+    assert ag_op.kernel_plan(200, 8192, 28672, bf, 132, 2, P)[1].func.__name__ == "all_gather_gemm"
+    wide = P.override("whole_max_m=256")
     for M in (129, 200, 256):
-        cfg, build = ag_op.kernel_plan(M, 8192, 28672, bf, 132, 2)
-        assert cfg == ag_op.WHOLE_256 and build.func.__name__ == "all_gather_gemm_whole"
-        cfg, build, _ = mlp_op.kernel_plan(M, 8192, 14336, bf, 132, 2)
-        assert cfg == ag_op.WHOLE_256_MLP and build.func.__name__ == "tp_mlp_whole"
-    assert ag_op.kernel_plan(128, 8192, 28672, bf, 132, 2)[0] == ag_op.WHOLE_128
-    et.ops.clear_plan_caches()
+        cfg, build = ag_op.kernel_plan(M, 8192, 28672, bf, 132, 2, wide)
+        assert cfg == P.whole_256 and build.func.__name__ == "all_gather_gemm_whole"
+        cfg, build, _ = mlp_op.kernel_plan(M, 8192, 14336, bf, 132, 2, wide)
+        assert cfg == P.whole_256_mlp and build.func.__name__ == "tp_mlp_whole"
+    assert ag_op.kernel_plan(128, 8192, 28672, bf, 132, 2, wide)[0] == P.whole_128
+    assert ag_op.kernel_plan(200, 8192, 28672, bf, 132, 2, P)[1].func.__name__ == "all_gather_gemm"

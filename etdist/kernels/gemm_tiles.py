@@ -5,18 +5,14 @@ masked (ragged M and N need no padding). Row-major, contiguous operands; offsets
 
 TMA=True (graphs whose sizes are promised multiples of 16, so every row starts 16-byte aligned)
 loads the operands through tensor descriptors made on the device per tile: the copy engine
-fetches whole boxes and fills out-of-bounds rows and columns with zeros, so no masks. Measured on
-one H200 (persistent grouped loop, 128x256x64 tiles, bf16, M=8192): 0.99-1.02x the time of
-torch.mm, against 1.16-1.19x for the cp.async pointer loads (scratch A/B, BENCHMARKS.md).
+fetches whole boxes and fills out-of-bounds rows and columns with zeros, so no masks, and keeps
+pace with torch.mm where cp.async pointer loads fall behind.
 Descriptors live in Triton's per-program global scratch (the runtime provides it).
 """
 import triton
 import triton.language as tl
 
-from .. import knobs
 from .sync import async_proxy_fence
-
-TMA_ENABLED = knobs.read("ETDIST_TMA", knobs.flag, True)   # ETDIST_TMA=0: the pointer loads, for A/B runs
 
 
 def use_tma(align: int, row_pointers: bool = False, padded: bool = False) -> int:
@@ -26,11 +22,9 @@ def use_tma(align: int, row_pointers: bool = False, padded: bool = False) -> int
     for the rows (x, gathered rows, h), whose boxes run past the rows in ragged tiles; 3 (padded,
     which wins; the SwiGLU tiles of tp_mlp only: their gathered rows lie in a buffer padded to whole
     row tiles), descriptors that declare the rows rounded up to whole tiles (box_rows), so that no
-    box runs past them. A descriptor's box zero-fills the rows past its tensor slowly.
-    launch/tma_oob_micro.py on one H200 (one 128x128x64 GEMM, K=16384, N=53248; records tma_oob_micro): at M=129 the second row tile's
-    box (1 row, 127 past) made the GEMM take 1049 us, against 775 with a descriptor over rows that
-    exist and 817 through pointers (M=128: 487 / 503 / 487)."""
-    if not (TMA_ENABLED and align % 16 == 0):
+    box runs past them. A descriptor's box zero-fills the rows past its tensor slowly (records
+    tma_oob_micro.jsonl)."""
+    if align % 16:
         return 0
     return 3 if padded else 2 if row_pointers else 1
 
@@ -246,7 +240,7 @@ def gemm_rs_skinny_matmul(s, j, x, w, partial, partial_peers, M, K, N, RANK, WOR
     MMA's M side and the few token rows its N side, which may be as small as 16 (a wgmma's M is
     64): the x stage shrinks to BLOCK_M x BLOCK_K and the shared memory goes to deeper weight
     stages (16x128x128 takes 6 stages, 160 KiB of weights in flight, against 48 KiB for 64x64x128
-    at 4 stages). gemm_rs's 32- and 128-row classes use it (launch/tune_decode.py's A/Bs)."""
+    at 4 stages). gemm_rs's 32- and 128-row classes use it (records gemm_rs_skinny_ab.jsonl)."""
     KB = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K) * BLOCK_K
     k_end = tl.minimum(K, (s + 1) * KB)
     offs_m = tl.arange(0, BLOCK_M)

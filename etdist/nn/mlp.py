@@ -23,7 +23,7 @@ from torch import nn
 from .. import fusion
 from ..fusion.errors import InputError
 from ..ops import mlp as mlp_ops
-from ..ops.gemm_rs import refusal_reaches_peers
+from ..ops.common import refusal_reaches_peers
 from ..ops.mlp import tensor_parallel_mlp
 from ..workloads import mlp as mlp_graph
 from .checks import float_dtype, hidden_states, layer_mesh, positive_ints

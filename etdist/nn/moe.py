@@ -29,7 +29,7 @@ from ..fusion.codegen_triton import claim_ahead
 from ..fusion.compile import early_push_level
 from ..collectives.custom_op import call_op, define_op
 from ..fusion.errors import InputError
-from ..ops.gemm_rs import refusal_reaches_peers
+from ..ops.common import refusal_reaches_peers
 from ..workloads import moe as moe_graph
 from .checks import float_dtype, hidden_states, layer_mesh, positive_ints
 
@@ -262,7 +262,7 @@ class MoE(nn.Module):
         tiles of the size class, the promised alignment of H and I, the early-push level)."""
         if target == "cuda":
             knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_MOE_LARGE_ROWS", "ETDIST_MOE_TAIL",
-                        "ETDIST_MOE_DOWN_N", "ETDIST_MOE_HALF_TAILS", "ETDIST_MOE_FINE_BLOCKS", "ETDIST_TMA")
+                        "ETDIST_MOE_DOWN_N", "ETDIST_MOE_HALF_TAILS", "ETDIST_MOE_FINE_BLOCKS")
         tiles = (layer_tiles(self.intermediate, self.num_experts // self.world, large, self.router.dtype)
                  if target == "cuda" else None)
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1

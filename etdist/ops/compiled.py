@@ -1,5 +1,6 @@
 """The fused ops as torch library ops, so that torch.compile keeps each one whole in its graph
-(collectives/compiled.py says why and how)."""
+(collectives/compiled.py says why and how). A node carries no PlanConfig: compiled calls plan with
+DEFAULT_PLAN, and an op traced with another config refuses it (common.plan_config)."""
 from __future__ import annotations
 
 import torch

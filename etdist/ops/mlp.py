@@ -10,72 +10,46 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .. import knobs
 from ..fusion.errors import InputError
 from ..collectives.custom_op import call_op
 from ..workloads import mlp as mlp_graph
-from . import ag_gemm as _ag_gemm
-from .gemm_rs import (SCRATCH_BYTES, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel,
-                      check_operands, fp32_config, no_rows, refusal_reaches_peers, row_pointers, slices_that_fit,
-                      tile_us, total_rows_of, wave_splits)
-from . import gemm_rs as _gemm_rs
+from .ag_gemm import whole_tile, whole_width
+from .common import (SCRATCH_BYTES, SPLIT_COST, PlanConfig, TileConfig, cached_kernel, check_operands, fp32_config,
+                     interleave_sources, no_rows, plan_config, refusal_reaches_peers, row_pointers, slices_that_fit,
+                     sm_count, tile_us, total_rows_of, wave_splits)
 
-TILES = TileConfig(128, 128, 64, 8, 3)   # two accumulators per tile (gate, up): 128 x 256 spills
-# The down projection's tiles are twice as wide (one accumulator): traced at M=1024 (llama31_405b,
-# qwen3_32b), 128x128 down tiles ran at 4.3 TF/s per SM against torch.mm's 5.1-5.2 and the gate/up
-# tiles' 5.6-5.9 (BENCHMARKS.md, eleventh session). Knob: ETDIST_MLP_DOWN_N (128: as before).
-DOWN_N = knobs.read("ETDIST_MLP_DOWN_N", knobs.tile_width, 256)
-# Above 128 rows, the last TAIL down tiles of each rank's order may run in TAIL_SPLITS contraction
-# slices (tail_plan picks TAIL per M; for the replicated graph, replicated_plan). A down tile is the
-# MLP's longest task (K = I per rank: 4x a gate/up tile's work on gemma2_27b's shape), and 144 of
-# them on 132 SMs (gemma2_27b at M=1024) leave twelve programs with a second one while the rest
-# wait. Knob: ETDIST_MLP_TAIL_SPLITS (1: every tile whole, as before). Measured on one H200 as a
-# rank of two (launch/ops_ab.py, records mlp_w1_ab, twenty-first session), 3 slices against whole:
-# gemma2_27b / qwen3_32b at M=1000 and 1024 -9.5 / -5.2 / -12.2 / -13.7%; where every down tile
-# fits in one wave (llama31_8b, gemma2_9b) the tail plan's slices lost 3-10%, so it slices none
-# there (few_down_splits, below, decides those).
-TAIL_SPLITS = knobs.read("ETDIST_MLP_TAIL_SPLITS", knobs.positive_int, 3)
-# At or below 128 rows (the whole-gather graph) the down tiles are few (H / block_n: 32 on qwen3_8b's
-# shape, one row tile) and each streams a whole column of w_down: traced on one H200 at M=16, 32
-# down tasks of 34 us ran on 32 of 132 SMs after the gate/up tiles. They run in up to
-# WHOLE_DOWN_SPLITS contraction slices (whole_down_splits), as many as keep one task per SM.
-# Above 128 rows, where the down tiles are still no more than the SMs (every row tile's gate/up
-# completes at the end of that phase, so they run as one wave), all of them in as many slices as
-# make that wave shortest (few_down_splits), at most WHOLE_DOWN_SPLITS. On one H200 as a rank of two
-# (twenty-seventh session; records mlp_mid_slices_ab, and mlp_mid_seq_ab from launch/ops_ab.py with
-# VARIANTS="base;WHOLE_DOWN_SPLITS=1"), sliced against whole at M = 192-768: 32-80 down tiles -8 to
-# -37% (llama31_8b / gemma2_27b at M=256: 134 / 378 us -> 93 / 264), 96 tiles -6% to +4% a cell,
-# 108-128 tiles none sliced; -14.5% geomean over 40 cells of the sequence-parallel MLP.
+# The plan above PlanConfig.whole_max_m rows (kernel_plan): gate/up tiles of PlanConfig.mlp_tiles
+# (two accumulators each), down tiles PlanConfig.mlp_down_n wide (one accumulator: records
+# mlp_down_ab.jsonl). A down tile is the MLP's longest task (K = I per rank), so where they leave a
+# ragged last wave the last few of each rank's order run in PlanConfig.mlp_tail_splits contraction
+# slices (tail_plan; records mlp_w1_ab.jsonl), and where they all fit one wave, all of them in as
+# many slices as make it shortest (few_down_splits; records mlp_mid_slices_ab.jsonl). The gathered
+# rows lie in a buffer padded to whole row tiles, which the gate/up tiles read through descriptors
+# over whole tiles (gemm_tiles.box_rows): no slow zero fill past the rows, no pointer loads; where
+# row_pointers holds for a rank's rows its own rows are gathered too, as x is the caller's
+# (records padded_rows_ab.jsonl).
+# At or below whole_max_m rows (the whole-gather graph) the down tiles are few (H / block_n per row
+# tile) and each streams a whole column of w_down: they run in up to WHOLE_DOWN_SPLITS slices
+# (whole_down_splits), as many as keep one task per SM.
 WHOLE_DOWN_SPLITS = 4
-# Above 128 rows the gathered rows lie in a buffer padded to whole row tiles, and the gate/up tiles
-# read them through descriptors over whole tiles (gemm_tiles.box_rows): a ragged tile's box then
-# reads rows that exist (their results are never stored) instead of TMA's slow zero fill past the
-# rows or the SwiGLU tiles' pointer loads; where row_pointers holds for a rank's rows (a short ragged
-# last tile), its own rows are gathered too (own_from_x off), as x is the caller's. On one H200 as a
-# rank of two (twenty-ninth session, launch/ops_ab.py, records row_gemm_split_ab and padded_rows_ab):
-# gate/up through pointers cost up to 12% at M=160 where down through pointers cost nothing; the
-# padded gate/up against the row_pointers rule: M=129 -6 to -13% on gemma2_27b / qwen3_32b /
-# llama31_70b, +2% on llama31_8b; M=160 -1 to -7%, +2-3% on llama31_8b; 192-1024 -1 to +2.5% (noise).
-# Not taken: h padded too (-0.6% more, noise), the gathered rows of the whole-gather graph (+1-4% at
-# M=16) and of ag_gemm (+2-8% at 129 / 160), h in the replicated graph (+2-7%). Knob:
-# ETDIST_MLP_PAD_ROWS=0 (the row_pointers rule alone); ETDIST_ROW_POINTERS=1 turns it off too.
-PAD_ROWS = knobs.read("ETDIST_MLP_PAD_ROWS", knobs.flag, True)
 SEND_US, REDUCE_US = 1.0, 3.0   # least_busy_tail's guesses for a gathered row tile's copy and an owner's sum
 MIN_GAIN = 0.03   # least_busy_tail slices nothing for less: its model ignores the waits, and slices cost traffic
 _KERNELS: dict = {}
 
 
 @functools.lru_cache(maxsize=4096)
-def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, cfg: TileConfig = TILES,
-              down_n: int = DOWN_N, *, own_from_x: bool) -> int:
-    """How many of the last down tiles of each rank's order to cut in `splits` slices (at most one
-    owner's): the number that makes the static schedule's busiest program least busy, its tasks
-    (dealt round-robin: task t to program t % sms) weighed by their work at gemm_rs.SM_TFLOPS, a
-    slice SPLIT_COST more per extra slice; the fewest among equals, and none unless that program's
-    load falls by MIN_GAIN, nor where every down tile fits in one wave (the model then trades the
-    gate/up tiles' dealing against partials it does not price: llama31_8b lost 8-10% to it).
+def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, config: PlanConfig, *,
+              own_from_x: bool) -> int:
+    """How many of the last down tiles (config.mlp_tiles' rows, config.mlp_down_n wide) of each
+    rank's order to cut in `splits` slices (at most one owner's): the number that makes the static
+    schedule's busiest program least busy, its tasks (dealt round-robin: task t to program t % sms)
+    weighed by their work at common.SM_TFLOPS, a slice SPLIT_COST more per extra slice; the fewest
+    among equals, and none unless that program's load falls by MIN_GAIN, nor where every down tile
+    fits in one wave (the model then trades the gate/up tiles' dealing against partials it does not
+    price: records mlp_w1_ab.jsonl).
     own_from_x: as the graph is built (then the gather deals (world - 1) x row tiles x column tiles
     copies ahead of the gate/up tiles, not world x)."""
+    cfg, down_n = config.mlp_tiles, config.mlp_down_n
     rows = -(-M // world)                                # rows per owner
     m = -(-rows // cfg.block_m)                          # row tiles per owner
     i_tiles, h_tiles, k_tiles = -(-I // cfg.block_n), -(-H // down_n), -(-H // cfg.block_n)
@@ -129,56 +103,56 @@ def whole_down_splits(M: int, H: int, cfg: TileConfig, sms: int) -> int:
     return max(1, min(WHOLE_DOWN_SPLITS, sms // tiles))
 
 
-def few_down_splits(tiles: int, sms: int, most: int) -> int:
-    """Contraction slices of all `tiles` down tiles above 128 rows: where they are no more than the
-    SMs, as many as make their wave shortest (gemm_rs.wave_splits; 36 tiles on 132 SMs: 3; 72: 3,
-    two waves of thirds; 112 or 128: none), at most `most`; none with more tiles (the tail plans'
-    case) or where TAIL_SPLITS is 1 (every tile whole)."""
-    if tiles > sms or TAIL_SPLITS == 1:
+def few_down_splits(tiles: int, sms: int, most: int, config: PlanConfig) -> int:
+    """Contraction slices of all `tiles` down tiles above whole_max_m rows: where they are no more
+    than the SMs, as many as make their wave shortest (common.wave_splits; 36 tiles on 132 SMs: 3;
+    72: 3, two waves of thirds; 112 or 128: none), at most `most`; none with more tiles (the tail
+    plans' case) or where config.mlp_tail_splits is 1 (every tile whole)."""
+    if tiles > sms or config.mlp_tail_splits == 1:
         return 1
     return wave_splits(tiles, sms, min(most, WHOLE_DOWN_SPLITS))
 
 
-def size_class(M: int, H: int, I: int, dtype: torch.dtype) -> tuple[bool, TileConfig, int]:
-    """Both graphs' tiles for M rows: (whole: M <= WHOLE_MAX_M, the tile config, the sizes'
+def size_class(M: int, H: int, I: int, dtype: torch.dtype, config: PlanConfig) -> tuple[bool, TileConfig, int]:
+    """Both graphs' tiles for M rows: (whole: M <= config.whole_max_m, the tile config, the sizes'
     promised alignment)."""
-    whole = M <= _ag_gemm.WHOLE_MAX_M
-    cfg = _ag_gemm.whole_tile("tensor_parallel_mlp", M) if whole else TILES
+    whole = M <= config.whole_max_m
+    cfg = whole_tile("tensor_parallel_mlp", M, config) if whole else config.mlp_tiles
     cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
     return whole, cfg, 16 if H % 16 == 0 and I % 16 == 0 else 1
 
 
 @functools.lru_cache(maxsize=4096)
-def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int):
+def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int, config: PlanConfig):
     """What the op compiles for M rows of x [M, H] and a rank's I on a GPU of `sms` SMs among `world`
-    ranks: (tile config, a builder of the graph, the graph's run-time sizes). At most WHOLE_MAX_M
-    rows, the whole-gather graph (every weight read once) with its down tiles in slices and its gate/up
-    tiles narrowed (ag_gemm.whole_width); above, the sequence-parallel graph: every down tile in
-    few_down_splits' slices where they fit in one wave, else the last ones where tail_plan finds a
-    ragged wave. Cached: the op asks at every call (2-6 us uncached on our CPU host).
-    launch/trace_mlp.py traces the same plan."""
-    whole, cfg, align = size_class(M, H, I, dtype)
+    ranks with `config`: (tile config, a builder of the graph, the graph's run-time sizes). At most
+    config.whole_max_m rows, the whole-gather graph (every weight read once) with its down tiles in
+    slices and its gate/up tiles narrowed (ag_gemm.whole_width); above, the sequence-parallel graph:
+    every down tile in few_down_splits' slices where they fit in one wave, else the last ones where
+    tail_plan finds a ragged wave. Cached: the op asks at every call (2-6 us uncached on our CPU
+    host); config is part of the key."""
+    whole, cfg, align = size_class(M, H, I, dtype, config)
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:
         return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms),
-                                      up_n=_ag_gemm.whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab,
+                                      up_n=whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab,
                                       row_pointers=row_pointers(M, cfg.block_m)), {"M": M}
     # the sliced graph only where its plan slices (its partials take `splits` x the memory)
     rows = -(-M // world)                                # rows per owner
     pointers = row_pointers(rows, cfg.block_m)
-    padded = bool(PAD_ROWS) and _gemm_rs.ROW_POINTERS != 1
-    own_from_x = bool(_ag_gemm.OWN_FROM_X) and not (padded and pointers)
-    tiles = world * -(-rows // cfg.block_m) * -(-H // DOWN_N)   # down tiles per rank
-    splits = few_down_splits(tiles, sms, slices_that_fit(M, H, world, dtype.itemsize, WHOLE_DOWN_SPLITS))
+    own_from_x = not pointers   # the padded buffer's rows, where x's own would leave a short ragged tile
+    down_n, most_tail = config.mlp_down_n, config.mlp_tail_splits
+    tiles = world * -(-rows // cfg.block_m) * -(-H // down_n)   # down tiles per rank
+    splits = few_down_splits(tiles, sms, slices_that_fit(M, H, world, dtype.itemsize, WHOLE_DOWN_SPLITS), config)
     if splits > 1:   # every down tile in slices
         tail = tiles
     else:            # or the last few, where they leave a ragged last wave
-        splits = 1 if TAIL_SPLITS == 1 else slices_that_fit(M, H, world, dtype.itemsize, TAIL_SPLITS)
-        tail = tail_plan(M, H, I, world, sms, splits, own_from_x=own_from_x) if splits > 1 else 0
+        splits = 1 if most_tail == 1 else slices_that_fit(M, H, world, dtype.itemsize, most_tail)
+        tail = tail_plan(M, H, I, world, sms, splits, config, own_from_x=own_from_x) if splits > 1 else 0
     # interleaved owners need the down tiles all whole or all in slices (a tail is one owner's)
-    interleave = _gemm_rs.interleave_sources(rows, cfg.block_m, world) and tail in (0, tiles)
-    build = functools.partial(mlp_graph.tp_mlp, *args, down_n=DOWN_N, tail_splits=splits if tail else 1,
-                              own_from_x=own_from_x, row_pointers=pointers, padded=padded,
+    interleave = interleave_sources(rows, cfg.block_m, world) and tail in (0, tiles)
+    build = functools.partial(mlp_graph.tp_mlp, *args, down_n=down_n, tail_splits=splits if tail else 1,
+                              own_from_x=own_from_x, row_pointers=pointers, padded=True,
                               interleave=interleave)
     return cfg, build, ({"M": M, "TAIL": tail} if tail else {"M": M})
 
@@ -193,25 +167,25 @@ def replicated_rows(H: int, world: int, itemsize: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int):
+def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int, config: PlanConfig):
     """The plan (as kernel_plan's) of the replicated-in-and-out graph for M <= replicated_rows rows:
-    up to WHOLE_MAX_M rows the whole-gather graph's tiles and narrowing, every down tile in slices
-    where they leave SMs idle (whole_down_splits); above, the sequence-parallel graph's gate/up
-    (TILES) and down (DOWN_N wide) tiles: where the down tiles fit in one wave, all of them in
-    few_down_splits' slices; with more, the last ones in TAIL_SPLITS slices where least_busy_tail
-    finds a ragged last wave."""
-    whole, cfg, align = size_class(M, H, I, dtype)
-    down_n = cfg.block_n if whole else DOWN_N
-    up_n = _ag_gemm.whole_width(M, I, cfg, sms) if whole else cfg.block_n
+    up to config.whole_max_m rows the whole-gather graph's tiles and narrowing, every down tile in
+    slices where they leave SMs idle (whole_down_splits); above, the sequence-parallel graph's
+    gate/up (config.mlp_tiles) and down (config.mlp_down_n wide) tiles: where the down tiles fit in
+    one wave, all of them in few_down_splits' slices; with more, the last ones in
+    config.mlp_tail_splits slices where least_busy_tail finds a ragged last wave."""
+    whole, cfg, align = size_class(M, H, I, dtype, config)
+    down_n = cfg.block_n if whole else config.mlp_down_n
+    up_n = whole_width(M, I, cfg, sms) if whole else cfg.block_n
     m = -(-M // cfg.block_m)
     mh = m * -(-H // down_n)                            # down tiles
     if whole:
         splits, tail = whole_down_splits(M, H, dataclasses.replace(cfg, block_n=down_n), sms), mh
     elif mh <= sms:   # one slice's partials on a rank: world x M x H
         splits, tail = few_down_splits(mh, sms, slices_that_fit(M * world, H, world, dtype.itemsize,
-                                                                WHOLE_DOWN_SPLITS)), mh
+                                                                WHOLE_DOWN_SPLITS), config), mh
     else:   # a ragged last wave
-        splits = slices_that_fit(M * world, H, world, dtype.itemsize, TAIL_SPLITS)
+        splits = slices_that_fit(M * world, H, world, dtype.itemsize, config.mlp_tail_splits)
         tail = 0 if splits == 1 else least_busy_tail(
             sms, [(m * -(-I // up_n), _gate_up_us(cfg, up_n, H))], mh, _down_us(cfg, down_n, I), splits,
             [(mh, REDUCE_US)], most=min(mh, sms))
@@ -224,7 +198,8 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
 
 def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, *, mesh=None,
                         total_rows: Optional[int] = None, out: Optional[torch.Tensor] = None,
-                        schedule: str = "static", sequence_parallel: bool = True) -> torch.Tensor:
+                        schedule: str = "static", sequence_parallel: bool = True,
+                        config: Optional[PlanConfig] = None) -> torch.Tensor:
     """This rank's rows of sum_r (silu(x @ gate_r) * (x @ up_r)) @ w_down_r, sequence-parallel
     (or, with sequence_parallel=False, all its rows on every rank).
 
@@ -235,13 +210,16 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
     sequence_parallel=False: every rank passes the whole x [M, H] (the same on every rank) and gets
        the whole y [M, H]: no gather, the down tiles' partials pushed to every rank and summed
        there (Megatron's MLP and its all-reduce, in one kernel; workloads.mlp.tp_mlp_replicated).
-    Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy).
+    config: the plan's tiles and bounds (et.ops.PlanConfig; None: DEFAULT_PLAN), alike on every rank.
+    Under torch.compile: one opaque node of its graph (ops/compiled.py; `out=` is then a copy; the
+    default config only).
     """
     if torch.compiler.is_compiling():
+        plan_config("tensor_parallel_mlp", config, compiling=True)
         return call_op("tensor_parallel_mlp", x, w_gate_up, w_down, total_rows, schedule, sequence_parallel,
                        mesh=mesh, out=out)
-    knobs.check(*TILE_KNOBS)
     with refusal_reaches_peers(mesh, _KERNELS):
+        config = plan_config("tensor_parallel_mlp", config)
         mesh = check_operands("tensor_parallel_mlp", "etdist.workloads.mlp", x, w_gate_up, mesh)
         if not isinstance(w_down, torch.Tensor) or w_down.dim() != 2:
             raise InputError(f"tensor_parallel_mlp: w_down must be a 2-D tensor [I, {x.shape[1]}], "
@@ -271,23 +249,24 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
                              f"{x.device}, got {getattr(out, 'shape', type(out).__name__)}")
     if empty is not None:
         return empty
-    sms = _sm_count(mesh.device.index)
+    sms = sm_count(mesh.device.index)
     if sequence_parallel:
-        return _launch(kernel_plan(M, H, I, x.dtype, sms, mesh.world_size), schedule, mesh, x, w_gate_up, w_down, out)
+        return _launch(config, kernel_plan(M, H, I, x.dtype, sms, mesh.world_size, config), schedule, mesh, x,
+                       w_gate_up, w_down, out)
     if M <= rows:
-        return _launch(replicated_plan(M, H, I, x.dtype, sms, mesh.world_size), schedule, mesh, x, w_gate_up,
-                       w_down, out)
+        return _launch(config, replicated_plan(M, H, I, x.dtype, sms, mesh.world_size, config), schedule, mesh, x,
+                       w_gate_up, w_down, out)
     y = out if out is not None else x.new_empty(M, H)
     for lo in range(0, M, rows):   # every rank the same launches: x is the same everywhere
         hi = min(M, lo + rows)
-        _launch(replicated_plan(hi - lo, H, I, x.dtype, sms, mesh.world_size), schedule, mesh, x[lo:hi],
-                w_gate_up, w_down, y[lo:hi])
+        _launch(config, replicated_plan(hi - lo, H, I, x.dtype, sms, mesh.world_size, config), schedule, mesh,
+                x[lo:hi], w_gate_up, w_down, y[lo:hi])
     return y
 
 
-def _launch(plan, schedule: str, mesh, x, w_gate_up, w_down, out):
-    """One launch of the megakernel `plan` (a kernel_plan or replicated_plan) builds."""
+def _launch(config: PlanConfig, plan, schedule: str, mesh, x, w_gate_up, w_down, out):
+    """One launch of the megakernel `plan` (a kernel_plan or replicated_plan of `config`) builds."""
     cfg, build, sizes = plan
-    kernel = cached_kernel(_KERNELS, cfg, schedule, build)
+    kernel = cached_kernel(_KERNELS, config, cfg, schedule, build)
     return kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes=sizes,
                   out=None if out is None else {"y": out})["y"]

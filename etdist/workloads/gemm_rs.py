@@ -134,9 +134,9 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
     split in `splits` slices to give every SM work; fp32 partials, summed by the owner.
     swap_ab: the GPU tile multiplies transposed (weights on the MMA's M side; aligned sizes only,
     where the operands load through TMA: gemm_tiles.gemm_rs_skinny_matmul).
-    reduce_n: the owner sums column tiles of that width (default block_n; a divisor of it): one
-    reduce task per matmul column tile reads R x splits fp32 partials of every row, and the last
-    of them ran ~6 us past the matmuls at M=128 (traced, twenty-first session)."""
+    reduce_n: the owner sums column tiles of that width (default block_n; a divisor of it): a
+    reduce task reads R x splits fp32 partials of every row, so narrower ones end sooner after the
+    matmuls (ops.gemm_rs.skinny_reduce_n; records gemm_rs_w1_ab.jsonl)."""
     reduce_n = reduce_n or block_n
     if isinstance(reduce_n, bool) or not isinstance(reduce_n, int) or reduce_n < 1 or block_n % reduce_n:
         raise et.GraphError(f"gemm_reduce_scatter_skinny: reduce_n must divide block_n={block_n}, got {reduce_n!r}")

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import etdist as et
 from etdist.ops import gemm_rs as op_module
+from etdist.ops.common import DEFAULT_PLAN, kernel_key
 
 
 def host_all_gather(t):
@@ -51,9 +52,9 @@ def reference(x, w, mesh):
 def check_ok(mesh):
     torch.manual_seed(1234 + mesh.rank)
     K, N = 1536, 1024
-    # every size class, ragged ones included (K=1536, N=1024: LARGE tiles in 4, 3 and 2 contraction
-    # slices from 129 to 2048 rows, whole at 4096; at 4608, 144 tiles: by default a wave of 132 whole
-    # tiles, then 12 in 4 slices; under ETDIST_GEMM_RS_SPLIT_TAIL=0 all 144 in 4)
+    # every size class, ragged ones included (K=1536, N=1024: large tiles in 4, 3 and 2 contraction
+    # slices from 129 to 2048 rows, whole at 4096; at 4608, 144 tiles: a wave of 132 whole tiles,
+    # then 12 in 4 slices)
     for M in (1, 5, 16, 64, 65, 100, 128, 129, 1000, 1024, 2048, 4096, 4608):
         for dtype in (torch.bfloat16, torch.float32):
             x = torch.randn(M, K, device=mesh.device, dtype=dtype)
@@ -70,13 +71,23 @@ def check_ok(mesh):
             y2 = et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
             assert torch.equal(y, y2), f"M={M}: second launch differs"
     print(f"OK correctness rank {mesh.rank}", flush=True)
+    # another PlanConfig: its own plans and kernels beside the default's (whole large tiles; every
+    # skinny class aiming at two tasks per SM), the same answers
+    other = DEFAULT_PLAN.override("max_splits=1+skinny_tasks_per_sm=2")
+    for M in (16, 100, 1000, 4608):
+        x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
+        w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16) / K ** 0.5
+        y, ref = et.ops.gemm_reduce_scatter(x, w, mesh=mesh, config=other), reference(x, w, mesh)
+        err = ((y.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item() if ref.numel() else 0.0
+        assert y.shape == ref.shape and err < 1e-2, f"config {other.changes()} M={M}: rel err {err:.2e}"
+    print(f"OK config rank {mesh.rank}", flush=True)
     # unseen sizes: whole LARGE tiles, in slices, rows through pointers or descriptors, the skinny classes
     unseen = [*range(3000, 3100, 7), *range(130, 1100, 97), *range(2, 64, 5), *range(66, 128, 9)]
     sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
     binaries = {}   # the op's kernel key -> the first M that needs it: one binary serves every later M
     for M in unseen:
-        cfg, _, _, build = op_module.kernel_plan(M, K, N, torch.bfloat16, sms, mesh.world_size)
-        binaries.setdefault(op_module.kernel_key(cfg, "static", build), M)
+        cfg, _, _, build = op_module.kernel_plan(M, K, N, torch.bfloat16, sms, mesh.world_size, DEFAULT_PLAN)
+        binaries.setdefault(kernel_key(DEFAULT_PLAN, cfg, "static", build), M)
     for M in binaries.values():
         et.ops.gemm_reduce_scatter(torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16),
                                    torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16), mesh=mesh)

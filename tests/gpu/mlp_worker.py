@@ -89,15 +89,15 @@ def main():
 
 
 def check_tail_slices(mesh, mlp, ref):
-    """The MLP graph whose last TAIL down tiles run in 3 contraction slices (ETDIST_MLP_TAIL_SPLITS),
-    with the op's tiles and own rows read from x as the op builds it (ETDIST_AG_GEMM_OWN_FROM_X), at
-    TAIL = 0, 1, one owner's every down tile (mn) and every owner's (R x mn), ragged M too."""
-    from etdist.ops import ag_gemm as ag_op
-    from etdist.ops import mlp as mlp_op
+    """The MLP graph whose last TAIL down tiles run in 3 contraction slices (PlanConfig.mlp_tail_splits),
+    with the op's tiles and own rows read from x as the op builds it, at TAIL = 0, 1, one owner's
+    every down tile (mn) and every owner's (R x mn), ragged M too."""
+    from etdist.ops.common import DEFAULT_PLAN
     from etdist.workloads import mlp as mlp_graph
-    R, r, dev, cfg = mesh.world_size, mesh.rank, mesh.device, mlp_op.TILES
+    R, r, dev, cfg = mesh.world_size, mesh.rank, mesh.device, DEFAULT_PLAN.mlp_tiles
+    down_n = DEFAULT_PLAN.mlp_down_n
     kernel = et.compile(mlp_graph.tp_mlp(cfg.block_m, cfg.block_n, torch.bfloat16, cfg.block_k, 16,
-                                         down_n=mlp_op.DOWN_N, tail_splits=3, own_from_x=ag_op.OWN_FROM_X),
+                                         down_n=down_n, tail_splits=3, own_from_x=True),
                         target="cuda")
     kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
     H = mlp.w_down[0].shape[1]
@@ -105,7 +105,7 @@ def check_tail_slices(mesh, mlp, ref):
         x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
         C = -(-M // R)
         want = ref(x)[r * C:(r + 1) * C]
-        mn = -(-C // cfg.block_m) * -(-H // mlp_op.DOWN_N)
+        mn = -(-C // cfg.block_m) * -(-H // down_n)
         for tail in sorted({0, 1, mn, R * mn}):
             got = kernel(mesh, x=x[r * C:(r + 1) * C].contiguous(), w_gate_up=mlp.w_gate_up[0].data,
                          w_down=mlp.w_down[0].data, sizes={"M": M, "TAIL": tail})["y"]

@@ -13,6 +13,7 @@ import torch
 
 import etdist as et
 from etdist.ops import gemm_rs as gemm_rs_op
+from etdist.ops.common import DEFAULT_PLAN
 from etdist.workloads import ag_gemm, gemm_rs, mlp
 
 # the size classes at two and three ranks: skinny / whole-gather (16, 100), each rank's rows one
@@ -37,42 +38,38 @@ def main():
         assert y.shape == ref.shape and err < TOL, f"rank {me} {what}: shape {tuple(y.shape)}, rel err {err:.2e}"
         checks += 1
 
-    for interleave in (True, False):
-        gemm_rs_op.INTERLEAVE_SOURCES = interleave   # read by every per-source plan
-        et.ops.clear_plan_caches()
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        assert gemm_rs_op.kernel_plan(129, 1536, 1024, bf, sms, R)[3].keywords["interleave"] == interleave
-        for M in MS:
-            t0 = time.time()
-            schedules = ("static", "dynamic") if M == 129 else ("static",)
-            inputs = gemm_rs.make_inputs(R, M, 1536, 1024, seed=M, dtype=bf)
-            ref = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])[me]
-            for schedule in schedules:
-                y = et.ops.gemm_reduce_scatter(inputs[me]["x"].to(dev), inputs[me]["w"].to(dev), schedule=schedule)
-                check(f"gemm_rs M={M} {schedule} interleave={interleave}", y, ref)
-            inputs = ag_gemm.make_inputs(R, M, 1024, 1536, seed=M + 1, dtype=bf)
-            ref = ag_gemm.reference([i["x"] for i in inputs], [i["w"] for i in inputs])[me]
-            for schedule in schedules:
-                y = et.ops.all_gather_gemm(inputs[me]["x"].to(dev), inputs[me]["w"].to(dev), total_rows=M,
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    assert gemm_rs_op.kernel_plan(129, 1536, 1024, bf, sms, R, DEFAULT_PLAN)[3].keywords["interleave"] == (R > 1)
+    for M in MS:
+        t0 = time.time()
+        schedules = ("static", "dynamic") if M == 129 else ("static",)
+        inputs = gemm_rs.make_inputs(R, M, 1536, 1024, seed=M, dtype=bf)
+        ref = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])[me]
+        for schedule in schedules:
+            y = et.ops.gemm_reduce_scatter(inputs[me]["x"].to(dev), inputs[me]["w"].to(dev), schedule=schedule)
+            check(f"gemm_rs M={M} {schedule}", y, ref)
+        inputs = ag_gemm.make_inputs(R, M, 1024, 1536, seed=M + 1, dtype=bf)
+        ref = ag_gemm.reference([i["x"] for i in inputs], [i["w"] for i in inputs])[me]
+        for schedule in schedules:
+            y = et.ops.all_gather_gemm(inputs[me]["x"].to(dev), inputs[me]["w"].to(dev), total_rows=M,
+                                       schedule=schedule)
+            check(f"ag_gemm M={M} {schedule}", y, ref)
+        inputs = mlp.make_inputs(R, M, 1024, 1024 * R, seed=M + 2, dtype=bf)
+        ref = mlp.reference(*([i[k] for i in inputs] for k in ("x", "w_gate_up", "w_down")))[me]
+        mine = {k: v.to(dev) for k, v in inputs[me].items()}
+        for schedule in schedules:
+            y = et.ops.tensor_parallel_mlp(mine["x"], mine["w_gate_up"], mine["w_down"], total_rows=M,
                                            schedule=schedule)
-                check(f"ag_gemm M={M} {schedule} interleave={interleave}", y, ref)
-            inputs = mlp.make_inputs(R, M, 1024, 1024 * R, seed=M + 2, dtype=bf)
-            ref = mlp.reference(*([i[k] for i in inputs] for k in ("x", "w_gate_up", "w_down")))[me]
-            mine = {k: v.to(dev) for k, v in inputs[me].items()}
-            for schedule in schedules:
-                y = et.ops.tensor_parallel_mlp(mine["x"], mine["w_gate_up"], mine["w_down"], total_rows=M,
-                                               schedule=schedule)
-                check(f"mlp M={M} {schedule} interleave={interleave}", y, ref)
-            if interleave:   # the replicated MLP has no sources to interleave
-                inputs = mlp.make_inputs(R, M, 1024, 1024 * R, seed=M + 3, dtype=bf, replicated=True)
-                ref = mlp.reference_replicated(inputs[0]["x"], [i["w_gate_up"] for i in inputs],
-                                               [i["w_down"] for i in inputs])
-                y = et.ops.tensor_parallel_mlp(*(inputs[me][k].to(dev) for k in ("x", "w_gate_up", "w_down")),
-                                               sequence_parallel=False)
-                check(f"mlp replicated M={M}", y, ref)
-            torch.cuda.synchronize()
-            if me == 0:
-                print(f"[interleave={int(interleave)} M={M}] checked in {time.time() - t0:.1f} s", flush=True)
+            check(f"mlp M={M} {schedule}", y, ref)
+        inputs = mlp.make_inputs(R, M, 1024, 1024 * R, seed=M + 3, dtype=bf, replicated=True)
+        ref = mlp.reference_replicated(inputs[0]["x"], [i["w_gate_up"] for i in inputs],
+                                       [i["w_down"] for i in inputs])
+        y = et.ops.tensor_parallel_mlp(*(inputs[me][k].to(dev) for k in ("x", "w_gate_up", "w_down")),
+                                       sequence_parallel=False)
+        check(f"mlp replicated M={M}", y, ref)
+        torch.cuda.synchronize()
+        if me == 0:
+            print(f"[M={M}] checked in {time.time() - t0:.1f} s", flush=True)
     mesh.close()
     print(f"OK shared-gpu rank {me}: {checks} checks", flush=True)
 

@@ -26,18 +26,8 @@ def test_gemm_reduce_scatter_matches_reference(world):
     env = ranks_env(world)
     rc, out = torchrun(world, env=env)
     assert rc == 0, out[-5000:]
-    for check in ("correctness", "no-recompile", "bad-input", "idle-threads"):
+    for check in ("correctness", "config", "no-recompile", "bad-input", "idle-threads"):
         assert out.count(f"OK {check}") == world, out[-5000:]
-
-
-def test_gemm_reduce_scatter_tail_plan_matches_reference():
-    """The plan besides the default (whole tiles in whole waves, slices past them): every tile in
-    slices (ETDIST_GEMM_RS_SPLIT_TAIL=0): the same checks."""
-    env = ranks_env(2)
-    rc, out = torchrun(2, env={**env, "ETDIST_GEMM_RS_SPLIT_TAIL": "0"})
-    assert rc == 0, out[-5000:]
-    for check in ("correctness", "no-recompile", "bad-input"):
-        assert out.count(f"OK {check}") == 2, out[-5000:]
 
 
 @pytest.mark.parametrize("world", [1, 2])

@@ -1,0 +1,338 @@
+"""What the fused ops share: their plan configuration (PlanConfig, passed as `config=`), the operand
+checks, the kernel cache, and the pieces of the plan models more than one op uses."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import typing
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .. import knobs
+from ..fusion import compile as et_compile
+from ..fusion.cuda_runtime import post_refusal
+from ..fusion.errors import InputError
+from ..mesh import MeshError, current_mesh
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    swap_ab: bool = False   # the tile multiplies transposed, the weights on the MMA's M side (gemm_tiles)
+    per_sm: int = 1         # the kernel's persistent programs per SM (2: two co-resident, each half the stages)
+
+    @classmethod
+    def parse(cls, text: str) -> "TileConfig":
+        """"block_m,block_n,block_k,warps,stages[,swap][,2/sm]" (knobs.tile's rules for the numbers)."""
+        parts = text.replace(" ", "").split(",")
+        per_sm = 1
+        if parts and parts[-1].endswith("/sm"):
+            try:
+                per_sm = int(parts.pop()[:-3])
+            except ValueError:
+                per_sm = 0
+            if per_sm not in (1, 2):
+                raise ValueError(f"tile config {text!r}: programs per SM must be '1/sm' or '2/sm'")
+        swap = bool(parts) and parts[-1] == "swap"
+        try:
+            values = knobs.tile(",".join(parts[:-1] if swap else parts))
+        except ValueError as e:
+            raise ValueError(f"tile config {text!r}: {str(e).replace('stages', 'stages[,swap][,2/sm]', 1)}") from None
+        return cls(*values, swap_ab=swap, per_sm=per_sm)
+
+    def text(self) -> str:
+        """The form parse reads: parse(cfg.text()) == cfg."""
+        return ",".join(map(str, (self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages))) + \
+            (",swap" if self.swap_ab else "") + (f",{self.per_sm}/sm" if self.per_sm != 1 else "")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Every choice the plans of gemm_reduce_scatter, all_gather_gemm and tensor_parallel_mlp take
+    from outside their models: the size classes' tiles and a few bounds. Frozen and hashable: the
+    ops' plan caches and kernel caches key on it. DEFAULT_PLAN is what the ops run unless given
+    `config=`; DEFAULT_PLAN.override("whole_max_m=256+max_splits=2") or dataclasses.replace make
+    another (launch/regress.py A/Bs them on the GPUs)."""
+
+    # gemm_reduce_scatter: up to 128 rows a skinny split-K class (each M the smallest that holds
+    # it), above the large graph's tiles whole or in up to max_splits contraction slices
+    skinny_32: TileConfig = TileConfig(32, 128, 128, 4, 5, swap_ab=True)    # M <= 32: gemm_rs_skinny_ab.jsonl
+    skinny_64: TileConfig = TileConfig(64, 128, 128, 4, 4)                  # M <= 64: the same
+    skinny_128: TileConfig = TileConfig(128, 128, 128, 8, 3, swap_ab=True)  # M <= 128: the same
+    large: TileConfig = TileConfig(128, 256, 64, 8, 4)   # above, all_gather_gemm's too: gemm_rs_narrow_ab.jsonl
+    max_splits: int = 4                                  # slices of a large tile: gemm_rs_split_ab.jsonl
+    skinny_tasks_per_sm: Optional[float] = None          # the skinny split-K's aim (None: the tile's per_sm)
+    # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
+    # every row, the weights read once), a tile class per bound; above, per-source tiles
+    whole_max_m: int = 128          # ag_gemm_ab.jsonl / mlp_ab.jsonl, variant WHOLE_MAX_M=256 at 7f55834
+    whole_32: TileConfig = TileConfig(32, 128, 64, 4, 6, swap_ab=True)     # M <= 32, both ops: whole_swap_ab.jsonl
+    whole_ag: TileConfig = TileConfig(64, 128, 128, 4, 4)   # all_gather_gemm's M <= 64: gemm_rs_skinny_ab.jsonl
+    whole_mlp: TileConfig = TileConfig(64, 128, 64, 4, 4)   # the MLP's M <= 64 (two weight tiles): the same
+    whole_128: TileConfig = TileConfig(128, 128, 64, 8, 4)  # M <= 128, both ops: whole_tiles_ab2.jsonl
+    whole_256: TileConfig = TileConfig(256, 128, 64, 8, 3, swap_ab=True)   # M <= 256 if whole_max_m: whole256_ab.jsonl
+    whole_256_mlp: TileConfig = TileConfig(256, 64, 64, 8, 3, swap_ab=True)   # the same, the MLP's
+    large_narrow: TileConfig = TileConfig(128, 128, 64, 8, 4)   # ragged last waves: ag_gemm_large_ab.jsonl
+    # tensor_parallel_mlp above whole_max_m rows
+    mlp_tiles: TileConfig = TileConfig(128, 128, 64, 8, 3)   # gate/up tiles (two accumulators: 128 x 256 spills)
+    mlp_down_n: int = 256                                    # the down tiles' width: mlp_down_ab.jsonl
+    mlp_tail_splits: int = 3        # slices of the last down tiles of a ragged wave (1: whole): mlp_w1_ab.jsonl
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if _TYPES[f.name] is TileConfig:
+                if not isinstance(v, TileConfig):
+                    raise ValueError(f"PlanConfig.{f.name} must be a TileConfig, got {v!r}")
+            elif f.name == "skinny_tasks_per_sm":
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                      or not math.isfinite(v) or v <= 0):
+                    raise ValueError(f"PlanConfig.skinny_tasks_per_sm must be None or a finite number > 0, got {v!r}")
+            elif isinstance(v, bool) or not isinstance(v, int) or v < _LEAST[f.name]:
+                raise ValueError(f"PlanConfig.{f.name} must be an int >= {_LEAST[f.name]}, got {v!r}")
+        if self.mlp_down_n < 16 or self.mlp_down_n & (self.mlp_down_n - 1):
+            raise ValueError(f"PlanConfig.mlp_down_n must be a power of two >= 16, got {self.mlp_down_n}")
+        # the plan caches hash it on every call of an op: once here, not per call
+        object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def override(self, text: str) -> "PlanConfig":
+        """This config with the fields `text` names changed: "field=value+field=value" ("" or
+        "base": none), each value as its field's type reads it (a tile: TileConfig.parse's
+        "block_m,block_n,block_k,warps,stages[,swap][,2/sm]"; skinny_tasks_per_sm: a number or None)."""
+        changes = {}
+        for part in text.replace(" ", "").split("+"):
+            if part in ("", "base"):
+                continue
+            name, eq, value = part.partition("=")
+            if name not in _TYPES:
+                raise ValueError(f"PlanConfig has no field {name!r} (in {text!r}); fields: {', '.join(_TYPES)}")
+            if not eq:
+                raise ValueError(f"PlanConfig override {part!r}: want field=value")
+            if name in changes:
+                raise ValueError(f"PlanConfig override {text!r} sets {name} twice")
+            changes[name] = _parse(name, value)
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def changes(self) -> str:
+        """The fields that differ from DEFAULT_PLAN, as override reads them ("base" if none):
+        DEFAULT_PLAN.override(c.changes()) == c."""
+        parts = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v != f.default:
+                parts.append(f"{f.name}={v.text() if isinstance(v, TileConfig) else v}")
+        return "+".join(parts) or "base"
+
+
+_TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig, int or Optional[float]
+_LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1}
+
+
+def _parse(name: str, text: str):
+    kind = _TYPES[name]
+    if kind is TileConfig:
+        try:
+            return TileConfig.parse(text)
+        except ValueError as e:
+            raise ValueError(f"PlanConfig.{name}: {e}") from None
+    if kind is int:
+        if not text.isdigit():
+            raise ValueError(f"PlanConfig.{name}={text!r}: want an int >= {_LEAST[name]}")
+        return int(text)
+    if text.lower() == "none":   # Optional[float]
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"PlanConfig.{name}={text!r}: want a number > 0 or None") from None
+
+
+DEFAULT_PLAN = PlanConfig()
+
+
+def plan_config(op: str, config, compiling: bool = False) -> PlanConfig:
+    """The config an op call plans with: DEFAULT_PLAN for None; anything but a PlanConfig is refused,
+    and so is any but the default while torch.compile traces the op (its graph node, ops/compiled.py,
+    carries no config)."""
+    if config is None:
+        return DEFAULT_PLAN
+    if not isinstance(config, PlanConfig):
+        raise InputError(f"et.ops.{op}: config must be an et.ops.PlanConfig (or None), got {type(config).__name__}")
+    if compiling and config != DEFAULT_PLAN:
+        # refused outside the trace (a raise that Dynamo traced would break the graph and run the
+        # op eagerly with the config instead); the wrapper made here, as importing Dynamo at import
+        # time costs seconds. With fullgraph=True, Dynamo's error shows this line.
+        refuse = torch.compiler.disable(_only_default_plan_under_torch_compile, reason=_ONLY_DEFAULT)
+        refuse(op, config)
+    return config
+
+
+_ONLY_DEFAULT = "et.ops run the default PlanConfig only under torch.compile"
+
+
+def _only_default_plan_under_torch_compile(op: str, config: PlanConfig):
+    raise InputError(f"et.ops.{op} under torch.compile runs the default plan only; got config with "
+                     f"{config.changes()}: call it outside the compiled region to plan with another")
+
+
+def fp32_config(cfg: TileConfig) -> TileConfig:
+    """fp32 tiles take twice the shared memory per stage: halve the contraction step, <= 3 stages."""
+    return dataclasses.replace(cfg, block_k=max(16, cfg.block_k // 2), num_stages=min(3, cfg.num_stages))
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    """Asked once per GPU, not on every call (the op's host time is on the decode path)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def row_pointers(rows: int, block_m: int, at_half: bool = False) -> bool:
+    """Whether tiles of block_m rows over `rows` rows (a source's or an owner's) load them through
+    pointers (gemm_tiles.use_tma), where a descriptor's box would run far past the rows (its zero
+    fill is slow): where the last tile is ragged and is either the only one or less than half full
+    (one row tile of 100 rows in 128; 129 rows in two tiles of 128, 1 row in the second); at_half,
+    also where it is exactly half full (all_gather_gemm's). Records row_pointers_ab.jsonl and
+    ag_gemm_ab.jsonl (variant ROW_POINTERS=1 at 71a23a0)."""
+    last = rows % block_m
+    return last > 0 and (rows < block_m or 2 * last < block_m or (at_half and 2 * last == block_m))
+
+
+def interleave_sources(rows: int, block_m: int, world: int) -> bool:
+    """Whether the per-source (per-owner) graphs put the sources' tiles side by side
+    (workloads.gather.source_order), so that they read each weight tile once: where each source's
+    `rows` are one row tile, at two or more ranks. Records rs_interleave_proxy_ab.jsonl."""
+    return world > 1 and rows <= block_m
+
+
+# The plan models' rate: LARGE-sized tiles at ~6 TF/s on one SM (the MLP's down tiles, traced:
+# records mlp_trace.jsonl).
+SM_TFLOPS = 6.0
+SPLIT_COST = 0.03   # per extra contraction slice: its partial's stores and sum, a pipeline fill
+SCRATCH_BYTES = 1 << 30   # the most symmetric memory a plan's partials may take (x world x slices)
+
+
+def tile_us(block_m: int, block_n: int, K: int) -> float:
+    """us of one block_m x block_n output tile over a contraction of K on one SM at SM_TFLOPS."""
+    return 2 * block_m * block_n * K / (SM_TFLOPS * 1e6)
+
+
+def wave_splits(tiles: int, sms: int, most: int) -> int:
+    """Contraction slices (at most `most`) of `tiles` equal tiles run together on `sms` SMs: the
+    fewest that make their waves shortest, counting SPLIT_COST per extra slice (72 tiles on 132
+    SMs: 3 slices make 216 tasks, two waves of thirds, 0.67 of a whole tile's time)."""
+    costs = [-(-tiles * s // sms) / s * (1 + SPLIT_COST * (s - 1)) for s in range(1, most + 1)]
+    return 1 + costs.index(min(costs))
+
+
+def slices_that_fit(M: int, N: int, world: int, itemsize: int, splits: int) -> int:
+    """`splits`, or fewer where the partials [world x splits, rows per owner, N] would outgrow
+    SCRATCH_BYTES (NVSHMEM's heap is 4 GiB by default) or the bodies' int32 offsets into them."""
+    one = world * -(-M // world) * N                     # elements of one slice's partials
+    return max(1, min(splits, SCRATCH_BYTES // (one * itemsize), (2 ** 31 - 1) // one))
+
+
+def kernel_key(config: PlanConfig, cfg: TileConfig, schedule: str, build) -> tuple:
+    """What the ops' kernel caches key on: the plan's config, the graph and every argument it is
+    built with, and the tile's warps, stages and programs per SM."""
+    return config, cfg, schedule, build.func, build.args, tuple(sorted(build.keywords.items()))
+
+
+def cached_kernel(cache: dict, config: PlanConfig, cfg: TileConfig, schedule: str, build):
+    """The op's megakernel for its plan (kernel_key): compiled from build() (a graph) on first use,
+    with cfg's warps and stages; one binary per size class, reused for every M."""
+    # the plan's own builder (kernel_plan is cached, so a call at a known M brings the same object)
+    # remembers its kernel per cache: no key to build and hash on the eager decode path
+    memo = build.__dict__.setdefault("kernels", {})
+    hit = memo.get(schedule)
+    if hit is not None and hit[0] is cache:
+        return hit[1]
+    key = kernel_key(config, cfg, schedule, build)
+    kernel = cache.get(key)
+    if kernel is None:
+        kernel = cache[key] = et_compile(build(), schedule=schedule, target="cuda")
+        kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
+        kernel.programs_per_sm = cfg.per_sm
+    memo[schedule] = (cache, kernel)
+    return kernel
+
+
+class refusal_reaches_peers:
+    """Around an op's own argument checks: a refusal on this rank alone stops the peers' launches of
+    the op's prepared kernels (fusion.cuda_runtime.post_refusal), so every rank raises. A class, not
+    a contextlib generator: it wraps every call of the ops (a generator cost ~1 us more per call)."""
+
+    __slots__ = ("mesh", "kernels")
+
+    def __init__(self, mesh, kernels: dict):
+        self.mesh, self.kernels = mesh, kernels
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if kind is not None and issubclass(kind, InputError):
+            try:
+                m = self.mesh or current_mesh()
+            except MeshError:
+                m = None
+            if getattr(m, "backend", None) == "nvshmem":
+                post_refusal(m, list(self.kernels.values()))
+        return False   # the error goes on
+
+
+def check_operands(op: str, graph: str, x, w, mesh):
+    """x [rows, K] and w [K, N]: 2-D, contiguous, on this rank's GPU, one dtype among bf16/fp16/fp32;
+    a clear error before anything launches. Returns the mesh (the current one if None)."""
+    mesh = mesh or current_mesh()
+    if getattr(mesh, "backend", None) is None:
+        raise InputError(f"et.ops.{op}: mesh must be the Mesh from et.init_mesh() (or None for the current "
+                         f"one), got {type(mesh).__name__}")
+    if mesh.backend != "nvshmem":
+        raise InputError(f"et.ops.{op} runs on GPUs (mesh backend 'nvshmem'); on the CPU, run the graph "
+                         f"{graph} on the CPU runtime")
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise InputError(f"{op}: {name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+        if t.device != mesh.device:
+            raise InputError(f"{op}: {name} is on {t.device}, this rank's GPU is {mesh.device}")
+        if not t.is_contiguous():
+            raise InputError(f"{op}: {name} is not contiguous (row-major): pass {name}.contiguous()")
+    if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise InputError(f"{op}: x and w must share a dtype among bf16/fp16/fp32, got {x.dtype} and {w.dtype}")
+    if x.shape[1] != w.shape[0]:
+        raise InputError(f"{op}: x is [rows, {x.shape[1]}] but w is [{w.shape[0]}, N]: the contraction dims differ")
+    return mesh
+
+
+def no_rows(op: str, x: torch.Tensor, cols: int, out) -> torch.Tensor:
+    """The result at M = 0 (every rank's batch empty: every rank must be told so alike, as the op
+    returns without a word to the peers): nothing to launch, so the empty [0, cols] (`out` itself,
+    checked, if given)."""
+    if x.shape[0]:
+        raise InputError(f"{op}: total_rows is 0 but x has {x.shape[0]} rows")
+    if out is None:
+        return x.new_empty((0, cols))
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (0, cols) or out.dtype != x.dtype \
+            or out.device != x.device:
+        raise InputError(f"{op}: out must be an empty {x.dtype} tensor [0, {cols}] on {x.device} (no rows), got "
+                         f"{getattr(out, 'shape', type(out).__name__)}")
+    return out
+
+
+def total_rows_of(op: str, total_rows, x: torch.Tensor, world: int) -> int:
+    """M for an op whose x holds this rank's rows: total_rows, or rows x world when not given."""
+    if total_rows is None:
+        return x.shape[0] * world
+    if isinstance(total_rows, bool) or not isinstance(total_rows, int) or total_rows < 0:
+        raise InputError(f"{op}: total_rows must be a non-negative int (M, the rows of every rank together), "
+                         f"got {total_rows!r}")
+    return total_rows

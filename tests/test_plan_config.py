@@ -1,0 +1,193 @@
+"""The fused ops' plan configuration (etdist/ops/common.py): PlanConfig's fields and overrides, the
+config as part of every plan and kernel cache key, its refusal under torch.compile, and a few
+representative plans of the default config."""
+import dataclasses
+import types
+
+import pytest
+import torch
+
+import etdist as et
+from etdist.bench.measure.shapes import MLP_SHAPES
+from etdist.ops import ag_gemm, gemm_rs, mlp
+from etdist.ops.common import DEFAULT_PLAN, PlanConfig, TileConfig, kernel_key
+
+P = DEFAULT_PLAN
+bf, f32 = torch.bfloat16, torch.float32
+
+
+def test_tile_configs_may_ask_for_two_programs_per_sm():
+    """"bm,bn,bk,warps,stages[,swap][,2/sm]": the kernel then runs two co-resident persistent
+    programs per SM (its cooperative launch refuses if they do not fit); anything but 1 or 2 per SM
+    is refused with the format named. text() writes what parse reads."""
+    assert TileConfig.parse("32,128,64,4,4,swap,2/sm") == TileConfig(32, 128, 64, 4, 4, swap_ab=True, per_sm=2)
+    assert TileConfig.parse("128,128,64,8,3,2/sm") == TileConfig(128, 128, 64, 8, 3, per_sm=2)
+    assert TileConfig.parse("32,128,128,4,5,swap").per_sm == 1
+    for bad in ("32,128,64,4,4,3/sm", "32,128,64,4,4,x/sm", "32,128,64,4"):
+        with pytest.raises(ValueError, match=r"2/sm"):
+            TileConfig.parse(bad)
+    for cfg in (TileConfig(32, 128, 64, 4, 4, swap_ab=True, per_sm=2), P.large, P.whole_32):
+        assert TileConfig.parse(cfg.text()) == cfg
+
+
+def test_override_reads_each_field_by_its_type():
+    c = P.override("whole_max_m=256+large=128,128,64,8,3+skinny_tasks_per_sm=2+whole_32=32,64,64,4,4,swap")
+    assert (c.whole_max_m, c.large, c.skinny_tasks_per_sm, c.whole_32) == \
+        (256, TileConfig(128, 128, 64, 8, 3), 2.0, TileConfig(32, 64, 64, 4, 4, swap_ab=True))
+    assert dataclasses.replace(c, whole_max_m=128, large=P.large, skinny_tasks_per_sm=None, whole_32=P.whole_32) == P
+    assert P.override("base") is P and P.override("") is P
+    assert P.override("skinny_tasks_per_sm=2").override("skinny_tasks_per_sm=none") == P
+    assert P.changes() == "base"
+    assert c.changes() == "large=128,128,64,8,3+skinny_tasks_per_sm=2.0+whole_max_m=256+whole_32=32,64,64,4,4,swap"
+    assert P.override(c.changes()) == c and hash(P.override(c.changes())) == hash(c)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        P.max_splits = 2
+
+
+@pytest.mark.parametrize("text,error", [
+    ("max_split=2", r"PlanConfig has no field 'max_split'.*fields: skinny_32, "),
+    ("max_splits", r"want field=value"),
+    ("max_splits=0", r"max_splits must be an int >= 1, got 0"),
+    ("max_splits=two", r"max_splits='two': want an int >= 1"),
+    ("whole_max_m=-5", r"whole_max_m='-5': want an int >= 0"),
+    ("mlp_down_n=96", r"mlp_down_n must be a power of two >= 16, got 96"),
+    ("mlp_tail_splits=0", r"mlp_tail_splits must be an int >= 1"),
+    ("skinny_tasks_per_sm=nan", r"skinny_tasks_per_sm must be None or a finite number > 0"),
+    ("skinny_tasks_per_sm=x", r"skinny_tasks_per_sm='x': want a number > 0 or None"),
+    ("large=128,256", r"PlanConfig.large: tile config '128,256': want block_m,block_n,block_k,warps,stages"),
+    ("whole_128=48,128,64,8,4", r"PlanConfig.whole_128: tile config"),
+    ("max_splits=2+max_splits=3", r"sets max_splits twice"),
+])
+def test_override_refuses_what_it_cannot_use(text, error):
+    with pytest.raises(ValueError, match=error):
+        P.override(text)
+
+
+def test_a_config_built_directly_is_checked_too():
+    with pytest.raises(ValueError, match="PlanConfig.large must be a TileConfig"):
+        PlanConfig(large="128,256,64,8,4")
+    with pytest.raises(ValueError, match="max_splits must be an int >= 1, got True"):
+        dataclasses.replace(P, max_splits=True)
+
+
+def test_every_plan_cache_keys_on_the_config():
+    """Two configs' plans stand side by side in the caches (no cache to clear); the kernel cache key
+    names the config too."""
+    one = P.override("max_splits=1+mlp_tail_splits=1+whole_max_m=256")
+    for _ in range(2):
+        assert gemm_rs.kernel_plan(1024, 18432, 4608, bf, 132, 2, P)[1] == 4
+        assert gemm_rs.kernel_plan(1024, 18432, 4608, bf, 132, 2, one)[1] == 1
+        assert mlp.kernel_plan(1024, 4608, 18432, bf, 132, 2, P)[2] == {"M": 1024, "TAIL": 12}
+        assert mlp.kernel_plan(1024, 4608, 18432, bf, 132, 2, one)[2] == {"M": 1024}
+        assert mlp.replicated_plan(1024, 4608, 18432, bf, 132, 2, one)[2] == {"M": 1024}
+        assert ag_gemm.kernel_plan(200, 8192, 28672, bf, 132, 2, P)[1].func.__name__ == "all_gather_gemm"
+        assert ag_gemm.kernel_plan(200, 8192, 28672, bf, 132, 2, one)[1].func.__name__ == "all_gather_gemm_whole"
+    cfg, build = ag_gemm.kernel_plan(16, 4096, 12288, bf, 132, 2, P)
+    other = P.override("max_splits=2")   # the same whole-gather graph: its own kernel all the same
+    assert ag_gemm.kernel_plan(16, 4096, 12288, bf, 132, 2, other)[1].args == build.args
+    assert kernel_key(P, cfg, "static", build) != kernel_key(other, cfg, "static", build)
+
+
+def _fake_mesh():
+    return types.SimpleNamespace(backend="nvshmem", device=torch.device("cpu"), world_size=2)
+
+
+def _calls(config):
+    x, w, wd = torch.randn(4, 16, dtype=bf), torch.randn(16, 32, dtype=bf), torch.randn(16, 16, dtype=bf)
+    mesh = _fake_mesh()
+    return {"gemm_reduce_scatter": lambda: et.ops.gemm_reduce_scatter(x, w, mesh=mesh, config=config),
+            "all_gather_gemm": lambda: et.ops.all_gather_gemm(x, w, mesh=mesh, config=config),
+            "tensor_parallel_mlp": lambda: et.ops.tensor_parallel_mlp(x, w, wd, mesh=mesh, config=config)}
+
+
+def test_the_ops_plan_with_the_config_given(monkeypatch):
+    """config= reaches each op's plan and its kernel cache (caught before the compile); anything
+    but a PlanConfig is refused before a plan is made."""
+    asked = []
+
+    def caught(cache, config, cfg, schedule, build):
+        asked.append(config)
+        raise LookupError("caught before the compile")
+    for module in (gemm_rs, ag_gemm, mlp):
+        monkeypatch.setattr(module, "cached_kernel", caught)
+        monkeypatch.setattr(module, "sm_count", lambda index: 132)
+    one = P.override("max_splits=1")
+    for config in (None, one):
+        for name, call in _calls(config).items():
+            with pytest.raises(LookupError):
+                call()
+    assert asked == [P] * 3 + [one] * 3
+    for name, call in _calls({"max_splits": 1}).items():
+        with pytest.raises(et.InputError, match=rf"et.ops.{name}: config must be an et.ops.PlanConfig .*got dict"):
+            call()
+
+
+def test_under_torch_compile_only_the_default_config(monkeypatch):
+    """A compiled graph's node carries no config: while torch.compile traces the ops, another config
+    is refused by name before anything launches (DEFAULT_PLAN itself passes)."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    reached = []
+    for module in (gemm_rs, ag_gemm, mlp):
+        monkeypatch.setattr(module, "call_op", lambda name, *a, **k: reached.append(name))
+    for name, call in _calls(P.override("whole_max_m=256")).items():
+        with pytest.raises(et.InputError, match=rf"et.ops.{name} under torch.compile runs the default plan only; "
+                                                r"got config with whole_max_m=256"):
+            call()
+    assert not reached
+    for name, call in _calls(DEFAULT_PLAN).items():
+        call()
+    assert reached == list(_calls(None))
+
+
+# (op, model, M, world, dtype) -> (tile, graph, its arguments, sizes): the default plans at a few
+# representative cells (132 SMs), from the dump taken before PlanConfig replaced the module knobs
+_PLANS = {
+    ("gemm_rs", "qwen3_8b", 16, 2, bf): ("32,128,128,4,5,swap", "gemm_reduce_scatter_skinny",
+                                         (32, 128, bf, 128, 4, 16, True), {"reduce_n": 32}, 4),
+    ("gemm_rs", "gemma2_27b", 1024, 2, bf): ("128,256,64,8,4", "gemm_reduce_scatter", (128, 256, bf, 64, 16),
+                                             {"interleave": False, "row_pointers": False, "splits": 4, "wave": 132}, 4),
+    ("gemm_rs", "llama31_405b", 256, 2, bf): ("128,256,64,8,4", "gemm_reduce_scatter", (128, 256, bf, 64, 16),
+                                              {"interleave": True, "row_pointers": False, "splits": 1, "wave": 0}, 1),
+    ("gemm_rs", "llama31_70b", 8192, 4, f32): ("128,256,32,8,3", "gemm_reduce_scatter", (128, 256, f32, 32, 16),
+                                               {"interleave": False, "row_pointers": False, "splits": 1, "wave": 0}, 1),
+    ("gemm_rs", "qwen3_32b", 129, 1, bf): ("128,256,64,8,4", "gemm_reduce_scatter", (128, 256, bf, 64, 16),
+                                           {"interleave": False, "row_pointers": True, "splits": 3, "wave": 0}, 3),
+    ("ag_gemm", "qwen3_8b", 16, 2, bf): ("32,128,64,4,6,swap", "all_gather_gemm_whole", (32, 128, bf, 64, 16),
+                                         {"gemm_n": 128, "row_pointers": True, "swap_ab": True}, None),
+    ("ag_gemm", "llama31_8b", 1000, 2, bf): ("128,128,64,8,4", "all_gather_gemm", (128, 128, bf, 64, 16),
+                                             {"interleave": False, "own_from_x": True, "row_pointers": False}, None),
+    ("ag_gemm", "llama31_70b", 384, 2, bf): ("128,128,64,8,4", "all_gather_gemm", (128, 128, bf, 64, 16),
+                                             {"interleave": False, "own_from_x": True, "row_pointers": True}, None),
+    ("ag_gemm", "gemma2_9b", 100, 4, f32): ("128,128,32,8,3", "all_gather_gemm_whole", (128, 128, f32, 32, 16),
+                                            {"gemm_n": 64, "row_pointers": True, "swap_ab": False}, None),
+    ("mlp", "gemma2_27b", 1024, 2, bf): ("128,128,64,8,3", "tp_mlp", (128, 128, bf, 64, 16),
+                                         {"down_n": 256, "interleave": False, "own_from_x": True, "padded": True,
+                                          "row_pointers": False, "tail_splits": 3}, {"M": 1024, "TAIL": 12}),
+    ("mlp", "llama31_70b", 129, 2, bf): ("128,128,64,8,3", "tp_mlp", (128, 128, bf, 64, 16),
+                                         {"down_n": 256, "interleave": True, "own_from_x": False, "padded": True,
+                                          "row_pointers": True, "tail_splits": 2}, {"M": 129, "TAIL": 64}),
+    ("mlp", "qwen3_8b", 64, 2, bf): ("64,128,64,4,4", "tp_mlp_whole", (64, 128, bf, 64, 16),
+                                     {"down_splits": 4, "row_pointers": False, "swap_ab": False, "up_n": 64},
+                                     {"M": 64}),
+    ("mlp_replicated", "qwen3_8b", 16, 2, bf): ("32,128,64,4,6,swap", "tp_mlp_replicated", (32, 128, bf, 64, 16),
+                                                {"down_splits": 4, "row_pointers": True, "swap_ab": True, "up_n": 64},
+                                                {"M": 16, "TAIL": 32}),
+    ("mlp_replicated", "gemma2_27b", 1024, 2, bf): ("128,128,64,8,3", "tp_mlp_replicated", (128, 256, bf, 64, 16),
+                                                    {"down_splits": 3, "row_pointers": False, "swap_ab": False,
+                                                     "up_n": 128}, {"M": 1024, "TAIL": 12}),
+}
+
+
+@pytest.mark.parametrize("cell", list(_PLANS), ids=lambda c: "-".join(map(str, c)))
+def test_representative_default_plans(cell):
+    op, model, M, world, dtype = cell
+    H, I = MLP_SHAPES[model].hidden, MLP_SHAPES[model].intermediate
+    if op == "gemm_rs":
+        cfg, splits, _, build = gemm_rs.kernel_plan(M, I // world, H, dtype, 132, world, P)
+        extra = splits
+    elif op == "ag_gemm":
+        (cfg, build), extra = ag_gemm.kernel_plan(M, H, 2 * I // world, dtype, 132, world, P), None
+    else:
+        plan = mlp.kernel_plan if op == "mlp" else mlp.replicated_plan
+        cfg, build, extra = plan(M, H, I // world, dtype, 132, world, P)
+    assert (cfg.text(), build.func.__name__, build.args, build.keywords, extra) == _PLANS[cell]
