@@ -21,6 +21,7 @@ import torch
 
 from .. import knobs
 from .control import ERR_WORDS, ControlLayout, ErrorKind, ErrorRecord, Event
+from .calls import BOARD_BYTES, CallAgreement
 from .errors import MeshError, PeerTimeoutError, ShapeMismatchError
 from .hostcomm import HostComm, make_host_comm
 from .launch import Launch, Launcher, detect_launch, resolve_launch
@@ -112,6 +113,11 @@ class Mesh:
         self._ctrl_np = self.ctrl.numpy() if backend == "cpu" else None
         self._ctrl_peers_np = ([self.peer(self.ctrl, r).numpy() for r in range(self.world_size)]
                                if backend == "cpu" else None)
+        # what each rank's last calls were, as text (mesh/calls.py names a disagreeing call with it)
+        self.board = self.empty((2, BOARD_BYTES), torch.uint8)
+        self._board_np = ([self.peer(self.board, r).numpy() for r in range(self.world_size)]
+                          if backend == "cpu" else None)
+        self.calls = CallAgreement(self)
 
     # ---- symmetric memory -------------------------------------------------------------------
     def empty(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -215,6 +221,9 @@ class Mesh:
         rec = self.error_record()
         if rec is None:
             return
+        if rec.kind is ErrorKind.CALL:   # a kernel found the peers' call differing: nothing ran, usable
+            self.clear_error()
+            raise self.calls.device_error(rec.epoch, rec.expected, rec.observed, rec.peer)
         msg = f"rank {self.rank}: " + rec.describe(self.watchdog_s, op_names)
         cls = ShapeMismatchError if rec.kind is ErrorKind.SHAPE else PeerTimeoutError
         self._failed = cls(msg)
@@ -228,13 +237,46 @@ class Mesh:
 
     def record_error(self, kind: ErrorKind, event: int, observed: int, expected: int, peer: int,
                      epoch: int) -> None:
-        """Host-side (cpu backend) error record: ours, then every peer's if still empty."""
+        """Host-side error record: ours, then every peer's if still empty."""
         words = [int(kind), self.rank, event, observed, expected, peer, epoch, 0]
         for r in [self.rank] + [s for s in range(self.world_size) if s != self.rank]:
-            slot = self._ctrl_peers_np[r]
-            if int(slot[0]) == 0:
-                slot[1:ERR_WORDS] = words[1:]
-                slot[0] = words[0]
+            if self._ctrl_peers_np is not None:
+                slot = self._ctrl_peers_np[r]
+                if int(slot[0]) == 0:
+                    slot[1:ERR_WORDS] = words[1:]
+                    slot[0] = words[0]
+            else:   # GPUs (a host slow path): through the peer's view, the kind last
+                self.impl.synchronize()
+                slot = self.peer(self.ctrl, r)
+                if int(slot[0].item()) == 0:
+                    slot[1:ERR_WORDS].copy_(torch.tensor(words[1:], dtype=torch.int32))
+                    self.impl.synchronize()
+                    slot[0].fill_(words[0])
+                    self.impl.synchronize()
+
+    def clear_error(self) -> None:
+        """Forget this rank's error record (after raising an error that leaves the mesh usable)."""
+        if self._ctrl_np is not None:
+            self._ctrl_np[:ERR_WORDS] = 0
+        else:
+            self.impl.synchronize()
+            self.ctrl[:ERR_WORDS].zero_()
+            self.impl.synchronize()
+
+    def wait_word(self, read, target: int, peer: int, event: int, epoch: int) -> None:
+        """Host side: spin until read() >= target, the word rank `peer` sets; past the watchdog record
+        a timeout here and on every peer, and raise it (as for a peer that recorded an error first)."""
+        deadline = time.monotonic() + self.watchdog_s
+        turns = 0
+        while read() < target:
+            if self.error_record() is not None:
+                self.check()
+            turns += 1
+            if turns > 200:
+                time.sleep(min(1e-3, 2e-6 * turns))
+            if time.monotonic() > deadline:
+                self.record_error(ErrorKind.TIMEOUT, event, read(), target, peer, epoch)
+                self.check()
 
     def spin_until(self, lanes, lanes_off: int, sources, target: int, event: int, epoch: int,
                    timeout_s: float) -> bool:
@@ -289,7 +331,7 @@ class Mesh:
             self.cache.clear()
             self._allocs.clear()
             self._ptr_cache.clear()
-            self._ctrl_np = self._ctrl_peers_np = None
+            self._ctrl_np = self._ctrl_peers_np = self._board_np = None
             self.impl.close()
         finally:
             self.comm.close()

@@ -404,9 +404,10 @@ def cached_kernel(cache: dict, cfg: TileConfig, schedule: str, build):
 
 
 class refusal_reaches_peers:
-    """Around an op's own argument checks: a refusal on this rank alone stops the peers' launches of
-    the op's prepared kernels (fusion.cuda_runtime.post_refusal), so every rank raises. A class, not
-    a contextlib generator: it wraps every call of the ops (a generator cost ~1 us more per call)."""
+    """Around an op's own argument checks: a refusal on this rank alone is published as this rank's
+    call (fusion.cuda_runtime.post_refusal, mesh/calls.py), so the peers' launch of it runs nothing and
+    every rank raises, naming it. A class, not a contextlib generator: it wraps every call of the ops
+    (a generator cost ~1 us more per call)."""
 
     __slots__ = ("mesh", "kernels")
 
@@ -422,8 +423,8 @@ class refusal_reaches_peers:
                 m = self.mesh or current_mesh()
             except MeshError:
                 m = None
-            if getattr(m, "backend", None) == "nvshmem":
-                post_refusal(m, list(self.kernels.values()))
+            if m is not None:
+                post_refusal(m, list(self.kernels.values()), str(exc))
         return False   # the error goes on
 
 
