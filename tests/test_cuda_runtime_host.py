@@ -1199,3 +1199,60 @@ def test_interleaved_sources_only_where_each_source_is_one_row_tile(monkeypatch)
     assert {c: plans(*c) for c in want} == {c: (False, False, False) for c in want}
     assert rs_op.kernel_plan(256, 26624, 16384, bf, 132, 2)[3].keywords["fuse_own"]
     et.ops.clear_plan_caches()
+
+
+def test_zero_sized_dims_are_refused_before_any_plan_code():
+    """N = 0 or K = 0 (H = 0 in the MLP) ended in a ZeroDivisionError inside the plans."""
+    from etdist.ops.gemm_rs import check_operands
+    mesh = FakeMesh([])
+    x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
+    with pytest.raises(et.InputError, match=r"zero-sized output width \(N = 0\)"):
+        check_operands("gemm_reduce_scatter", "g", x, w[:, :0], mesh)
+    with pytest.raises(et.InputError, match=r"zero-sized contraction \(K = 0\)"):
+        check_operands("all_gather_gemm", "g", x[:, :0], w[:0], mesh)
+    for op, args in (("gemm_reduce_scatter", (x, w[:, :0])), ("all_gather_gemm", (x, w[:, :0])),
+                     ("tensor_parallel_mlp", (x[:, :0], torch.zeros(0, 8, dtype=torch.bfloat16),
+                                              torch.zeros(4, 0, dtype=torch.bfloat16)))):
+        with pytest.raises(et.InputError, match="zero-sized"):
+            getattr(et.ops, op)(*args, mesh=mesh)
+    assert len(mesh.calls.refused) == 3   # published: the peers raise too
+
+
+def test_sizes_past_32_bit_offsets_are_refused_before_allocation(kernel, monkeypatch):
+    """A call whose tensors pass 2**31 elements asked for 4-64 GiB symmetric allocations (their
+    offsets overflow in the kernels): refused before any, the refusal published."""
+    mesh = FakeMesh([])
+    monkeypatch.setattr(kernel, "_prepare", lambda *a: pytest.fail("prepared a launch for a refused call"))
+    x = torch.empty(2**16, 2**15 + 16, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(2**15 + 16, 64, dtype=torch.bfloat16, device="meta")
+    monkeypatch.setattr(mesh, "device", torch.device("meta"), raising=False)
+    with pytest.raises(et.InputError, match=r"tensor 'x' would hold 2,148,532,224 elements .* 32-bit element offsets"):
+        kernel._agree_call(mesh, {"x": x, "w": w}, None, None)
+    assert mesh.calls.refused and not mesh.calls.agreed
+
+
+def test_graph_checks_run_at_the_sizes_calls_use():
+    """compile() enumerates small sample sizes; a map out of bounds only past them (here from the
+    fifth tile on) was not caught before it ran. Now each new size class is checked before launch."""
+    g = et.Graph("late_bug")
+    M = g.size("M")
+    x = g.input("x", (M,), torch.float32)
+    g.output("y", (M,), torch.float32)
+    tiles = et.cdiv(M, 4)
+    done = g.event("done", (tiles,))
+
+    @g.task(grid=(tiles,), notify=lambda i: done[et.where(i < 8, i, i + 1)])   # wrong from tile 8 on
+    def a(t, i):
+        t.y[4 * i:4 * i + 4] = t.x[4 * i:4 * i + 4]
+
+    @g.task(grid=(tiles,), wait=lambda i: done[i])
+    def b(t, i):
+        pass
+
+    g.sample(M=8)
+    g.sample(M=16)
+    k = et.compile(g, target="cpu")
+    k.run([{"x": torch.ones(16)}])   # checked at M = 31 too (the class of 16): 8 tiles, none wrong
+    k.run([{"x": torch.ones(12)}])
+    with pytest.raises(et.GraphError, match=r"notifies done\[16\], outside the event's shape \[16\] \(sizes \{'WORLD': 1, 'M': 63"):
+        k.run([{"x": torch.ones(40)}])   # its class's top, M = 63: 16 tiles

@@ -54,7 +54,7 @@ from triton.runtime import _allocation as triton_allocation
 
 from .. import knobs
 from ..kernels.launch_hooks import hooks_active
-from ..mesh.calls import Signature, describe_word, tensor_arg
+from ..mesh.calls import Signature, describe_word
 from ..mesh.control import ControlLayout, ErrorKind
 from ..mesh.errors import CallMismatchError
 from ..mesh.persistent import empty_persistent
@@ -63,8 +63,11 @@ from .bind import MapTable, bind, bind_inputs
 from .schedule_dynamic import release_plan
 from .codegen_triton import ERR_WORDS, TRACE_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
 from .errors import GraphError, InputError, RuntimeFault
-from .expr import RANK_NAME, evaluate
+from .expr import RANK_NAME, WORLD_NAME, evaluate
 from .ir import Role, early_at
+from .validate import LazyCheck
+
+INT32_MAX = 2**31 - 1
 
 DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
 # ETDIST_ERROR_WORD_COPY=1 also copies the error word to the host after each launch, as before the
@@ -278,6 +281,7 @@ class CudaKernel:
         self.plan_key = self.module.__name__.rsplit("_", 1)[-1]
         self.params = kernel_params(self.ir, trace, self.dynamic)
         self.output_names = frozenset(s.name for s in self.ir.tensors if s.role is Role.OUTPUT)
+        self._lazy_check = LazyCheck(self.ir, table, schedule)   # the graph checks at the sizes calls use
         self._key = ("megakernel", next(_KERNEL_IDS))
 
     def __repr__(self) -> str:
@@ -419,12 +423,30 @@ class CudaKernel:
         return st
 
     def _signature(self, inputs, bound: dict, given=()) -> Signature:
-        """What every rank's call at this shape must share (mesh/calls.py): inputs' dtypes and shapes,
-        the outputs given, the sizes, and the plan (the graph's content, schedule, trace, early push)."""
-        args = tuple((n, tensor_arg(inputs[n])) for n in sorted(inputs))
+        """What every rank's call at this shape must share (mesh/calls.py): inputs' dtypes, the outputs
+        given, the sizes, and the plan (the graph's content, schedule, trace, early push). Not the
+        inputs' shapes: a rank's may depend on its rank (its rows of a ragged M), and binding checked
+        them against the sizes."""
+        args = tuple((n, str(inputs[n].dtype).removeprefix("torch.")) for n in sorted(inputs))
         plan = (self.plan_key, self.schedule, self.trace_on, tuple(sorted(self.early)))
         return Signature(self.ir.name, args + (("out", tuple(sorted(given))),
                                                ("sizes", tuple(sorted(bound.items()))), ("plan", plan)))
+
+    def _check_offsets(self, bound: dict, world: int) -> None:
+        """Every tensor and the event arena at these sizes within 32-bit element offsets (what the tile
+        bodies and the arena's indices compute in), checked before anything is allocated."""
+        at = {k: v for k, v in bound.items() if k != WORLD_NAME}
+        for s in self.ir.tensors:
+            for r in range(world if any(RANK_NAME in d.symbols() for d in s.shape) else 1):
+                n = math.prod(evaluate(d, {**bound, RANK_NAME: r}) for d in s.shape)
+                if n > INT32_MAX:
+                    raise InputError(f"graph {self.ir.name!r}: tensor {s.name!r} would hold {n:,} elements at sizes "
+                                     f"{at}: the GPU kernels address a tensor with 32-bit element offsets (at most "
+                                     f"2**31 - 1 = {INT32_MAX:,}); split the call (fewer rows per call)")
+        events = sum(math.prod(evaluate(d, bound) for d in e.shape) for e in self.ir.events)
+        if events + ArenaLayout(world).events > INT32_MAX:
+            raise InputError(f"graph {self.ir.name!r}: {events:,} event counters at sizes {at} pass 32-bit offsets; "
+                             "split the call (fewer rows per call)")
 
     def _word(self, st: _MeshState, out: Optional[Mapping]) -> int:
         """The state's signature word for a call that gives the outputs `out` names."""
@@ -444,8 +466,10 @@ class CudaKernel:
         try:
             bound = self._bind(mesh, inputs, sizes)
             self._check_out(mesh, out, self._output_shapes(bound, mesh.rank))
-        except InputError as e:
-            post_refusal(mesh, [self], str(e))
+            self._check_offsets(bound, mesh.world_size)
+            self._lazy_check(bound)
+        except (InputError, GraphError) as e:
+            post_refusal(mesh, [self], f"{type(e).__name__}: {e}")
             raise
         sig = self._signature(inputs, bound)
         calls = getattr(mesh, "calls", None)

@@ -57,6 +57,7 @@ class ErrorKind(enum.IntEnum):
     REFUSED = 3  # (kernel arenas) a rank refused its inputs at a shape every rank had prepared
     CALL = 4  # a peer's call signature differs from ours (mesh/calls.py): recorded on this rank only,
               # nothing ran, and the mesh stays usable
+    GONE = 5  # a peer exited, died or closed its mesh (mesh/liveness.py), seen while waiting on it
 
 
 class Event(enum.IntEnum):
@@ -154,6 +155,9 @@ class ErrorRecord:
         what = {Event.CHUNK: f"data chunk {idx}", Event.EXIT: "the exit rendezvous",
                 Event.BARRIER: "a barrier", Event.ENTRY: "the peer to enter the call",
                 Event.CALL: "the peer to make the same call"}.get(ev, f"event {self.event}")
+        if self.kind is ErrorKind.GONE:
+            return (f"rank {self.peer} has exited, died or closed its mesh: rank {self.rank} saw it while waiting "
+                    f"for {what} (call {self.epoch}). Every rank must make the same calls until all close the mesh")
         if self.kind is ErrorKind.SHAPE:
             names = op_names or {}
             return (f"ranks disagree on a collective: rank {self.rank} expected "

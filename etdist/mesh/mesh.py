@@ -30,6 +30,7 @@ from .stream_order import StreamOrder
 
 _CURRENT: Optional["Mesh"] = None
 _ALIGN = 256  # bytes; every symmetric allocation starts aligned for 16-byte vector access
+_LIVENESS_S = 0.05   # how often a host wait asks whether the rank it waits on is still there
 
 
 # Meshes by key: torch custom ops (collectives/compiled.py) take plain values, so a mesh travels as its key,
@@ -267,23 +268,30 @@ class Mesh:
         """Host side: spin until read() >= target, the word rank `peer` sets; past the watchdog record
         a timeout here and on every peer, and raise it (as for a peer that recorded an error first)."""
         deadline = time.monotonic() + self.watchdog_s
-        turns = 0
+        turns, asked = 0, time.monotonic()
         while read() < target:
             if self.error_record() is not None:
                 self.check()
             turns += 1
             if turns > 200:
                 time.sleep(min(1e-3, 2e-6 * turns))
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now - asked > _LIVENESS_S:
+                asked = now
+                if not self._peer_alive(peer):
+                    self.record_error(ErrorKind.GONE, event, read(), target, peer, epoch)
+                    self.check()
+            if now > deadline:
                 self.record_error(ErrorKind.TIMEOUT, event, read(), target, peer, epoch)
                 self.check()
 
     def spin_until(self, lanes, lanes_off: int, sources, target: int, event: int, epoch: int,
                    timeout_s: float) -> bool:
         """cpu backend: wait until lanes[lanes_off + s] >= target for every s (lanes: a numpy view of
-        symmetric int32 memory). On expiry record a timeout here and on every peer; False."""
+        symmetric int32 memory). On expiry, or once rank s is gone (liveness), record it here and on
+        every peer; False."""
         deadline = time.monotonic() + timeout_s
-        turns = 0
+        turns, asked = 0, time.monotonic()
         for s in sources:
             while int(lanes[lanes_off + s]) < target:
                 if int(self._ctrl_np[0]) != 0:
@@ -291,10 +299,20 @@ class Mesh:
                 turns += 1
                 if turns > 200:
                     time.sleep(min(1e-3, 2e-6 * turns))
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now - asked > _LIVENESS_S:
+                    asked = now
+                    if not self._peer_alive(s):
+                        self.record_error(ErrorKind.GONE, event, int(lanes[lanes_off + s]), target, s, epoch)
+                        return False
+                if now > deadline:
                     self.record_error(ErrorKind.TIMEOUT, event, int(lanes[lanes_off + s]), target, s, epoch)
                     return False
         return True
+
+    def _peer_alive(self, rank: int) -> bool:
+        live = getattr(self.impl, "liveness", None)
+        return live is None or live.alive(rank)
 
     def barrier(self) -> None:
         """All ranks reach this point (and, on GPUs, their queued work is done) or every rank raises."""
@@ -316,23 +334,31 @@ class Mesh:
 
     # ---- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Collective: free symmetric memory on every rank and finalize. Safe to call twice."""
+        """Free symmetric memory and finalize; collective on GPUs (NVSHMEM frees collectively). Safe to
+        call twice, and after a fault: it then cleans up what this rank holds and never raises."""
         global _CURRENT
         if self._closed:
             return
         self._closed = True
         if _CURRENT is self:
             _CURRENT = None
+        failed = self._failed is not None or (self._ctrl_np is not None and int(self._ctrl_np[0]) not in
+                                              (0, int(ErrorKind.CALL)))
         try:
             if self.device.type == "cuda":
                 # kernels still running may store into host words the cache owns (a megakernel's
                 # pinned error word): freed now, the pinned allocator could hand them out again
                 torch.cuda.synchronize(self.device)
-            self.cache.clear()
-            self._allocs.clear()
-            self._ptr_cache.clear()
-            self._ctrl_np = self._ctrl_peers_np = self._board_np = None
-            self.impl.close()
+        except Exception:   # noqa: BLE001 (a faulted device: nothing to wait for)
+            failed = True
+        self.cache.clear()
+        self._allocs.clear()
+        self._ptr_cache.clear()
+        self._ctrl_np = self._ctrl_peers_np = self._board_np = None
+        try:
+            self.impl.close(failed=failed)
+        except Exception:   # noqa: BLE001 (teardown after a fault: release what is ours, say nothing)
+            pass
         finally:
             self.comm.close()
 
@@ -437,7 +463,7 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
         raise MeshError(f"share_gpu must be True or False, got {share_gpu!r}")
     dev = _pick_device(launch, backend, device, share_gpu)
     comm = make_host_comm(launch, timeout_s=max(60.0, 4 * watchdog_s), want_nccl=backend == "nvshmem")
-    shared = False
+    shared, impl = False, None
     try:
         if backend == "cpu":
             from .cpu_backend import CpuBackend
@@ -451,6 +477,11 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
             impl = NvshmemBackend(launch.rank, launch.world_size, launch.local_world_size, dev, comm, watchdog_s)
         mesh = Mesh(launch, backend, dev, comm, impl, watchdog_s, shares_gpu=shared)
     except BaseException:
+        if impl is not None:   # its files (or symmetric memory) go too
+            try:
+                impl.close(failed=True)
+            except Exception:   # noqa: BLE001
+                pass
         comm.close()
         raise
     _CURRENT = mesh

@@ -120,10 +120,15 @@ class NvshmemBackend:
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Collective: free every symmetric tensor (newest first, the same order everywhere) and
+        finalize. After a fault (failed) a peer may be gone: nothing collective is tried."""
         if self._closed:
             return
         self._closed = True
+        if failed:
+            self._owned.clear()
+            return
         torch.cuda.synchronize(self.device)
         self.comm.barrier()
         while self._owned:  # collective, same order on every rank: newest first

@@ -449,6 +449,10 @@ def check_operands(op: str, graph: str, x, w, mesh):
         raise InputError(f"{op}: x and w must share a dtype among bf16/fp16/fp32, got {x.dtype} and {w.dtype}")
     if x.shape[1] != w.shape[0]:
         raise InputError(f"{op}: x is [rows, {x.shape[1]}] but w is [{w.shape[0]}, N]: the contraction dims differ")
+    if x.shape[1] == 0 or w.shape[1] == 0:   # before any plan code (tile counts, splits divide by them)
+        raise InputError(f"{op}: x is {list(x.shape)} and w {list(w.shape)}: a zero-sized "
+                         f"{'contraction (K = 0)' if x.shape[1] == 0 else 'output width (N = 0)'} is not supported; "
+                         f"skip the call (its result is {'all zeros' if x.shape[1] == 0 else 'empty'})")
     return mesh
 
 
