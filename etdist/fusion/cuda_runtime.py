@@ -525,21 +525,25 @@ class CudaKernel:
 
     def trace(self, mesh, gather: bool = True) -> list[tuple]:
         """The last launch's tasks as (rank, SM, label, start us, end us) rows, every rank's when
-        gather=True (collective: call it on every rank), each rank's shifted so its earliest start is 0. Needs
-        compile(..., trace=True). Write them with et.fusion.trace.write_chrome(rows, path, track="SM")."""
+        gather=True (collective: call it on every rank). Each GPU's timer has its own origin (2x H200:
+        ~0.24 s apart): every rank measures its own against the host clock (fusion/trace.py) and the
+        rows are on that clock, from the earliest task of any rank (gather=False: of this rank).
+        Needs compile(..., trace=True). Write them with et.fusion.trace.write_chrome(rows, path, track="SM")."""
         if not self.trace_on:
             raise GraphError(f"graph {self.ir.name!r} was compiled without trace=True: nothing was recorded")
         st = self.state(mesh)
         if st is None or st.shape is None:
             raise GraphError(f"graph {self.ir.name!r} has not been launched on this mesh yet")
         self.check(mesh)  # waits for the launch and raises if it failed
-        from .trace import gpu_rows
+        from .trace import first_start, gpu_rows, measure_offset
         env = {**st.shape.sizes, RANK_NAME: mesh.rank}
-        rows = gpu_rows(self.ir, env, st.shape.fixed["trace_buf"].cpu().tolist(), mesh.rank)
-        # each GPU's %globaltimer has its own origin (2x H200: ~0.24 s apart), so every rank's
-        # timeline starts at its own first task (the launch starts within microseconds on all ranks)
-        t0 = min((r[3] for r in rows), default=0.0)
-        rows = [(rank, sm, label, start - t0, end - t0) for rank, sm, label, start, end in rows]
+        buf = st.shape.fixed["trace_buf"].cpu().tolist()
+        offset, _ = measure_offset(mesh.device)           # this GPU's timer less the host clock
+        mine = first_start(buf)
+        start = None if mine is None else mine - offset   # on the host clock
+        starts = [s for s in (mesh.comm.allgather(start) if gather else [start]) if s is not None]
+        origin = min(starts, default=0) + offset          # the common origin, on this GPU's timer
+        rows = gpu_rows(self.ir, env, buf, mesh.rank, origin_ns=origin)
         return [row for part in mesh.comm.allgather(rows) for row in part] if gather else rows
 
     def _bind(self, mesh, inputs, sizes) -> dict:

@@ -190,6 +190,13 @@ def trace_clock(anchor):
 
 
 @triton.jit
+def store_clock(out_ptr):
+    """One program: store %globaltimer (ns) into out_ptr[0] (fusion/trace.py's measure_offset)."""
+    t, sm = trace_clock(tl.program_id(0))
+    tl.store(out_ptr, t)
+
+
+@triton.jit
 def async_proxy_fence(USE_ASM: tl.constexpr):
     """Order the generic-proxy writes this thread has acquired (peer stores, other programs' tiles)
     before the TMA loads (async proxy) that follow: the release/acquire of an event orders the

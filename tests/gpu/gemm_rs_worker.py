@@ -206,7 +206,8 @@ def check_trace(mesh):
     sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
     assert all(0 <= sm < sms and 0 <= start <= end for _, sm, _, start, end in rows)
     assert {r for r, *_ in rows} == set(range(R))
-    assert all(min(r[3] for r in rows if r[0] == rank) == 0.0 for rank in range(R))   # per-rank origin
+    # every rank's timer on the host clock (fusion/trace.py: measured offsets), from the first task of any
+    assert min(r[3] for r in rows) == 0.0
     span = max(r[4] for r in rows)
     # ranks sharing a GPU take turns on it (time slices of milliseconds): a launch may span several
     assert span < 1e5 or mesh.shares_gpu, \
