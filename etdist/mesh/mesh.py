@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional
 
 import torch
@@ -373,6 +373,13 @@ class Mesh:
                 f"device={self.device}, launcher={self.launch.launcher.value})")
 
 
+def dist_ranks(group) -> List[int]:
+    """The global ranks of a torch ProcessGroup's members, in group-rank order."""
+    import torch.distributed as dist
+
+    return list(dist.get_process_group_ranks(group))
+
+
 def _pick_device(launch: Launch, backend: str, device, share_gpu: bool = False) -> torch.device:
     if backend == "cpu":
         if device is not None and torch.device(device).type != "cpu":
@@ -412,10 +419,55 @@ def _ranks_share_a_gpu(comm: HostComm, device: torch.device, share_gpu: bool) ->
     return False
 
 
+def _group_of(group, device_mesh, dim):
+    """The torch ProcessGroup a mesh spans (None: the whole world), from init_mesh's arguments."""
+    if device_mesh is not None:
+        if group is not None:
+            raise MeshError("init_mesh: pass group= or device_mesh= (with dim=), not both")
+        if dim is None and device_mesh.ndim != 1:
+            raise MeshError(f"init_mesh(device_mesh=...): a {device_mesh.ndim}-D DeviceMesh needs dim= (one of "
+                            f"{device_mesh.mesh_dim_names}), e.g. init_mesh(device_mesh=dm, dim='tp')")
+        return device_mesh.get_group(dim)
+    if dim is not None:
+        raise MeshError("init_mesh(dim=...) names a dimension of device_mesh=, which was not given")
+    if group is not None and hasattr(group, "get_group") and hasattr(group, "mesh_dim_names"):
+        if group.ndim != 1:   # a DeviceMesh passed as the group: one dimension of it
+            raise MeshError(f"init_mesh(group=...): a {group.ndim}-D DeviceMesh; pass one dimension "
+                            f"(device_mesh['tp']) or init_mesh(device_mesh=dm, dim='tp')")
+        return group.get_group()
+    return group
+
+
+def _group_launch(launch: Launch, group, world_size, rank) -> Launch:
+    """The launch record of a mesh over `group`: its rank and size in the group (the process's local
+    rank still picks its GPU)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise MeshError("init_mesh(group=...): torch.distributed is not initialised; call "
+                        "torch.distributed.init_process_group first (the group belongs to it)")
+    g_rank, g_size = dist.get_rank(group), dist.get_world_size(group)
+    if g_rank < 0:
+        raise MeshError(f"init_mesh(group=...): this process (global rank {dist.get_rank()}) is not in the group "
+                        f"(ranks {dist.get_process_group_ranks(group)}); each process passes a group it belongs to")
+    for name, given, have in (("world_size", world_size, g_size), ("rank", rank, g_rank)):
+        if given is not None and given != have:
+            raise MeshError(f"init_mesh({name}={given}) but the group gives {have}: drop the argument")
+    return replace(launch, rank=g_rank, world_size=g_size,
+                   run_id=f"{launch.run_id}:{dist.get_process_group_ranks(group)}" if launch.run_id else None)
+
+
 def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, rank: Optional[int] = None,
               local_rank: Optional[int] = None, device=None, watchdog_s: Optional[float] = None,
-              share_gpu: Optional[bool] = None) -> Mesh:
+              share_gpu: Optional[bool] = None, *, group=None, device_mesh=None, dim=None) -> Mesh:
     """Find the other ranks and set up symmetric memory.
+
+    group: a torch ProcessGroup (or a 1-D DeviceMesh) the mesh spans instead of the whole world, e.g.
+    a tensor-parallel group; or device_mesh= with dim= (init_mesh(device_mesh=dm, dim="tp")). Several
+    groups' meshes may live at once in one job, each of its own: its rank and world_size are the
+    group's, ops and collectives on it involve its ranks only. torch.distributed must be initialised
+    by then. On GPUs, NVSHMEM spans the whole world once per process: create (and close) group meshes
+    on every process in the same order, as torch's groups (nvshmem_backend.py says why).
 
     backend: "nvshmem" (GPUs, nvshmem4py) or "cpu" (memory-mapped files); default nvshmem when CUDA
     is available, cpu otherwise. world_size/rank/local_rank/device override what the launcher set.
@@ -428,8 +480,13 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
     two ranks on one GPU. No effect with backend 'cpu' (a bad ETDIST_SHARE_GPU is still refused).
     """
     global _CURRENT
-    launch = resolve_launch(detect_launch(), world_size, rank, local_rank)
-    if launch.launcher is Launcher.SINGLE and launch.world_size > 1 and "MASTER_ADDR" not in os.environ:
+    group = _group_of(group, device_mesh, dim)
+    if group is not None:
+        world = resolve_launch(detect_launch(), None, None, local_rank)
+        launch = _group_launch(world, group, world_size, rank)
+    else:
+        world = launch = resolve_launch(detect_launch(), world_size, rank, local_rank)
+    if group is None and launch.launcher is Launcher.SINGLE and launch.world_size > 1 and "MASTER_ADDR" not in os.environ:
         raise MeshError(f"world_size={launch.world_size} with no launcher: run `torchrun --nproc_per_node="
                         f"{launch.world_size} your_script.py` or `mpirun -n {launch.world_size} python "
                         f"your_script.py` (or set MASTER_ADDR/MASTER_PORT with explicit ranks)")
@@ -462,7 +519,7 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
     if not isinstance(share_gpu, bool):
         raise MeshError(f"share_gpu must be True or False, got {share_gpu!r}")
     dev = _pick_device(launch, backend, device, share_gpu)
-    comm = make_host_comm(launch, timeout_s=max(60.0, 4 * watchdog_s), want_nccl=backend == "nvshmem")
+    comm = make_host_comm(launch, timeout_s=max(60.0, 4 * watchdog_s), want_nccl=backend == "nvshmem", group=group)
     shared, impl = False, None
     try:
         if backend == "cpu":
@@ -474,7 +531,9 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
             shared = _ranks_share_a_gpu(comm, dev, share_gpu)   # what times may be taken: see timing_refused
             from .nvshmem_backend import NvshmemBackend
 
-            impl = NvshmemBackend(launch.rank, launch.world_size, launch.local_world_size, dev, comm, watchdog_s)
+            pes = None if group is None else dist_ranks(group)
+            impl = NvshmemBackend(launch.rank, launch.world_size, launch.local_world_size, dev, comm, watchdog_s,
+                                  world=world, pes=pes)
         mesh = Mesh(launch, backend, dev, comm, impl, watchdog_s, shares_gpu=shared)
     except BaseException:
         if impl is not None:   # its files (or symmetric memory) go too

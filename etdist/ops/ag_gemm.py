@@ -9,6 +9,7 @@ import torch
 from .. import knobs
 from ..collectives.compiled import call_op
 from ..workloads import ag_gemm
+from . import cpu_path
 from .gemm_rs import (LARGE, TILE_KNOBS, TileConfig, _sm_count, cached_kernel, check_operands, fp32_config,
                       interleave_sources, no_rows, refusal_reaches_peers, row_pointers, total_rows_of)
 
@@ -140,7 +141,10 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, mesh=None, total_rows: Opt
         # kernel's agreement with the peers decides
         empty = (None if M or (total_rows is None and mesh.world_size > 1)
                  else no_rows("all_gather_gemm", x, w.shape[1], out))
+    if mesh.backend == "cpu":   # the CPU runtime across processes (ops/cpu_path.py)
+        return cpu_path.all_gather_gemm(x, w, mesh, M, schedule, out)
     if empty is not None:
+        cpu_path.agree_no_rows(mesh, "all_gather_gemm", x, w, out)
         return empty
     cfg, build = kernel_plan(M, x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index), mesh.world_size)
     kernel = cached_kernel(_KERNELS, cfg, schedule, build)

@@ -15,6 +15,7 @@ from ..collectives.compiled import call_op
 from ..fusion.errors import InputError
 from ..mesh import MeshError, current_mesh
 from ..workloads import gemm_rs
+from . import cpu_path
 
 
 @dataclass(frozen=True)
@@ -378,7 +379,10 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, mesh=None, schedule: s
     with refusal_reaches_peers(mesh, _KERNELS):
         mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
         empty = None if x.shape[0] else no_rows("gemm_reduce_scatter", x, w.shape[1], out)
+    if mesh.backend == "cpu":   # the CPU runtime across processes (ops/cpu_path.py)
+        return cpu_path.gemm_reduce_scatter(x, w, mesh, schedule, out)
     if empty is not None:
+        cpu_path.agree_no_rows(mesh, "gemm_reduce_scatter", x, w, out)
         return empty
     cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, _sm_count(mesh.device.index),
                                             mesh.world_size)
@@ -429,20 +433,18 @@ class refusal_reaches_peers:
 
 
 def check_operands(op: str, graph: str, x, w, mesh):
-    """x [rows, K] and w [K, N]: 2-D, contiguous, on this rank's GPU, one dtype among bf16/fp16/fp32;
-    a clear error before anything launches. Returns the mesh (the current one if None)."""
+    """x [rows, K] and w [K, N]: 2-D, contiguous, on this rank's device (its GPU; the CPU on a cpu
+    mesh, where the CPU runtime runs `graph`: ops/cpu_path.py), one dtype among bf16/fp16/fp32; a
+    clear error before anything launches. Returns the mesh (the current one if None)."""
     mesh = mesh or current_mesh()
     if getattr(mesh, "backend", None) is None:
         raise InputError(f"et.ops.{op}: mesh must be the Mesh from et.init_mesh() (or None for the current "
                          f"one), got {type(mesh).__name__}")
-    if mesh.backend != "nvshmem":
-        raise InputError(f"et.ops.{op} runs on GPUs (mesh backend 'nvshmem'); on the CPU, run the graph "
-                         f"{graph} on the CPU runtime")
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise InputError(f"{op}: {name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
         if t.device != mesh.device:
-            raise InputError(f"{op}: {name} is on {t.device}, this rank's GPU is {mesh.device}")
+            raise InputError(f"{op}: {name} is on {t.device}, this rank's device is {mesh.device}")
         if not t.is_contiguous():
             raise InputError(f"{op}: {name} is not contiguous (row-major): pass {name}.contiguous()")
     if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):

@@ -15,6 +15,7 @@ from ..fusion.errors import InputError
 from ..collectives.compiled import call_op
 from ..workloads import mlp as mlp_graph
 from . import ag_gemm as _ag_gemm
+from . import cpu_path
 from .gemm_rs import (SCRATCH_BYTES, SPLIT_COST, TILE_KNOBS, TileConfig, _sm_count, cached_kernel,
                       check_operands, fp32_config, no_rows, refusal_reaches_peers, row_pointers, slices_that_fit,
                       tile_us, total_rows_of, wave_splits)
@@ -269,7 +270,10 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
                                              or not out.is_contiguous()):
             raise InputError(f"tensor_parallel_mlp: out must be a contiguous {x.dtype} tensor [{M}, {H}] on "
                              f"{x.device}, got {getattr(out, 'shape', type(out).__name__)}")
+    if mesh.backend == "cpu":   # the CPU runtime across processes (ops/cpu_path.py)
+        return cpu_path.tensor_parallel_mlp(x, w_gate_up, w_down, mesh, M, schedule, sequence_parallel, out)
     if empty is not None:
+        cpu_path.agree_no_rows(mesh, "tensor_parallel_mlp", x, w_gate_up, out)
         return empty
     sms = _sm_count(mesh.device.index)
     if sequence_parallel:
