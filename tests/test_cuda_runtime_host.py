@@ -53,6 +53,9 @@ class FakeCalls:
     def refuse(self, reason):
         self.refused.append(reason)
 
+    def raise_pending(self):
+        pass
+
 
 class FakeMesh:
     backend, rank, world_size, device = "nvshmem", 0, 2, torch.device("cpu")

@@ -89,6 +89,8 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
     direct = key[0] is Op.ALL_GATHER and _DIRECT and mesh.is_symmetric(out)
     if mesh.backend == "nvshmem":
         capturing = stream_capturing(mesh.device)
+        if not capturing:   # an earlier launch (of any op) the ranks disagreed on: raised here, at once
+            mesh.calls.raise_pending()
         full_key = key + (x.data_ptr(), out.data_ptr(), x.dtype, tuple(x.shape), out_given, rendezvous,
                           mesh.fault_skip_notify_rank)
         cache = mesh.cache.setdefault("collectives.launches", {})

@@ -90,8 +90,10 @@ TRACE_WORDS = 4   # per task in trace mode: start ns, waits done ns, end ns, SM 
 # what every megakernel takes besides the graph's tensors, sizes and event offsets (error_host:
 # pinned host memory, where the last program leaves the error record's first word; mesh_ctrl, its
 # peer table and call_sig: the mesh's control block and this call's signature word, which every
-# program checks against the peers' at entry, mesh/calls.py)
-OWN_PARAMS = ["arena", "arena_peers", "max_spins", "error_host", "mesh_ctrl", "mesh_ctrl_peers", "call_sig"]
+# program checks against the peers' at entry; call_error_host: the mesh's pinned words where a launch
+# whose call the ranks disagreed on leaves the record, mesh/calls.py)
+OWN_PARAMS = ["arena", "arena_peers", "max_spins", "error_host", "mesh_ctrl", "mesh_ctrl_peers", "call_sig",
+              "call_error_host"]
 # names the generated module defines itself: the launch epochs, the constexprs, its imports
 MODULE_NAMES = {"epoch", "ev_epoch", "NUM_PROGRAMS", "USE_ASM", "tl", "triton", "megakernel"}
 # the dynamic schedule's ready queue (etdist.kernels.ready_queue): buffer, peers, then offsets
@@ -189,6 +191,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     out("import triton.language as tl")
     out("from etdist.kernels.sync import notify as _et_notify, peer_base as _et_peer, wait as _et_wait")
     out("from etdist.kernels.sync import agree_call as _et_agree, finish_launch as _et_finish")
+    out("from etdist.kernels.sync import hand_over_call_error as _et_call_error")
     if trace:
         out("from etdist.kernels.sync import trace_clock as _et_clock")
     if dynamic:
@@ -281,6 +284,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         # number, stopped claiming from the queue and run its tasks.
         out("if _et_last != 0:")
         with out.indent():
+            out("_et_call_error(arena, call_error_host)")   # a call the ranks disagreed on: to the mesh's words
             # the error record's first word straight into pinned host memory, where the host reads it
             # at the next call without a sync (a copy after each launch cost 8-15 us per call at decode
             # sizes, eager or replayed from a CUDA graph: BENCHMARKS.md, ninth session)
@@ -436,7 +440,7 @@ def signature(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> dict[s
             sig[p] = _TRITON_TYPES[str(ir.tensor(p).dtype)]
         elif p.endswith("_peers"):
             sig[p] = "*i64"
-        elif p in ("arena", "error_host", "mesh_ctrl"):
+        elif p in ("arena", "error_host", "mesh_ctrl", "call_error_host"):
             sig[p] = "*i32"
         elif p in ("trace_buf", "rq"):
             sig[p] = "*i64"

@@ -220,16 +220,19 @@ def post_refusal(mesh, kernels=(), reason: str = "its inputs were refused") -> N
 
 
 def control_block(mesh) -> tuple:
-    """The mesh's control block and its peer table, which every launch's call agreement uses. A
-    stand-in mesh without one (tests, launch/host_path_cpu.py: one rank, nobody to agree with) gets
-    a private block of its own."""
+    """The mesh's control block, its peer table and its call-error words, which every launch's call
+    agreement uses. A stand-in mesh without them (tests, launch/host_path_cpu.py: one rank, nobody to
+    agree with) gets private ones."""
     ctrl = getattr(mesh, "ctrl", None)
     if ctrl is None:
         ctrl = mesh.cache.get("megakernel.ctrl")
         if ctrl is None:
             ctrl = mesh.cache["megakernel.ctrl"] = torch.zeros(ControlLayout(mesh.world_size).size, dtype=torch.int32,
                                                                device=mesh.device)
-    return ctrl, mesh.peer_ptrs(ctrl)
+    call_error = getattr(mesh, "call_error", None)
+    if call_error is None:
+        call_error = mesh.cache.setdefault("megakernel.call_error", torch.zeros(ERR_WORDS, dtype=torch.int32))
+    return ctrl, mesh.peer_ptrs(ctrl), call_error
 
 
 class CudaKernel:
@@ -320,8 +323,10 @@ class CudaKernel:
         # the same shape as the last call (the common case) needs no lookup: keys compare cheaper than they hash
         st = last if last is not None and last.bind_key == key else states.by_key.get(key)
         calls = getattr(mesh, "calls", None)   # None: a test's stand-in mesh
-        if calls is not None and calls.owed and not capturing:
-            calls.pay_owed()
+        if calls is not None and not capturing:
+            if calls.owed:
+                calls.pay_owed()
+            calls.raise_pending()   # an earlier launch (of any kernel) the ranks disagreed on
         if not capturing:
             for seen in states.watched:   # a graph replay's launch that failed (its error word is set)
                 if seen.error_np[0] != 0 and seen is not st:
@@ -373,6 +378,8 @@ class CudaKernel:
             if self.interpreted:  # synchronous, on CPU tensors: errors are known at once
                 self.module.megakernel[(st.programs,)](*st.shape.args(values), NUM_PROGRAMS=st.programs,
                                                        USE_ASM=False)
+                if calls is not None:
+                    calls.raise_pending()
                 self._raise_if_this_call_failed(mesh, st)
                 return outs
             if not self._launch_direct(mesh, st, values, stream):
@@ -625,10 +632,10 @@ class CudaKernel:
         _sync(mesh)
         st.arena[ArenaLayout(world).ev_epoch:].zero_()  # counters and ev_epoch; errors, exit lanes, epoch kept
         env = {**bound, RANK_NAME: mesh.rank}
-        ctrl, ctrl_peers = control_block(mesh)
+        ctrl, ctrl_peers, call_error = control_block(mesh)
         fixed = {**scratch, **bound, RANK_NAME: mesh.rank, "arena": st.arena, "arena_peers": st.arena_peers,
                  "max_spins": mesh.watchdog_spins(), "error_host": self._error_host(st), "mesh_ctrl": ctrl,
-                 "mesh_ctrl_peers": ctrl_peers}
+                 "mesh_ctrl_peers": ctrl_peers, "call_error_host": call_error}
         fixed.update({f"ev_{e.name}_off": offsets[e.name] for e in self.ir.events})
         fixed.update({f"{name}_peers": mesh.peer_ptrs(t) for name, t in scratch.items()
                       if self.ir.tensor(name).symmetric})

@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from ..mesh.control import SIG_COUNT_BITS
-from .sync import ERR_SHAPE, agree_call, finish_launch, notify, peer_base, record_error, rendezvous, wait
+from .sync import (ERR_SHAPE, agree_call, finish_launch, hand_over_call_error, notify, peer_base, record_error,
+                   rendezvous, wait)
 
 EVENT_CHUNK = tl.constexpr(1 << 20)
 EVENT_EXIT = tl.constexpr(2 << 20)
@@ -47,7 +48,7 @@ SCALAR_ARGS = ["meta_off", "exit_off", "grid_off", "epoch_off", "entry_off", "ca
 
 @triton.jit(do_not_specialize=SCALAR_ARGS)
 def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_ptr, sig_table,
-                    ctrl_ptr, ctrl_table, out_table, meta_off, exit_off, grid_off, epoch_off, entry_off,
+                    ctrl_ptr, ctrl_table, out_table, call_error_ptr, meta_off, exit_off, grid_off, epoch_off, entry_off,
                     call_off, seq_off, rank, world, op_sig, call_sig, nchunks, max_spins, skip_notify,
                     REDUCE: tl.constexpr, RENDEZVOUS: tl.constexpr, DIRECT: tl.constexpr, USE_ASM: tl.constexpr,
                     BLOCK: tl.constexpr, ALIGN: tl.constexpr, PALIGN: tl.constexpr):
@@ -142,3 +143,4 @@ def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_pt
                          agreed, RENDEZVOUS, EVENT_EXIT, USE_ASM)
     if last != 0:   # every program has read the call number: this call is this rank's last now
         tl.atomic_xchg(ctrl_ptr + seq_off, seq, sem="relaxed", scope="gpu")
+        hand_over_call_error(ctrl_ptr, call_error_ptr)   # the host raises it at this rank's next call

@@ -157,6 +157,19 @@ def agree_call(lanes_ptr, lanes_table, call_off, seq_off, rank, world, sig, max_
 
 
 @triton.jit
+def hand_over_call_error(err_ptr, host_ptr):
+    """The last program of a launch whose call the ranks disagreed on (err_ptr's record of kind
+    ERR_CALL): the record to the mesh's pinned host words (the host raises it at this rank's next
+    call of any op, mesh/calls.py), and err_ptr's cleared (nothing ran: the kernel stays usable)."""
+    if tl.load(err_ptr, volatile=True) == ERR_CALL:
+        for k in range(1, 8):
+            tl.store(host_ptr + k, tl.load(err_ptr + k, volatile=True))
+            tl.store(err_ptr + k, 0)
+        tl.store(host_ptr, ERR_CALL)
+        tl.atomic_xchg(err_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def finish_launch(ctrl_ptr, ctrl_table, exit_off, grid_off, epoch_off, epoch, rank, world, max_spins, agreed,
                   RENDEZVOUS: tl.constexpr, EVENT_EXIT: tl.constexpr, USE_ASM: tl.constexpr):
     """End of a launch: the last program to arrive (grid counter, gpu scope) re-arms the counter,

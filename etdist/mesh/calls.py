@@ -260,6 +260,17 @@ class CallAgreement:
         return CallMismatchError(mismatch_message(seq, [self.text_of(r, seq, w, wait_s=2.0)
                                                         for r, w in enumerate(words)]))
 
+    def raise_pending(self) -> None:
+        """Raise the call a kernel found the ranks disagreeing on (its record in mesh.call_error), if
+        any: nothing ran for it, so the mesh stays usable. ~0.1 us when there is none."""
+        words = self.mesh._call_error_np
+        if words is None or words[0] == 0:
+            return
+        self.mesh.impl.synchronize()   # the launch's stores of the rest of the record are in
+        rec = [int(w) for w in words]
+        words[:] = 0
+        raise self.device_error(rec[6], rec[4], rec[3], rec[5])
+
     def device_error(self, seq: int, mine: int, theirs: int, peer: int) -> CallMismatchError:
         """The error for a mismatch a kernel found at entry (ErrorKind.CALL in its record)."""
         texts = {self.mesh.rank: self.text_of(self.mesh.rank, seq, mine), peer: self.text_of(peer, seq, theirs)}

@@ -118,6 +118,10 @@ class Mesh:
         self.board = self.empty((2, BOARD_BYTES), torch.uint8)
         self._board_np = ([self.peer(self.board, r).numpy() for r in range(self.world_size)]
                           if backend == "cpu" else None)
+        # where a kernel leaves the record of a call the ranks disagreed on (pinned: the host reads it at
+        # this rank's next call of any op without a sync; mesh/calls.py)
+        self.call_error = torch.zeros(ERR_WORDS, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self._call_error_np = self.call_error.numpy()
         self.calls = CallAgreement(self)
 
     # ---- symmetric memory -------------------------------------------------------------------
@@ -219,6 +223,7 @@ class Mesh:
         """Raise if any wait on this rank (or a peer that propagated its error) failed."""
         if self._failed is not None:
             raise self._failed
+        self.calls.raise_pending()
         rec = self.error_record()
         if rec is None:
             return
