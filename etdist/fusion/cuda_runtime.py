@@ -435,7 +435,8 @@ class CudaKernel:
         inputs' shapes: a rank's may depend on its rank (its rows of a ragged M), and binding checked
         them against the sizes."""
         args = tuple((n, str(inputs[n].dtype).removeprefix("torch.")) for n in sorted(inputs))
-        plan = (self.plan_key, self.schedule, self.trace_on, tuple(sorted(self.early)))
+        plan = (("schedule", self.schedule), ("early_push", tuple(sorted(self.early))), ("trace", self.trace_on),
+                ("source", self.plan_key))   # the generated kernel's own hash: any other difference
         return Signature(self.ir.name, args + (("out", tuple(sorted(given))),
                                                ("sizes", tuple(sorted(bound.items()))), ("plan", plan)))
 
@@ -771,6 +772,9 @@ class CudaKernel:
                 what = f"{ev.name}{[int(c) for c in coord]}"
             else:
                 what = "the exit rendezvous" if linear == 0 else "its ready queue (a claimed entry never arrived)"
+        alive = getattr(mesh, "_peer_alive", None)
+        gone = [s for s in range(mesh.world_size) if alive is not None and not alive(s)]
         raise RuntimeFault(f"graph {self.ir.name!r}: rank {rank} waited on {what} (launch {epoch}): counter "
                            f"{observed}, needed {expected}; the watchdog expired after ~{mesh.watchdog_s:g} s. "
-                           f"A task that should notify it did not run (a peer failed, or the graph is wrong)")
+                           + (f"Ranks {gone} have exited or died (their liveness locks are free)" if gone else
+                              "A task that should notify it did not run (a peer failed, or the graph is wrong)"))

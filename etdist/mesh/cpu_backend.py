@@ -22,7 +22,6 @@ import glob
 import os
 import shutil
 import signal
-import tempfile
 import threading
 import time
 import uuid
@@ -33,16 +32,10 @@ import torch
 
 from .errors import MeshError
 from .hostcomm import HostComm
-from .liveness import Liveness
+from .liveness import Liveness, shm_root
 
 
-def _shm_root() -> str:
-    root = os.environ.get("ETDIST_SHM_DIR")
-    if root:
-        return root
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        return "/dev/shm"
-    return tempfile.gettempdir()
+_shm_root = shm_root
 
 
 def _unlink(path: str) -> None:
@@ -176,8 +169,8 @@ class CpuBackend:
         comm.barrier()   # every rank's liveness lock is held: from here on a missing one means gone
 
     @property
-    def liveness(self) -> Liveness:
-        return self._live[0]
+    def liveness(self) -> Optional[Liveness]:
+        return self._live[0] if self._live else None
 
     def alloc(self, nbytes: int) -> List[torch.Tensor]:
         """Collective. Returns one flat uint8 tensor per rank (index = rank), own one included."""

@@ -11,7 +11,32 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
+import tempfile
+import uuid
 from typing import List, Optional
+
+
+def shm_root() -> str:
+    """Where run dirs live: ETDIST_SHM_DIR, else /dev/shm where writable, else the temp dir."""
+    root = os.environ.get("ETDIST_SHM_DIR")
+    if root:
+        return root
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    return tempfile.gettempdir()
+
+
+def for_mesh(comm, rank: int, world_size: int) -> "Liveness":
+    """Collective: a run dir of the mesh's own (its id from the mesh's rank 0) and this rank's lock in
+    it, every rank's held before this returns; ranks on other hosts are never judged."""
+    run_id = comm.broadcast(uuid.uuid4().hex[:16] if rank == 0 else None)
+    run_dir = os.path.join(shm_root(), f"etdist-{run_id}")
+    os.makedirs(run_dir, exist_ok=True)
+    hosts = comm.allgather(socket.gethostname())
+    live = Liveness(run_dir, rank, world_size, [h == hosts[rank] for h in hosts])
+    comm.barrier()
+    return live
 
 
 class Liveness:
@@ -50,8 +75,9 @@ class Liveness:
         """The ranks known gone (asking about every peer)."""
         return [s for s in range(self.world_size) if not self.alive(s)]
 
-    def close(self) -> None:
-        """Let go of our lock (peers then know we are gone) and remove our lock file."""
+    def close(self, remove_dir: bool = False) -> None:
+        """Let go of our lock (peers then know we are gone) and remove our lock file (remove_dir: and
+        the run dir, where it holds nothing else: the last rank out removes it)."""
         if self._fd is None:
             return
         try:
@@ -60,3 +86,8 @@ class Liveness:
             pass
         os.close(self._fd)
         self._fd = None
+        if remove_dir:
+            try:
+                os.rmdir(self.run_dir)
+            except OSError:
+                pass

@@ -22,6 +22,7 @@ from .. import knobs
 from .errors import MeshError
 from .hostcomm import HostComm, MpiComm, make_host_comm
 from .launch import Launch, Launcher
+from .liveness import for_mesh
 
 # Turns of a sys-scope acquire poll per second, to turn watchdog seconds into a spin bound. Checked
 # on 2x H200: with a 2 s watchdog the skip-notify selfcheck raised on both ranks ~2.6 s after start.
@@ -231,6 +232,8 @@ class NvshmemBackend:
         self._owned: List[torch.Tensor] = []
         self._closed = False
         self.heap: Optional[SubHeap] = None
+        # peers on this host that exited or died are named when a watchdog fires (liveness.py)
+        self.liveness = for_mesh(comm, rank, world_size)
         if pes is not None:   # a group: its region, over the whole world
             mb = knobs.now("ETDIST_GROUP_HEAP_MB", knobs.positive_int, GROUP_HEAP_MB)
             self.region = proc.alloc(mb << 20, f"a group mesh of PEs {self.pes}", check_world=True)
@@ -273,6 +276,8 @@ class NvshmemBackend:
         if self._closed:
             return
         self._closed = True
+        failed = failed or bool(self.liveness.dead())   # a peer gone: nothing collective can finish
+        self.liveness.close(remove_dir=True)
         if failed:
             self.process.healthy = False
             self._owned.clear()
