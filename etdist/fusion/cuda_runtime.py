@@ -522,8 +522,11 @@ class CudaKernel:
         """Wait for the launches so far and raise if any of their waits timed out (on any rank), in
         any state (graph replays included)."""
         calls = getattr(mesh, "calls", None)
-        if calls is not None and calls.owed and not stream_capturing(mesh.device):
-            calls.pay_owed()
+        if calls is not None and not stream_capturing(mesh.device):
+            if calls.owed:
+                calls.pay_owed()
+            _sync(mesh)
+            calls.raise_pending()   # a launch the ranks disagreed on (of this kernel or any other)
         states = [st for st in self._states(mesh) if st.arena is not None]
         if not states:
             return

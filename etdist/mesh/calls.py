@@ -9,8 +9,8 @@ alternate by parity: a rank reaches call n + 2 only after every peer published n
 every peer is done reading call n.
 
 On any difference every rank raises CallMismatchError before anything ran for call n, naming each
-rank's call (the ranks' boards carry the text behind their word: `Board`); the mesh stays usable,
-its next call being n + 1 on every rank. A rank that refuses its own arguments publishes REFUSED,
+rank's call (each rank's board, a small symmetric buffer, carries the text behind its word); the
+mesh stays usable, its next call being n + 1 on every rank. A rank that refuses its own arguments publishes REFUSED,
 with the reason on its board, so its peers raise at once instead of waiting out the watchdog. A
 peer that never makes call n (it skipped a call, exited or died) makes the others raise
 PeerTimeoutError naming it, and a rank one call behind is caught at the first call that differs.
