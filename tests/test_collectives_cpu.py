@@ -54,8 +54,10 @@ def test_mpiexec(n, workspace_mb):
 
 
 @pytest.mark.parametrize("n, case, error", [(4, "skip-notify", "PeerTimeoutError"),
-                                            (2, "shape", "ShapeMismatchError"),
-                                            (2, "dtype", "ShapeMismatchError"),
+                                            (2, "shape", "CallMismatchError"),
+                                            (2, "dtype", "CallMismatchError"),
+                                            (2, "big-count", "CallMismatchError"),
+                                            (2, "skip-call", "CallMismatchError"),
                                             (2, "empty-shape", "ShapeMismatchError")])
 def test_faults_raise_on_every_rank(n, case, error):
     rc, out = torchrun(n, "--case", case, "--watchdog", "1")
@@ -128,8 +130,10 @@ def _refused_call(rank, world, port, case, q):
             if case == "then-empty":
                 all_reduce(torch.ones(4), mesh=mesh)   # the workspace exists
             t0 = time.monotonic()
-            try:   # the last rank passes a wrong `out`: refused before anything starts
-                all_reduce(torch.ones(4), torch.empty(5 if rank == world - 1 else 4), mesh=mesh)
+            try:   # the last rank passes a wrong `out`: refused before anything starts ("then-empty": it
+                   # skips the call, and its peer's watchdog fails the mesh)
+                if case != "then-empty" or rank != world - 1:
+                    all_reduce(torch.ones(4), torch.empty(5 if rank == world - 1 else 4), mesh=mesh)
                 outcome = "returned"
             except MeshError as e:
                 outcome = type(e).__name__
@@ -165,17 +169,18 @@ def _spawn_refused(case, world=2):
                 p.kill()
 
 
-def test_a_refused_first_collective_raises_within_the_watchdog():
+def test_a_refused_first_collective_raises_at_once_on_every_rank():
     """Arguments refused on one rank at the mesh's first collective: the peers, inside the workspace's
-    collective allocation (a host allgather, not the watchdog), waited for the gloo timeout (60 s)."""
+    collective allocation (a host allgather, not the watchdog), waited for the gloo timeout (60 s);
+    then for the watchdog. The refusal is now published as that rank's call (mesh/calls.py)."""
     out = _spawn_refused("first")
-    assert out[0][:2] == (0, "PeerTimeoutError") and out[0][2] < 10 and out[1][:2] == (1, "MeshError"), out
+    assert out[0][:2] == (0, "CallMismatchError") and out[0][2] < 1 and out[1][:2] == (1, "MeshError"), out
 
 
 def test_mesh_empty_after_a_fault_raises_on_every_rank():
-    """After a fault that rank 0 raised (PeerTimeoutError) and rank 1 had not seen yet (it refused its
-    own arguments first), mesh.empty refused at once on rank 0, alone, and rank 1 waited in its
-    allgather for the gloo timeout (60 s). Now rank 0 takes part, and both refuse."""
+    """After a fault that rank 0 raised (PeerTimeoutError: rank 1 skipped the call) and rank 1 had
+    not seen, mesh.empty refused at once on rank 0, alone, and rank 1 waited in its allgather for
+    the gloo timeout (60 s). Now rank 0 takes part, and both refuse."""
     out = _spawn_refused("then-empty")
     assert [o[:2] for o in out] == [(0, "MeshError"), (1, "MeshError")] and out[1][2] < 10, out
 
@@ -189,7 +194,7 @@ def test_calls_that_differ_in_rounds_raise_on_every_rank(exchange, monkeypatch):
     monkeypatch.setenv("ETDIST_CPU_EXCHANGE", exchange)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     out = _spawn_refused("rounds")
-    assert [o[:2] for o in out] == [(0, "ShapeMismatchError"), (1, "ShapeMismatchError")], out
+    assert [o[:2] for o in out] == [(0, "CallMismatchError"), (1, "CallMismatchError")], out
 
 
 def test_arguments_of_the_wrong_kind_are_named(mesh):

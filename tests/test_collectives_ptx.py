@@ -53,9 +53,9 @@ def _exchange_ptx(reduce: bool, align: int, direct: bool = False):
     ptrs = ["x_ptr", "out_ptr", "plan_ptr", "scratch_ptr", "scratch_table", "sig_ptr", "sig_table", "ctrl_ptr",
             "ctrl_table"]
     types = ["*bf16", "*bf16", "*i64", "*bf16", "*i64", "*i32", "*i64", "*i32", "*i64"]
-    sig = dict(zip(ptrs, types), out_table="*i64")
-    sig.update({k: "i32" for k in ["meta_off", "exit_off", "grid_off", "epoch_off", "entry_off", "rank", "world", "op_sig",
-                                   "max_spins", "skip_notify"]}, nchunks="i64")
+    sig = dict(zip(ptrs, types), out_table="*i64", call_error_ptr="*i32")
+    sig.update({k: "i32" for k in ["meta_off", "exit_off", "grid_off", "epoch_off", "entry_off", "call_off", "seq_off",
+                                   "rank", "world", "op_sig", "call_sig", "max_spins", "skip_notify"]}, nchunks="i64")
     sig.update({k: "constexpr" for k in ["REDUCE", "RENDEZVOUS", "DIRECT", "USE_ASM", "BLOCK", "ALIGN", "PALIGN"]})
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}  # what a launch with aligned tensors gets
     const = dict(REDUCE=reduce, RENDEZVOUS=True, DIRECT=direct, USE_ASM=True, BLOCK=8192, ALIGN=align, PALIGN=2 * align)

@@ -41,12 +41,31 @@ def peer_sizes(sizes):
     return {"sizes": sizes, "captured": []}
 
 
+class FakeCalls:
+    """mesh.calls (mesh/calls.py) as a recorder: the signatures this rank agreed on, the refusals it
+    published; the peers agree with everything."""
+
+    def __init__(self):
+        self.agreed, self.refused, self.owed = [], [], []
+
+    def agree(self, sig):
+        self.agreed.append(sig)
+        return len(self.agreed)
+
+    def refuse(self, reason):
+        self.refused.append(reason)
+
+    def raise_pending(self):
+        pass
+
+
 class FakeMesh:
     backend, rank, world_size, device = "nvshmem", 0, 2, torch.device("cpu")
 
     def __init__(self, others):
         self.comm, self.cache = FakeComm(others), {}
         self.stream_order = StreamOrder(self.device)
+        self.calls = FakeCalls()
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +112,7 @@ def test_wrong_out_is_refused_on_every_rank_before_launch(kernel, monkeypatch):
     with pytest.raises(et.InputError, match=r"out\['y'\]: need a contiguous torch.bfloat16 tensor of shape "
                                             r"\[4, 32\] on cpu, got \[3, 3\] torch.bfloat16"):
         kernel(mesh, x=x, w=w, out={"y": torch.empty(3, 3, dtype=torch.bfloat16)})
-    assert seen and isinstance(seen[0], str)  # the peers were told, so they raise too
+    assert not seen and "out['y']" in mesh.calls.refused[0]   # the peers were told, before any exchange
     with pytest.raises(et.InputError, match="out= takes a dict of output tensors by name"):
         kernel(mesh, x=x, w=w, out=torch.empty(4, 32, dtype=torch.bfloat16))
 
@@ -118,9 +137,8 @@ def test_op_operand_checks_before_launch():
     for (a, b), msg in cases:
         with pytest.raises(et.InputError, match=msg):
             check_operands("op", "g", a, b, mesh)
-    mesh.backend = "cpu"
-    with pytest.raises(et.InputError, match="et.ops.op runs on GPUs"):
-        check_operands("op", "g", x, w, mesh)
+    mesh.backend = "cpu"   # the CPU runtime runs the graph (ops/cpu_path.py): the same checks
+    assert check_operands("op", "g", x, w, mesh) is mesh
 
 
 def test_no_rows_at_all_launches_nothing(monkeypatch):
@@ -300,13 +318,16 @@ def test_argument_layout_is_built_once_per_shape(monkeypatch):
         x, w = torch.randn(24, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
         y = kernel(mesh, x=x, w=w)["y"]
         st = kernel.state(mesh)
-        values = {**st.shape.fixed, "x": x, "w": w, "y": y}   # no epochs: the kernel keeps its own
+        # no epochs (the kernel keeps its own); the call's signature word (mesh/calls.py)
+        values = {**st.shape.fixed, "x": x, "w": w, "y": y, "call_sig": st.word}
         want = [values[p].data_ptr() if isinstance(values[p], torch.Tensor) else values[p] for p in kernel.params]
         assert rec.direct[-1] == want
     assert len(rec.direct) == 3 and not rec.jit
     kernel(mesh, x=x, w=w, out={"y": y})
     kernel(mesh, x=x, w=w, out={"y": y})
-    assert rec.direct[-1] == rec.direct[-2] == rec.direct[2]   # the same tensors: the very same launch
+    sig = kernel.params.index("call_sig")   # out= given: another signature word (mesh/calls.py)
+    assert rec.direct[-1] == rec.direct[-2]   # the same tensors: the very same launch
+    assert rec.direct[-1][:sig] + rec.direct[-1][sig + 1:] == rec.direct[2][:sig] + rec.direct[2][sig + 1:]
     odd = torch.empty(24 * 32 + 1, dtype=torch.bfloat16)[1:].view(24, 32)   # contiguous, 2 bytes off
     odd.copy_(x)
     kernel(mesh, x=odd, w=w)
@@ -315,7 +336,7 @@ def test_argument_layout_is_built_once_per_shape(monkeypatch):
     y_odd = torch.empty(24 * 48 + 1, dtype=torch.bfloat16)[1:].view(24, 48)
     y = kernel(mesh, x=x, w=w, out={"y": y_odd})["y"]
     assert y is y_odd and len(rec.direct) == 6 and len(rec.jit) == 1
-    values = {**st.shape.fixed, "x": x, "w": w, "y": y_odd}
+    values = {**st.shape.fixed, "x": x, "w": w, "y": y_odd, "call_sig": kernel._word(st, {"y": y_odd})}
     assert len(rec.jit[0]) == len(kernel.params)
     for p, got in zip(kernel.params, rec.jit[0]):
         assert got is values[p] if isinstance(values[p], torch.Tensor) else got == values[p], p
@@ -359,9 +380,11 @@ def test_a_shape_captured_in_a_cuda_graph_keeps_its_state(monkeypatch):
     assert len(kernel._states(mesh)) == 2 + cr.STATES_KEPT
     held = {t.data_ptr() for st in pinned for t in (*st.buffers.values(), st.arena)}
     assert not held & set(mesh.freed)
+    sig = kernel.params.index("call_sig")   # out= given: another signature word (mesh/calls.py), else the same
     for M in (8, 16):                                  # eager at a captured shape: its state, the same launch
         kernel(mesh, x=xs[M], w=w, out={"y": captured[M][1]})
-        assert rec.direct[-1] == captured[M][0] and kernel.state(mesh) is captured[M][2]
+        assert kernel.state(mesh) is captured[M][2]
+        assert rec.direct[-1][:sig] + rec.direct[-1][sig + 1:] == captured[M][0][:sig] + captured[M][0][sig + 1:]
     capturing[0] = True
     with pytest.raises(et.InputError, match="call it once at this shape outside the capture first, just before"):
         kernel(mesh, x=torch.randn(40, 32, dtype=torch.bfloat16), w=w)
@@ -850,38 +873,22 @@ def test_symmetric_scratch_sized_by_rank_is_refused():
         CudaKernel(MapTable.build(g.to_ir()), "static")
 
 
-def test_an_op_refused_on_one_rank_stops_the_peers_launches():
+def test_an_op_refused_on_one_rank_is_published_as_its_call():
     """et.ops checks their operands before choosing a kernel. Refused on one rank at a shape every
     rank has prepared, the peers launched without asking and took that rank's next call as this
-    one's: the refusal posts an error into every prepared kernel of the op, so every rank raises."""
-    from types import SimpleNamespace
-
+    one's: the refusal is now published as this rank's call (mesh/calls.py), whose entry check
+    stops the peers' launch; accepted operands publish nothing."""
     from etdist.ops import common as op
 
-    posted = []
-
-    class Kernel:
-        def __init__(self, key):
-            self._key = key
-
-        def _states(self, mesh):   # as CudaKernel's: every state of the kernel on the mesh
-            return mesh.cache.get(self._key, [])
-
-        def _post_refusal(self, mesh, st):
-            posted.append(self._key)
-
     mesh = FakeMesh([])
-    mesh.cache = {"a": [SimpleNamespace(shape="prepared"), SimpleNamespace(shape=None)],
-                  "b": [SimpleNamespace(shape=None)]}
-    kernels = {1: Kernel("a"), 2: Kernel("b"), 3: Kernel("never launched here")}
     x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.float32)
     with pytest.raises(et.InputError, match="must share a dtype"):
-        with op.refusal_reaches_peers(mesh, kernels):
+        with op.refusal_reaches_peers(mesh, {}):
             op.check_operands("gemm_reduce_scatter", "g", x, w, mesh)
-    assert posted == ["a"]
-    with op.refusal_reaches_peers(mesh, kernels):   # accepted operands post nothing
+    assert len(mesh.calls.refused) == 1 and "must share a dtype" in mesh.calls.refused[0]
+    with op.refusal_reaches_peers(mesh, {}):   # accepted operands publish nothing
         op.check_operands("gemm_reduce_scatter", "g", x, w.bfloat16(), mesh)
-    assert posted == ["a"]
+    assert len(mesh.calls.refused) == 1
 
 
 def test_launches_on_another_stream_wait_for_the_last_launch(monkeypatch):
@@ -953,38 +960,24 @@ def test_kernel_launches_go_through_the_mesh_stream_order(monkeypatch):
     assert mesh.stream_order.last == 5 and len(rec.direct) == 2
 
 
-def test_a_call_refused_while_capturing_posts_at_the_next_call(monkeypatch):
-    """A refusal posts an error record into every rank's arena, which synchronises: inside a CUDA
-    graph capture that broke the capture with a CUDA error instead of the InputError. Now the
-    InputError is raised, nothing synchronises, and this rank's next call posts the refusal (the
-    peers' captured launch stops) and raises RuntimeFault."""
+def test_a_call_refused_while_capturing_is_published_not_launched(monkeypatch):
+    """A refusal inside a CUDA graph capture raises the InputError and launches nothing; publishing
+    it to the peers (mesh/calls.py, which owes it while capturing: tests/test_calls.py) is the mesh's
+    business. The next call launches as usual: the refused call left the kernel usable."""
     from etdist.fusion import cuda_runtime as cr
     kernel, rec = _recorded_gemm_rs(monkeypatch)
-    capturing, posted = [False], []
+    capturing = [False]
     monkeypatch.setattr(cr, "stream_capturing", lambda device: capturing[0])
-
-    def post(mesh, st):
-        assert not capturing[0], "posted (synchronised) inside a capture"
-        posted.append(st)
-    monkeypatch.setattr(kernel, "_post_refusal", post)
     mesh = PreparingMesh()
     x, w = torch.randn(24, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
     kernel(mesh, x=x, w=w)
     capturing[0] = True
     with pytest.raises(et.InputError, match=r"out\['y'\]"):
         kernel(mesh, x=x, w=w, out={"y": torch.empty(3, 3, dtype=torch.bfloat16)})
-    assert not posted and len(rec.direct) == 1 and not kernel.state(mesh).captured
-    with pytest.raises(et.RuntimeFault, match="is capturing again"):   # must not pair with the peers' graph
-        kernel(mesh, x=x, w=w)
+    assert len(rec.direct) == 1 and not kernel.state(mesh).captured
+    assert len(mesh.calls.refused) == 1 and "out['y']" in mesh.calls.refused[0]
     capturing[0] = False
-    with monkeypatch.context() as m:   # a post that fails keeps the debt for the next call
-        m.setattr(kernel, "_post_refusal", lambda mesh, st: 1 / 0)
-        with pytest.raises(ZeroDivisionError):
-            kernel(mesh, x=x, w=w)
-    with pytest.raises(et.RuntimeFault, match="refused a call while a CUDA graph captured it"):
-        kernel(mesh, x=x, w=w)
-    assert posted == [kernel.state(mesh)] and len(rec.direct) == 1
-    kernel(mesh, x=x, w=w)   # paid once (a real post also stops this kernel: its next check raises)
+    kernel(mesh, x=x, w=w)
     assert len(rec.direct) == 2
 
 
@@ -1162,3 +1155,60 @@ def test_whole_gather_reaches_256_rows_with_one_row_tile():
         assert cfg == P.whole_256_mlp and build.func.__name__ == "tp_mlp_whole"
     assert ag_op.kernel_plan(128, 8192, 28672, bf, 132, 2, wide)[0] == P.whole_128
     assert ag_op.kernel_plan(200, 8192, 28672, bf, 132, 2, P)[1].func.__name__ == "all_gather_gemm"
+
+
+def test_zero_sized_dims_are_refused_before_any_plan_code():
+    """N = 0 or K = 0 (H = 0 in the MLP) ended in a ZeroDivisionError inside the plans."""
+    from etdist.ops.common import check_operands
+    mesh = FakeMesh([])
+    x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
+    with pytest.raises(et.InputError, match=r"zero-sized output width \(N = 0\)"):
+        check_operands("gemm_reduce_scatter", "g", x, w[:, :0], mesh)
+    with pytest.raises(et.InputError, match=r"zero-sized contraction \(K = 0\)"):
+        check_operands("all_gather_gemm", "g", x[:, :0], w[:0], mesh)
+    for op, args in (("gemm_reduce_scatter", (x, w[:, :0])), ("all_gather_gemm", (x, w[:, :0])),
+                     ("tensor_parallel_mlp", (x[:, :0], torch.zeros(0, 8, dtype=torch.bfloat16),
+                                              torch.zeros(4, 0, dtype=torch.bfloat16)))):
+        with pytest.raises(et.InputError, match="zero-sized"):
+            getattr(et.ops, op)(*args, mesh=mesh)
+    assert len(mesh.calls.refused) == 3   # published: the peers raise too
+
+
+def test_sizes_past_32_bit_offsets_are_refused_before_allocation(kernel, monkeypatch):
+    """A call whose tensors pass 2**31 elements asked for 4-64 GiB symmetric allocations (their
+    offsets overflow in the kernels): refused before any, the refusal published."""
+    mesh = FakeMesh([])
+    monkeypatch.setattr(kernel, "_prepare", lambda *a: pytest.fail("prepared a launch for a refused call"))
+    x = torch.empty(2**16, 2**15 + 16, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(2**15 + 16, 64, dtype=torch.bfloat16, device="meta")
+    monkeypatch.setattr(mesh, "device", torch.device("meta"), raising=False)
+    with pytest.raises(et.InputError, match=r"tensor 'x' would hold 2,148,532,224 elements .* 32-bit element offsets"):
+        kernel._agree_call(mesh, {"x": x, "w": w}, None, None)
+    assert mesh.calls.refused and not mesh.calls.agreed
+
+
+def test_graph_checks_run_at_the_sizes_calls_use():
+    """compile() enumerates small sample sizes; a map out of bounds only past them (here from the
+    fifth tile on) was not caught before it ran. Now each new size class is checked before launch."""
+    g = et.Graph("late_bug")
+    M = g.size("M")
+    x = g.input("x", (M,), torch.float32)
+    g.output("y", (M,), torch.float32)
+    tiles = et.cdiv(M, 4)
+    done = g.event("done", (tiles,))
+
+    @g.task(grid=(tiles,), notify=lambda i: done[et.where(i < 8, i, i + 1)])   # wrong from tile 8 on
+    def a(t, i):
+        t.y[4 * i:4 * i + 4] = t.x[4 * i:4 * i + 4]
+
+    @g.task(grid=(tiles,), wait=lambda i: done[i])
+    def b(t, i):
+        pass
+
+    g.sample(M=8)
+    g.sample(M=16)
+    k = et.compile(g, target="cpu")
+    k.run([{"x": torch.ones(16)}])   # checked at M = 31 too (the class of 16): 8 tiles, none wrong
+    k.run([{"x": torch.ones(12)}])
+    with pytest.raises(et.GraphError, match=r"notifies done\[16\], outside the event's shape \[16\] \(sizes \{'WORLD': 1, 'M': 63"):
+        k.run([{"x": torch.ones(40)}])   # its class's top, M = 63: 16 tiles

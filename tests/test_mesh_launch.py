@@ -169,8 +169,9 @@ def test_host_group_is_destroyed_at_exit_when_nobody_closed_it(tmp_path):
         "print('destroyed' if not dist.is_initialized() else 'still alive')\n")
     # one rank makes no group (LocalComm): a second process joins as rank 1 and leaves
     peer = tmp_path / "peer.py"
-    peer.write_text("import torch.distributed as dist\ndist.init_process_group('gloo', rank=1, world_size=2)\n"
-                    "dist.destroy_process_group()\n")
+    peer.write_text("from etdist.mesh.hostcomm import make_host_comm\n"
+                    "from etdist.mesh.launch import resolve_launch, detect_launch\n"
+                    "make_host_comm(resolve_launch(detect_launch({}), world_size=2, rank=1), timeout_s=30).close()\n")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -201,17 +201,26 @@ def test_a_bad_large_rows_knob_is_refused(tmp_path):
     assert "refused: ETDIST_MOE_LARGE_ROWS='0'" in out.stdout, out.stdout + out.stderr
 
 
-def test_a_cpu_mesh_points_to_simulated_ranks(monkeypatch, tmp_path):
-    """On a CPU mesh the layers built fine and failed at the first call ("compiled for GPUs"); they
-    now refuse at construction and say how to run on a CPU."""
+def test_the_layers_run_on_a_cpu_mesh(monkeypatch, tmp_path):
+    """On a CPU mesh the layers built fine and failed at the first call ("compiled for GPUs"), then
+    refused at construction; they now run on the CPU runtime (ops/cpu_path.py; across processes:
+    tests/test_cpu_mesh_ops.py)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("ETDIST_SHM_DIR", str(tmp_path))
     mesh = et.init_mesh(backend="cpu", world_size=1, rank=0)
     try:
-        with pytest.raises(et.InputError, match="not a GPU mesh; on a CPU, build the layer with simulate_world=R"):
-            et.nn.MoE(H, I, E, K, mesh=mesh)
-        with pytest.raises(et.InputError, match="TensorParallelMLP: mesh 'cpu' is not a GPU mesh"):
-            et.nn.TensorParallelMLP(64, 128, mesh=mesh)
+        gate, up, down, router = dense_weights()
+        moe = et.nn.MoE(H, I, E, K, mesh=mesh, dtype=torch.float32).load_experts(gate, up, down, router)
+        x = torch.randn(5, H)
+        want = torch_moe(x.double(), gate.double(), up.double(), down.double(), router.double())
+        assert ((moe(x).double() - want).abs().max() / want.abs().max()).item() < 1e-5
+        mlp = et.nn.TensorParallelMLP(32, 64, mesh=mesh, dtype=torch.float32)
+        w = mlp.w_gate_up[0].double()
+        xm = torch.randn(7, 32)
+        ref = (torch.nn.functional.silu(xm.double() @ w[:, :64]) * (xm.double() @ w[:, 64:])) @ mlp.w_down[0].double()
+        assert ((mlp(xm).double() - ref).abs().max() / ref.abs().max()).item() < 1e-5
+        with pytest.raises(et.InputError, match="mesh must be the Mesh from et.init_mesh"):
+            et.nn.MoE(H, I, E, K, mesh="cpu")
     finally:
         mesh.close()
 

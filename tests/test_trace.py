@@ -2,11 +2,12 @@
 and decode back to task coordinates; the CPU runtime writes the same Chrome format."""
 import json
 
+import pytest
 import torch
 
 import etdist as et
 from etdist.fusion.codegen_triton import TRACE_WORDS, compile_ptx, generate, kernel_params
-from etdist.fusion.trace import chrome_events, gpu_rows, write_chrome
+from etdist.fusion.trace import chrome_events, clock_offset, first_start, gpu_rows, write_chrome
 from etdist.workloads import gemm_rs
 
 
@@ -101,3 +102,48 @@ def test_median_tile_body_and_a_queued_trace():
     assert queued_trace(Kernel(), Mesh(), warm=2, queued=3, x=1) == [("rows after", 6)]
     assert [c[0] for c in calls] == ["launch", "launch", "barrier", "launch", "launch", "launch"]
     assert all(a == {"x": 1} for k, a in calls if k == "launch")
+
+
+def test_clock_offset_takes_the_tightest_bracket():
+    """A device timer read lies somewhere in its host bracket [before, after]: the tightest one's
+    midpoint is the estimate (launch and sync latency differ from sample to sample)."""
+    host_to_device = 240_000_000_123                     # the device timer is this far ahead
+    samples = [(1000, 1000 + host_to_device + 9000, 21000),   # wide: the read landed late
+               (50_000, 50_000 + host_to_device + 3000, 56_000),
+               (90_000, 90_000 + host_to_device + 2500, 95_000)]   # tightest, 5 us
+    offset, err = clock_offset(samples)
+    assert (offset, err) == (host_to_device, 2500)
+    with pytest.raises(ValueError):
+        clock_offset([])
+
+
+def test_ranks_rows_are_aligned_by_their_measured_offsets():
+    """Two ranks whose timers are 0.24 s apart, the second rank's launch starting 7 us after the
+    first's on the host clock: on one timeline, from the first task of either, 7 us apart (each rank's
+    own earliest start used to be its 0, hiding the skew or, where a rank's clock was off, showing a
+    launch spanning 0.1 s)."""
+    g = ir()
+    sizes = {"M": 200, "K": 64, "N": 100, "RANK": 1, "WORLD": 2}
+    n = 2 * 2 * 2 + 2 * 2
+    offsets = {0: 1_000_000_000, 1: 1_240_000_000}       # device - host, per rank
+    host_start = {0: 5_000_000, 1: 5_007_000}
+    bufs = {}
+    for rank in (0, 1):
+        buf = [0] * (n * TRACE_WORDS)
+        s = host_start[rank] + offsets[rank]
+        buf[0:TRACE_WORDS] = [s, s + 500, s + 3000, 1 << 32]
+        bufs[rank] = buf
+    starts = [first_start(bufs[r]) - offsets[r] for r in (0, 1)]   # what trace() gathers
+    rows = [row for r in (0, 1) for row in gpu_rows(g, {**sizes, "RANK": r}, bufs[r], r,
+                                                         origin_ns=min(starts) + offsets[r])]
+    assert [(r[0], r[3], r[4]) for r in rows] == [(0, 0.0, 3.0), (1, 7.0, 10.0)]
+
+
+def test_the_clock_kernel_reads_the_global_timer():
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from etdist.kernels.sync import store_clock
+    ptx = triton.compile(ASTSource(store_clock, {"out_ptr": "*i64"}, {}), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    assert "%globaltimer" in ptx

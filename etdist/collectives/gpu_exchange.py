@@ -82,7 +82,7 @@ def _resident_programs(mesh: Mesh, kernel, num_warps: int) -> int:
 
 
 def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, plan: Plan, rendezvous: bool,
-                direct: bool = False):
+                direct: bool = False, *, call_sig: int):
     """Everything a launch needs, resolved once: returns a no-argument callable that launches the
     compiled kernel on the current stream (a few microseconds of host time)."""
     if torch.cuda.is_current_stream_capturing():
@@ -100,8 +100,10 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
     args = dict(x_ptr=x, out_ptr=out, plan_ptr=packed, scratch_ptr=ws.scratch.view(x.dtype),
                 scratch_table=ws.scratch_table, sig_ptr=ws.signals, sig_table=ws.signals_table, ctrl_ptr=mesh.ctrl,
                 ctrl_table=ws.ctrl_table, out_table=mesh.peer_ptrs(out) if direct else ws.scratch_table,
+                call_error_ptr=mesh.call_error,
                 meta_off=lay.meta, exit_off=lay.exit, grid_off=lay.grid, epoch_off=lay.epoch,
-                entry_off=lay.entry, rank=mesh.rank, world=w, op_sig=plan.op_signature(signature_dtype(x.dtype)), nchunks=1,
+                entry_off=lay.entry, call_off=lay.call, seq_off=lay.call_seq, rank=mesh.rank, world=w,
+                op_sig=plan.op_signature(signature_dtype(x.dtype)), call_sig=call_sig, nchunks=1,
                 max_spins=mesh.watchdog_spins(), skip_notify=int(mesh.fault_skip_notify_rank == mesh.rank))
     constexprs = dict(REDUCE=plan.op.reduces, RENDEZVOUS=rendezvous, DIRECT=direct, USE_ASM=True, BLOCK=block, ALIGN=align,
                       PALIGN=align * es)
@@ -137,7 +139,7 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
 
 
 def exchange_interpreted(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, plan: Plan,
-                         rendezvous: bool = True, direct: bool = False) -> None:
+                         rendezvous: bool = True, direct: bool = False, *, call_sig: int) -> None:
     """The same kernel under TRITON_INTERPRET=1 on the cpu backend (atomic polls, no inline asm)."""
     patch_interpreter()
     w, es = mesh.world_size, x.element_size()
@@ -149,6 +151,6 @@ def exchange_interpreted(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.
     lay = mesh.layout
     exchange_kernel[(max(1, min(nchunks, 4)),)](
         x, out, packed, ws.scratch.view(x.dtype), ws.scratch_table, ws.signals, ws.signals_table, mesh.ctrl,
-        ws.ctrl_table, mesh.peer_ptrs(out) if direct else ws.scratch_table, lay.meta, lay.exit, lay.grid, lay.epoch, lay.entry, mesh.rank, w,
-        plan.op_signature(signature_dtype(x.dtype)), nchunks, int(mesh.watchdog_s * 1000), int(mesh.fault_skip_notify_rank == mesh.rank),
+        ws.ctrl_table, mesh.peer_ptrs(out) if direct else ws.scratch_table, mesh.call_error, lay.meta, lay.exit, lay.grid, lay.epoch, lay.entry, lay.call, lay.call_seq, mesh.rank, w,
+        plan.op_signature(signature_dtype(x.dtype)), call_sig, nchunks, int(mesh.watchdog_s * 1000), int(mesh.fault_skip_notify_rank == mesh.rank),
         REDUCE=plan.op.reduces, RENDEZVOUS=rendezvous, DIRECT=direct, USE_ASM=False, BLOCK=BLOCK, ALIGN=1, PALIGN=es)

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..mesh import Mesh, MeshError, current_mesh
+from ..mesh.calls import Signature, refusing, tensor_arg
 from ..mesh.stream_order import capturing as stream_capturing
 from . import plan as plans
 from .custom_op import call_op
@@ -76,25 +77,34 @@ def _check_out(out: Optional[torch.Tensor], shape, x: torch.Tensor, op: Op) -> t
     return out
 
 
-def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, check: bool) -> torch.Tensor:
-    """Run the plans `pieces(slot_elems)` yields (one per round). On GPUs each distinct call (same
-    tensors, shapes, flags) is prepared once and then launched straight from a cache."""
+def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, check: bool, sig_x,
+         out_given: bool) -> torch.Tensor:
+    """Run the plans `pieces(slot_elems)` yields (one per round), once every rank agreed on the call
+    (mesh/calls.py: op, sig_x (x's dtype and shape, or what must match of it), out= given, the
+    rendezvous). On GPUs each distinct call (same tensors, shapes, flags) is prepared once and then
+    launched straight from a cache; the kernel itself checks the agreement at entry."""
     if mesh._failed is not None or mesh._closed:
         mesh._check_usable()
     rendezvous = check if _RENDEZVOUS is None else _RENDEZVOUS
     direct = key[0] is Op.ALL_GATHER and _DIRECT and mesh.is_symmetric(out)
     if mesh.backend == "nvshmem":
         capturing = stream_capturing(mesh.device)
-        if capturing and check:   # check= synchronises, which a capture forbids (a CUDA error from within)
-            raise MeshError(f"{OP_NAMES[key[0]]}: check=True synchronises after the launch, which a CUDA graph "
-                            f"capture forbids: pass check=False inside CUDA graphs (errors then show at "
-                            f"mesh.check())")
-        full_key = key + (x.data_ptr(), out.data_ptr(), x.dtype, rendezvous, mesh.fault_skip_notify_rank)
+        if not capturing:   # an earlier launch (of any op) the ranks disagreed on: raised here, at once
+            mesh.calls.raise_pending()
+        full_key = key + (x.data_ptr(), out.data_ptr(), x.dtype, tuple(x.shape), out_given, rendezvous,
+                          mesh.fault_skip_notify_rank)
         cache = mesh.cache.setdefault("collectives.launches", {})
         launches = cache.get(full_key)
-        if launches is None:
-            ws = get_workspace(mesh)
-            launches = [prepare_gpu(mesh, ws, x, out, p, rendezvous, direct) for p in pieces(ws.slot_elems(x.dtype))]
+        if launches is None or (capturing and check):
+            with refusing(mesh):
+                if capturing and check:   # check= synchronises, which a capture forbids (a CUDA error from within)
+                    raise MeshError(f"{OP_NAMES[key[0]]}: check=True synchronises after the launch, which a CUDA "
+                                    f"graph capture forbids: pass check=False inside CUDA graphs (errors then show "
+                                    f"at mesh.check())")
+                ws = get_workspace(mesh)
+                plans_ = list(pieces(ws.slot_elems(x.dtype)))
+            word = _signature(key[0], sig_x, out_given, rendezvous).word
+            launches = [prepare_gpu(mesh, ws, x, out, p, rendezvous, direct, call_sig=word) for p in plans_]
             if len(cache) > 1024:   # launches in flight may still read their plans: let them finish
                 mesh.impl.synchronize()
                 cache.clear()
@@ -112,14 +122,23 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
             mesh.check(OP_NAMES)
         return out
     ws = get_workspace(mesh)
+    with refusing(mesh):
+        plans_ = list(pieces(ws.slot_elems(x.dtype)))
+    sig = _signature(key[0], sig_x, out_given, rendezvous)
     interpreted = os.environ.get("ETDIST_CPU_EXCHANGE", "torch") == "triton"
-    for plan in pieces(ws.slot_elems(x.dtype)):
+    if not interpreted:   # the interpreted kernel agrees at entry, as on GPUs
+        mesh.calls.agree(sig)
+    for plan in plans_:
         if interpreted:
-            exchange_interpreted(mesh, ws, x, out, plan, rendezvous, direct)  # epoch kept in the control block
+            exchange_interpreted(mesh, ws, x, out, plan, rendezvous, direct, call_sig=sig.word)
         else:
             exchange_cpu(mesh, ws, x, out, plan, mesh.next_epoch("coll"))
     mesh.check(OP_NAMES)
     return out
+
+
+def _signature(op: Op, sig_x, out_given: bool, rendezvous: bool) -> Signature:
+    return Signature(OP_NAMES[op], (("x", sig_x), ("out", out_given), ("rendezvous", rendezvous)))
 
 
 def reduce_scatter(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Optional[Mesh] = None,
@@ -129,15 +148,17 @@ def reduce_scatter(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh:
     if torch.compiler.is_compiling():   # before _mesh: it may allocate (collectively)
         return call_op("reduce_scatter", x, check, mesh=mesh, out=out)
     mesh = _mesh(mesh)
-    x = _check_input(mesh, x, Op.REDUCE_SCATTER)
-    w = mesh.world_size
-    if x.dim() == 0 or x.shape[0] % w:
-        raise MeshError(f"reduce_scatter: x.shape[0] must be divisible by the world size {w}, got shape "
-                        f"{tuple(x.shape)}")
-    out = _check_out(out, (x.shape[0] // w,) + tuple(x.shape[1:]), x, Op.REDUCE_SCATTER)
+    given = out is not None
+    with refusing(mesh):   # refused here alone, the peers raise too, naming it
+        x = _check_input(mesh, x, Op.REDUCE_SCATTER)
+        w = mesh.world_size
+        if x.dim() == 0 or x.shape[0] % w:
+            raise MeshError(f"reduce_scatter: x.shape[0] must be divisible by the world size {w}, got shape "
+                            f"{tuple(x.shape)}")
+        out = _check_out(out, (x.shape[0] // w,) + tuple(x.shape[1:]), x, Op.REDUCE_SCATTER)
     n = x.numel() // w
     return _run(mesh, x, out, (Op.REDUCE_SCATTER, n), lambda per: (
-        plans.reduce_scatter(w, n, a, b) for a, b in plans.rounds(n, per)), check)
+        plans.reduce_scatter(w, n, a, b) for a, b in plans.rounds(n, per)), check, tensor_arg(x), given)
 
 
 def all_gather(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Optional[Mesh] = None,
@@ -147,13 +168,15 @@ def all_gather(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Opt
     if torch.compiler.is_compiling():   # before _mesh: it may allocate (collectively)
         return call_op("all_gather", x, check, mesh=mesh, out=out)
     mesh = _mesh(mesh)
-    x = _check_input(mesh, x, Op.ALL_GATHER)
-    w = mesh.world_size
-    x1 = x.reshape(1) if x.dim() == 0 else x
-    out = _check_out(out, (w * x1.shape[0],) + tuple(x1.shape[1:]), x, Op.ALL_GATHER)
+    given = out is not None
+    with refusing(mesh):
+        x = _check_input(mesh, x, Op.ALL_GATHER)
+        w = mesh.world_size
+        x1 = x.reshape(1) if x.dim() == 0 else x
+        out = _check_out(out, (w * x1.shape[0],) + tuple(x1.shape[1:]), x, Op.ALL_GATHER)
     n = x.numel()
     return _run(mesh, x, out, (Op.ALL_GATHER, n), lambda per: (
-        plans.all_gather(w, n, a, b) for a, b in plans.rounds(n, per)), check)
+        plans.all_gather(w, n, a, b) for a, b in plans.rounds(n, per)), check, tensor_arg(x), given)
 
 
 def all_reduce(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Optional[Mesh] = None,
@@ -163,11 +186,13 @@ def all_reduce(x: torch.Tensor, out: Optional[torch.Tensor] = None, *, mesh: Opt
     if torch.compiler.is_compiling():   # before _mesh: it may allocate (collectively)
         return call_op("all_reduce", x, check, mesh=mesh, out=out)
     mesh = _mesh(mesh)
-    x = _check_input(mesh, x, Op.ALL_REDUCE)
-    out = _check_out(out, tuple(x.shape), x, Op.ALL_REDUCE)
+    given = out is not None
+    with refusing(mesh):
+        x = _check_input(mesh, x, Op.ALL_REDUCE)
+        out = _check_out(out, tuple(x.shape), x, Op.ALL_REDUCE)
     w, n = mesh.world_size, x.numel()
     return _run(mesh, x, out, (Op.ALL_REDUCE, n), lambda per: (
-        plans.all_reduce(w, n, a, b) for a, b in plans.rounds(n, per)), check)
+        plans.all_reduce(w, n, a, b) for a, b in plans.rounds(n, per)), check, tensor_arg(x), given)
 
 
 def _counts(name: str, counts, w: int) -> list[int]:
@@ -185,23 +210,26 @@ def all_to_all(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Optiona
     """Rows x[sum(send_counts[:d]):][:send_counts[d]] go to rank d; out holds the rows every rank sent
     us, in rank order. recv_counts (what each rank sends us) is exchanged when not given (MoE passes it)."""
     mesh = _mesh(mesh)
-    x = _check_input(mesh, x, Op.ALL_TO_ALL)
     w, r = mesh.world_size, mesh.rank
-    send = _counts("send_counts", send_counts, w)
-    if len(send) != w or any(c < 0 for c in send) or x.dim() == 0 or sum(send) != x.shape[0]:
-        raise MeshError(f"all_to_all: send_counts must be {w} non-negative row counts summing to x.shape[0]="
-                        f"{x.shape[0] if x.dim() else 'scalar'}, got {send}")
-    if recv_counts is None:
+    given = out is not None
+    with refusing(mesh):
+        x = _check_input(mesh, x, Op.ALL_TO_ALL)
+        send = _counts("send_counts", send_counts, w)
+        if len(send) != w or any(c < 0 for c in send) or x.dim() == 0 or sum(send) != x.shape[0]:
+            raise MeshError(f"all_to_all: send_counts must be {w} non-negative row counts summing to x.shape[0]="
+                            f"{x.shape[0] if x.dim() else 'scalar'}, got {send}")
+        if recv_counts is not None:
+            recv = _counts("recv_counts", recv_counts, w)
+            if len(recv) != w or any(c < 0 for c in recv):
+                raise MeshError(f"all_to_all: recv_counts must be {w} non-negative row counts, got {recv}")
+    if recv_counts is None:   # a call of its own (agreed as one)
         table = all_gather(torch.tensor(send, dtype=torch.int64, device=x.device), mesh=mesh).tolist()
         recv = [int(table[s * w + r]) for s in range(w)]
-    else:
-        recv = _counts("recv_counts", recv_counts, w)
-        if len(recv) != w or any(c < 0 for c in recv):
-            raise MeshError(f"all_to_all: recv_counts must be {w} non-negative row counts, got {recv}")
-    if recv[r] != send[r]:
-        raise MeshError(f"all_to_all: recv_counts[{r}]={recv[r]} but this rank sends itself {send[r]} rows")
-    row = math.prod(x.shape[1:])
-    out = _check_out(out, (sum(recv),) + tuple(x.shape[1:]), x, Op.ALL_TO_ALL)
+    with refusing(mesh):
+        if recv[r] != send[r]:
+            raise MeshError(f"all_to_all: recv_counts[{r}]={recv[r]} but this rank sends itself {send[r]} rows")
+        row = math.prod(x.shape[1:])
+        out = _check_out(out, (sum(recv),) + tuple(x.shape[1:]), x, Op.ALL_TO_ALL)
     plan = plans.all_to_all([c * row for c in send], [c * row for c in recv])
 
     def pieces(per):
@@ -210,4 +238,7 @@ def all_to_all(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Optiona
                             f"{per}: raise ETDIST_WORKSPACE_MB")
         return [plan]
 
-    return _run(mesh, x, out, (Op.ALL_TO_ALL, plan.send_cnt, plan.recv_cnt), pieces, check)
+    # the counts differ from rank to rank: the rows' dtype and shape must agree (and the counts, each
+    # sender's against its receiver's, are checked in the exchange)
+    return _run(mesh, x, out, (Op.ALL_TO_ALL, plan.send_cnt, plan.recv_cnt), pieces, check,
+                (str(x.dtype).removeprefix("torch."), tuple(x.shape[1:])), given)

@@ -17,6 +17,7 @@ import time
 import torch
 
 from ..mesh import MeshError, PeerTimeoutError, ShapeMismatchError, init_mesh
+from ..mesh.errors import CallMismatchError
 from . import all_gather, all_reduce, all_to_all, reduce_scatter
 
 
@@ -100,14 +101,16 @@ def _expect(got, want, what):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", default="ok", choices=["ok", "skip-notify", "shape", "dtype", "empty-shape", "graph", "same-gpu"])
+    ap.add_argument("--case", default="ok", choices=["ok", "skip-notify", "shape", "dtype", "big-count", "skip-call",
+                                                     "empty-shape", "graph", "same-gpu"])
     ap.add_argument("--watchdog", type=float, default=10.0)
     ap.add_argument("--backend", default=None)
     ap.add_argument("--small", action="store_true", help="fewer, smaller cases (for the Triton interpreter)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    expect = {"ok": None, "graph": None, "skip-notify": PeerTimeoutError, "shape": ShapeMismatchError,
-              "dtype": ShapeMismatchError, "empty-shape": ShapeMismatchError, "same-gpu": MeshError}[args.case]
+    expect = {"ok": None, "graph": None, "skip-notify": PeerTimeoutError, "shape": CallMismatchError,
+              "dtype": CallMismatchError, "big-count": CallMismatchError, "skip-call": CallMismatchError,
+              "empty-shape": ShapeMismatchError, "same-gpu": MeshError}[args.case]
     if args.case == "same-gpu":  # every rank asks for GPU 0: init_mesh must refuse on every rank
         try:
             init_mesh(backend=args.backend, watchdog_s=args.watchdog, device="cuda:0").close()
@@ -135,6 +138,12 @@ def main(argv=None) -> int:
         elif args.case == "dtype":  # the same element count in another dtype: its bytes are not ours
             dtype = torch.float32 if r == 0 else torch.bfloat16
             all_reduce(torch.ones(1000, dtype=dtype, device=mesh.device))
+        elif args.case == "big-count":  # counts equal modulo 2**24 (the exchange's own check): the call's differ
+            all_reduce(torch.ones(16 + (1 << 24) * (r == 0), device=mesh.device))
+        elif args.case == "skip-call":  # the last rank skips an all_reduce: caught at the next call, which differs
+            if r != w - 1:
+                all_reduce(torch.ones(8, device=mesh.device))
+            all_gather(torch.ones(8, device=mesh.device))
         elif args.case == "empty-shape":
             mesh.empty((4, 4 + r), torch.float32)
     except MeshError as e:

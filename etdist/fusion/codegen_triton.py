@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .. import knobs
+from ..mesh.control import ControlLayout
 from .errors import GraphError
 from .expr import Expr, as_expr, var
 from .ir import GraphIR, TaskSpec, early_pushed, pinned_prefix, tail_start
@@ -86,8 +87,12 @@ def decode_event_code(code: int) -> tuple[int, int] | None:
 
 
 # what every megakernel takes besides the graph's tensors, sizes and event offsets (error_host:
-# pinned host memory, where the last program leaves the error record's first word)
-OWN_PARAMS = ["arena", "arena_peers", "max_spins", "error_host"]
+# pinned host memory, where the last program leaves the error record's first word; mesh_ctrl, its
+# peer table and call_sig: the mesh's control block and this call's signature word, which every
+# program checks against the peers' at entry; call_error_host: the mesh's pinned words where a launch
+# whose call the ranks disagreed on leaves the record, mesh/calls.py)
+OWN_PARAMS = ["arena", "arena_peers", "max_spins", "error_host", "mesh_ctrl", "mesh_ctrl_peers", "call_sig",
+              "call_error_host"]
 # names the generated module defines itself: the launch epochs, the constexprs, its imports
 MODULE_NAMES = {"epoch", "ev_epoch", "NUM_PROGRAMS", "USE_ASM", "tl", "triton", "megakernel"}
 # the dynamic schedule's ready queue (etdist.kernels.ready_queue): buffer, peers, then offsets
@@ -184,7 +189,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     out("import triton")
     out("import triton.language as tl")
     out("from etdist.kernels.sync import notify as _et_notify, peer_base as _et_peer, wait as _et_wait")
-    out("from etdist.kernels.sync import finish_launch as _et_finish")
+    out("from etdist.kernels.sync import agree_call as _et_agree, finish_launch as _et_finish")
+    out("from etdist.kernels.sync import hand_over_call_error as _et_call_error")
     if trace:
         out("from etdist.kernels.sync import trace_clock as _et_clock")
     if dynamic:
@@ -200,7 +206,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     # and the host checks the promise at every call, so they always hit the same binary.
     aligned = {n for n, m in ir.multiples if m % 16 == 0}
     scalars = [p for p in params if (p in ir.sizes and p not in aligned) or p.startswith("ev_")
-               or p == "max_spins" or (p.startswith("rq_") and p != "rq_peers")]
+               or p in ("max_spins", "call_sig") or (p.startswith("rq_") and p != "rq_peers")]
     out(f"@triton.jit(do_not_specialize={scalars!r})")
     out(f"def megakernel({', '.join(params)}, NUM_PROGRAMS: tl.constexpr, USE_ASM: tl.constexpr):")
     with out.indent():
@@ -230,13 +236,21 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         # others (waited on by pinned, early-pushed or tail tasks only, which spin) are plain notifies
         early = early_pushed(ir) if early is None else early
         released = frozenset(a.event for u in ir.tasks[pinned:tail] if u.name not in early for a in u.waits)
+        if dynamic:
+            out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
+        # every rank makes the same call (mesh/calls.py): checked against the peers' before any task
+        out(f"_et_seq, _et_agreed = _et_agree(mesh_ctrl, mesh_ctrl_peers, {ControlLayout.in_kernel('call')}, "
+            f"{ControlLayout.in_kernel('call_seq')}, RANK, WORLD, call_sig, max_spins, arena, arena_peers, _et_pid, "
+            f"USE_ASM)")
+        out("if _et_agreed != 0:")
+        depth = out.depth
+        out.depth += 1
         if pinned:   # every task (static), or the pinned prefix: the static formula, waits spin
             out(f"for _et_gid in range(_et_pid, {ends[pinned - 1]}, NUM_PROGRAMS):")
             with out.indent():
                 _emit_dispatch(out, ir, tx, trace, released, range(pinned))
         if dynamic:
             # then pop until every queued task ran
-            out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
             if pinned < tail:
                 ahead = claim_ahead()
                 out("_et_claimed = _et_claim(rq)")   # this program's next queue index (-1: none claimed yet)
@@ -260,18 +274,24 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
                 out(f"for _et_gid in range({ends[tail - 1] + ' + ' if tail else ''}_et_pid, {ends[n - 1]}, NUM_PROGRAMS):")
                 with out.indent():
                     _emit_dispatch(out, ir, tx, trace, released, range(tail, n))
+        out.depth = depth
         # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
         out(f"_et_last = _et_finish(arena, arena_peers, {ERR_WORDS}, {ArenaLayout.in_kernel('grid')}, "
-            f"{ArenaLayout.in_kernel('finished')}, epoch, RANK, WORLD, max_spins, True, "
+            f"{ArenaLayout.in_kernel('finished')}, epoch, RANK, WORLD, max_spins, _et_agreed, True, "
             f"{event_code(len(ir.events), 0)}, USE_ASM)")
-        # The last program to finish: every program of this GPU has read this launch's epochs, stopped
-        # claiming from the queue and run its tasks.
+        # The last program to finish: every program of this GPU has read this launch's epochs and call
+        # number, stopped claiming from the queue and run its tasks.
         out("if _et_last != 0:")
         with out.indent():
+            out("_et_call_error(arena, call_error_host)")   # a call the ranks disagreed on: to the mesh's words
             # the error record's first word straight into pinned host memory, where the host reads it
             # at the next call without a sync (a copy after each launch cost 8-15 us a call: records
             # error_word_ab)
             out("tl.store(error_host, tl.load(arena, volatile=True))")
+            out(f"tl.atomic_xchg(mesh_ctrl + {ControlLayout.in_kernel('call_seq')}, _et_seq, sem='relaxed', "
+                f"scope='gpu')")
+        out("if (_et_last != 0) & (_et_agreed != 0):")   # a call the ranks disagreed on ran nothing
+        with out.indent():
             out(f"tl.atomic_xchg(arena + {ArenaLayout.in_kernel('ev_epoch')}, ev_epoch, sem='relaxed', scope='gpu')")
             if dynamic:  # the queue's head back to the tasks pushed (claims overshoot it at the end)
                 out("_et_rewind(rq, _et_limit)")
@@ -419,7 +439,7 @@ def signature(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> dict[s
             sig[p] = _TRITON_TYPES[str(ir.tensor(p).dtype)]
         elif p.endswith("_peers"):
             sig[p] = "*i64"
-        elif p in ("arena", "error_host"):
+        elif p in ("arena", "error_host", "mesh_ctrl", "call_error_host"):
             sig[p] = "*i32"
         elif p in ("trace_buf", "rq"):
             sig[p] = "*i64"

@@ -28,6 +28,7 @@ from .ir import Role, early_at
 from .schedule_dynamic import release_plan
 from .schedule_static import StaticSchedule
 from .tile_context import TileContext
+from .validate import LazyCheck
 
 INTERLEAVINGS = ("round_robin", "random")
 
@@ -252,6 +253,7 @@ class CpuKernel:
         self.early = early_at(self.ir, early_push) if schedule == "dynamic" else frozenset()
         self._counters: dict = {}
         self._zeroed = [s.name for s in self.ir.tensors if s.zeroed]   # checked zero after each launch
+        self._lazy_check = LazyCheck(self.ir, table, schedule)   # the graph checks at the sizes calls use
         self.last_stats: Optional[LaunchStats] = None
         self.trace_default = False   # compile(..., trace=True) sets it
 
@@ -270,6 +272,7 @@ class CpuKernel:
             raise InputError(f"interleave must be one of {INTERLEAVINGS}, got {interleave!r}")
         t0 = time.perf_counter()
         bound_sizes = bind_inputs(self.ir, inputs, sizes)
+        self._lazy_check(bound_sizes)
         b = bind(self.table, bound_sizes)
         per_rank = inputs if isinstance(inputs, Mapping) else dict(enumerate(inputs))   # {rank: dict} or a list
         tensors = [self._allocate(per_rank[r], bound_sizes, r) for r in range(len(per_rank))]

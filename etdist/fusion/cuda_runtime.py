@@ -21,12 +21,15 @@ Watchdog: a wait that expires records the stalled event in the arena's error rec
 rank) and the kernel drains. The host sees it at the next call or at `check()`, and raises an
 error naming the graph, event, coordinate and counter value.
 
-Refusals: at a new shape the ranks agree first, so one rank's bad input makes every rank raise
-before anything launches. At a prepared shape they launch without asking each other, so a rank
-that refuses its call posts an error record into every rank's arena instead: the peers' launch
-stops at its next wait, and every rank raises (the kernel then stays failed on that mesh). Posting
-synchronises, which a CUDA graph capture forbids: a call refused while capturing raises its
-InputError and posts at this rank's next call of the kernel (or check()), which raises RuntimeFault.
+Agreement (mesh/calls.py): every launch checks at entry, on the device, that every rank makes the
+same call (graph, plan, input shapes and dtypes, sizes, out= given: the state's signature word);
+where one differs nothing runs, each rank records it in its own arena, and each raises
+CallMismatchError at its next call of the kernel (or check()); the kernel and the mesh stay usable.
+At a new shape the host runs the same check first (then the ranks swap the states CUDA graphs
+captured), so ranks that are not at the same call never meet in a host exchange. A rank that
+refuses its inputs publishes the refusal as its call (CallAgreement.refuse): the peers' launch
+of that call sees it at entry and runs nothing. Publishing synchronises, which a CUDA graph capture
+forbids: a call refused while capturing is published at this rank's next call outside a capture.
 
 Streams: launches on one mesh run in call order whatever stream each goes to (mesh/stream_order.py);
 launches captured in CUDA graphs are not ordered by us.
@@ -47,16 +50,22 @@ from triton.runtime import _allocation as triton_allocation
 
 from .. import knobs, log
 from ..kernels.launch_hooks import hooks_active
+from ..mesh.calls import Signature, describe_word
+from ..mesh.control import ControlLayout, ErrorKind
+from ..mesh.errors import CallMismatchError
 from ..mesh.persistent import empty_persistent
 from ..mesh.stream_order import capturing as stream_capturing, capturing_current
 from .bind import MapTable, bind, bind_inputs
 from .schedule_dynamic import release_plan
 from .codegen_triton import ERR_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
 from .errors import GraphError, InputError, RuntimeFault
-from .expr import RANK_NAME, evaluate
+from .expr import RANK_NAME, WORLD_NAME, evaluate
 from .ir import Role, early_at
 from .loader import load_module
-from .trace import TRACE_WORDS, gpu_rows
+from .trace import TRACE_WORDS, first_start, gpu_rows, measure_offset
+from .validate import LazyCheck
+
+INT32_MAX = 2**31 - 1
 
 DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
 # ETDIST_ERROR_WORD_COPY=1 also copies the error word to the host after each launch, as before the
@@ -65,9 +74,9 @@ ERROR_WORD_COPY = knobs.read("ETDIST_ERROR_WORD_COPY", knobs.flag, False)
 # Keys of kernels' state in mesh.cache. Not id(kernel): a freed kernel's id is reused by a new one,
 # which then found the old state on some ranks and not on others (their collectives desynchronised).
 _KERNEL_IDS = itertools.count()
-# Error record kinds in a kernel's arena: 1 and 2 are the kernel's own (kernels/sync.py: a wait
-# timed out, a shape disagreed); 3 is the host's, posted by a rank that refused its call (below).
-ERR_REFUSED = 3
+# Error record kinds in a kernel's arena (mesh.control.ErrorKind): a wait timed out, or the ranks'
+# calls differed at entry (recorded by each rank in its own arena: nothing ran)
+ERR_CALL = int(ErrorKind.CALL)
 _LOG = logging.getLogger(__name__)   # ETDIST_DUMP=1: the generated kernel, at debug level
 
 
@@ -130,6 +139,10 @@ class _MeshState:
     buffers: dict = field(default_factory=dict)  # name -> (flat symmetric/non-symmetric buffer)
     shape: Optional[_Shape] = None
     bind_key: Optional[tuple] = None  # input shapes/dtypes + sizes of the last call: skip re-binding
+    # this shape's call signature word (mesh/calls.py) without out=, and {out names given: word}
+    word: int = 0
+    words: dict = field(default_factory=dict)
+    signature: Optional[Signature] = None
     programs: int = 0
     # The arena's error word as the kernel leaves it, in pinned host memory: each launch's last
     # program stores it there (the kernel's `error_host`), and the host reads it at the next call
@@ -162,25 +175,30 @@ class _KernelStates:
     watched: tuple = ()      # states captured in CUDA graphs: their replays' errors are read every call
 
 
-# mesh.cache key: kernels whose refusal a capture could not post (post_refusal); the next call of
-# any kernel on the mesh, or check(), posts them all
-_OWED = "megakernel.refusals_owed"
+def post_refusal(mesh, kernels=(), reason: str = "its inputs were refused") -> None:
+    """This rank refused a call (an op's own argument checks, before choosing a kernel): publish it
+    as this rank's call (mesh/calls.py, CallAgreement.refuse), so the peers' launch of that call
+    runs nothing and every rank raises, instead of their launch pairing with our next call.
+    `kernels` is kept for callers that name the op's kernels; the refusal covers every kernel."""
+    calls = getattr(mesh, "calls", None)
+    if calls is not None:
+        calls.refuse(reason)
 
 
-def post_refusal(mesh, kernels) -> None:
-    """This rank refused a call before choosing which of `kernels` to launch (an op's own argument
-    checks): the peers, at a shape they have prepared, launch without asking us, so stop the launch of
-    every kernel prepared on this mesh (CudaKernel._post_refusal): every rank raises instead of
-    pairing with our next call. While a CUDA graph captures (posting synchronises): at the next call
-    of any kernel on this mesh, or check(), outside a capture."""
-    if stream_capturing(mesh.device):
-        owed = mesh.cache.setdefault(_OWED, [])
-        owed += [k for k in kernels if k not in owed and any(st.shape is not None for st in k._states(mesh))]
-        return
-    for k in kernels:
-        for st in k._states(mesh):
-            if st.shape is not None:
-                k._post_refusal(mesh, st)
+def control_block(mesh) -> tuple:
+    """The mesh's control block, its peer table and its call-error words, which every launch's call
+    agreement uses. A stand-in mesh without them (tests, launch/host_path_cpu.py: one rank, nobody to
+    agree with) gets private ones."""
+    ctrl = getattr(mesh, "ctrl", None)
+    if ctrl is None:
+        ctrl = mesh.cache.get("megakernel.ctrl")
+        if ctrl is None:
+            ctrl = mesh.cache["megakernel.ctrl"] = torch.zeros(ControlLayout(mesh.world_size).size, dtype=torch.int32,
+                                                               device=mesh.device)
+    call_error = getattr(mesh, "call_error", None)
+    if call_error is None:
+        call_error = mesh.cache.setdefault("megakernel.call_error", torch.zeros(ERR_WORDS, dtype=torch.int32))
+    return ctrl, mesh.peer_ptrs(ctrl), call_error
 
 
 class CudaKernel:
@@ -229,8 +247,12 @@ class CudaKernel:
             log.show_debug(_LOG)
         _LOG.debug("generated kernel of graph %r:\n%s", self.ir.name, self.source)
         self.module = load_module(self.ir, self.source)
+        # what ranks must share of the kernel (in every call's signature, mesh/calls.py): the generated
+        # module's name carries a hash of its source and tile bodies
+        self.plan_key = self.module.__name__.rsplit("_", 1)[-1]
         self.params = kernel_params(self.ir, trace, self.dynamic)
         self.output_names = frozenset(s.name for s in self.ir.tensors if s.role is Role.OUTPUT)
+        self._lazy_check = LazyCheck(self.ir, table, schedule)   # the graph checks at the sizes calls use
         self._key = ("megakernel", next(_KERNEL_IDS))
 
     def __repr__(self) -> str:
@@ -268,8 +290,11 @@ class CudaKernel:
         last = states.last
         # the same shape as the last call (the common case) needs no lookup: keys compare cheaper than they hash
         st = last if last is not None and last.bind_key == key else states.by_key.get(key)
-        if _OWED in mesh.cache:
-            self._pay_refusals(mesh, capturing)
+        calls = getattr(mesh, "calls", None)   # None: a test's stand-in mesh
+        if calls is not None and not capturing:
+            if calls.owed:
+                calls.pay_owed()
+            calls.raise_pending()   # an earlier launch (of any kernel) the ranks disagreed on
         if not capturing:
             for seen in states.watched:   # a graph replay's launch that failed (its error word is set)
                 if seen.error_np[0] != 0 and seen is not st:
@@ -295,10 +320,10 @@ class CudaKernel:
                 if t.data_ptr() % 16:   # the kernels assume 16-byte aligned rows (TMA needs them): copy
                     inputs[name] = t.clone()
             self._check_out(mesh, out, st.shape.outputs)
-        except InputError:
+        except InputError as e:
             # At a shape every rank has prepared, the peers exchange nothing with us and launch:
             # refused here alone, their launch would wait for our next call and take its data
-            post_refusal(mesh, [self])
+            post_refusal(mesh, [self], str(e))
             raise
         if capturing and not st.captured:   # pinned at the next agreement; its replays' errors watched
             st.captured = True
@@ -314,12 +339,15 @@ class CudaKernel:
             outs[name] = given if given is not None else torch.empty(shape, dtype=dtype, device=mesh.device)
         if self.trace_on:
             st.shape.fixed["trace_buf"].zero_()   # tasks that do not run this launch show no times
-        values = {**inputs, **outs}   # the epochs are the kernel's own (in the arena)
+        # the epochs are the kernel's own (in the arena); the call's signature word, as out= was given
+        values = {**inputs, **outs, "call_sig": st.word if not out else self._word(st, out)}
         scratch = triton_allocation._allocator.set(st.allocate_scratch)   # both launch paths ask it
         try:
             if self.interpreted:  # synchronous, on CPU tensors: errors are known at once
                 self.module.megakernel[(st.programs,)](*st.shape.args(values), NUM_PROGRAMS=st.programs,
                                                        USE_ASM=False)
+                if calls is not None:
+                    calls.raise_pending()
                 self._raise_if_this_call_failed(mesh, st)
                 return outs
             if not self._launch_direct(mesh, st, values, stream):
@@ -343,6 +371,7 @@ class CudaKernel:
         for old in states.by_key.values():
             self._check_pending(mesh, old, now=old is states.last)
         captured = sorted(st.serial for st in states.by_key.values() if st.captured and not st.pinned)
+        sig = self._agree_call(mesh, inputs, sizes, out)
         bound, pins = self._agree(mesh, inputs, sizes, out, captured)
         for st in states.by_key.values():
             st.pinned = st.pinned or st.serial in pins
@@ -363,8 +392,67 @@ class CudaKernel:
                 states.by_key.move_to_end(spare, last=False)
                 raise
         st.bind_key = key
+        st.signature, st.words = sig, {}
+        st.word = self._word(st, None)
         states.by_key[key] = st
         return st
+
+    def _signature(self, inputs, bound: dict, given=()) -> Signature:
+        """What every rank's call at this shape must share (mesh/calls.py): inputs' dtypes, the outputs
+        given, the sizes, and the plan (the graph's content, schedule, trace, early push). Not the
+        inputs' shapes: a rank's may depend on its rank (its rows of a ragged M), and binding checked
+        them against the sizes."""
+        args = tuple((n, str(inputs[n].dtype).removeprefix("torch.")) for n in sorted(inputs))
+        plan = (("schedule", self.schedule), ("early_push", tuple(sorted(self.early))), ("trace", self.trace_on),
+                ("source", self.plan_key))   # the generated kernel's own hash: any other difference
+        return Signature(self.ir.name, args + (("out", tuple(sorted(given))),
+                                               ("sizes", tuple(sorted(bound.items()))), ("plan", plan)))
+
+    def _check_offsets(self, bound: dict, world: int) -> None:
+        """Every tensor and the event arena at these sizes within 32-bit element offsets (what the tile
+        bodies and the arena's indices compute in), checked before anything is allocated."""
+        at = {k: v for k, v in bound.items() if k != WORLD_NAME}
+        for s in self.ir.tensors:
+            for r in range(world if any(RANK_NAME in d.symbols() for d in s.shape) else 1):
+                n = math.prod(evaluate(d, {**bound, RANK_NAME: r}) for d in s.shape)
+                if n > INT32_MAX:
+                    raise InputError(f"graph {self.ir.name!r}: tensor {s.name!r} would hold {n:,} elements at sizes "
+                                     f"{at}: the GPU kernels address a tensor with 32-bit element offsets (at most "
+                                     f"2**31 - 1 = {INT32_MAX:,}); split the call (fewer rows per call)")
+        events = sum(math.prod(evaluate(d, bound) for d in e.shape) for e in self.ir.events)
+        if events + ArenaLayout(world).events > INT32_MAX:
+            raise InputError(f"graph {self.ir.name!r}: {events:,} event counters at sizes {at} pass 32-bit offsets; "
+                             "split the call (fewer rows per call)")
+
+    def _word(self, st: _MeshState, out: Optional[Mapping]) -> int:
+        """The state's signature word for a call that gives the outputs `out` names."""
+        given = frozenset(n for n, t in (out or {}).items() if t is not None)
+        word = st.words.get(given)
+        if word is None:
+            sig = st.signature
+            word = st.words[given] = (Signature(sig.op, sig.args[:-3] + (("out", tuple(sorted(given))),)
+                                                + sig.args[-2:]).word if sig is not None else 2)
+        return word
+
+    def _agree_call(self, mesh, inputs, sizes, out) -> Optional[Signature]:
+        """A new shape: this rank's inputs checked, then the call agreed with every rank on the host
+        (mesh/calls.py) before anything else is swapped; a rank that refuses publishes the refusal, so
+        no rank waits in an exchange its peers never join (a stand-in mesh without call agreement
+        skips it). Returns this call's signature."""
+        try:
+            bound = self._bind(mesh, inputs, sizes)
+            self._check_out(mesh, out, self._output_shapes(bound, mesh.rank))
+            self._check_offsets(bound, mesh.world_size)
+            self._lazy_check(bound)
+        except (InputError, GraphError) as e:
+            post_refusal(mesh, [self], f"{type(e).__name__}: {e}")
+            raise
+        sig = self._signature(inputs, bound)
+        calls = getattr(mesh, "calls", None)
+        if calls is not None:
+            given = tuple(sorted(n for n, t in (out or {}).items() if t is not None))
+            calls.agree(Signature(sig.op, sig.args[:-3] + (("out", given),) + sig.args[-2:]))
+        return sig
 
     def _states(self, mesh) -> list:
         """Every state of this kernel on `mesh`."""
@@ -398,27 +486,15 @@ class CudaKernel:
         return _MeshState(programs=min(self.programs or slots, slots), error_word=word, error_np=word.numpy(),
                           device=mesh.device)
 
-    @staticmethod
-    def _pay_refusals(mesh, capturing: bool) -> None:
-        """Post the refusals owed since a call was refused while capturing (post_refusal), then raise;
-        while capturing still, raise without posting (this call must not pair with the peers' graph)."""
-        owed = mesh.cache[_OWED]
-        names = sorted({k.ir.name for k in owed})
-        if capturing:
-            raise RuntimeFault(f"graphs {names}: this rank refused a call while a CUDA graph captured it, and is "
-                               f"capturing again: call outside a capture first, which stops the refused call on "
-                               f"every rank and raises")
-        post_refusal(mesh, owed)
-        del mesh.cache[_OWED]   # only once posted: a post that raised leaves the debt for the next call
-        raise RuntimeFault(f"graphs {names}: this rank refused a call while a CUDA graph captured it (its "
-                           f"InputError said why); that call was stopped on every rank, including the peers' "
-                           f"captured launch, and these kernels cannot run on this mesh again")
-
     def check(self, mesh) -> None:
         """Wait for the launches so far and raise if any of their waits timed out (on any rank), in
         any state (graph replays included)."""
-        if _OWED in mesh.cache and not stream_capturing(mesh.device):
-            self._pay_refusals(mesh, False)
+        calls = getattr(mesh, "calls", None)
+        if calls is not None and not stream_capturing(mesh.device):
+            if calls.owed:
+                calls.pay_owed()
+            _sync(mesh)
+            calls.raise_pending()   # a launch the ranks disagreed on (of this kernel or any other)
         states = [st for st in self._states(mesh) if st.arena is not None]
         if not states:
             return
@@ -428,8 +504,10 @@ class CudaKernel:
 
     def trace(self, mesh, gather: bool = True) -> list[tuple]:
         """The last launch's tasks as (rank, SM, label, start us, end us) rows, every rank's when
-        gather=True (collective: call it on every rank), each rank's shifted so its earliest start is 0. Needs
-        compile(..., trace=True). Write them with et.fusion.trace.write_chrome(rows, path, track="SM")."""
+        gather=True (collective: call it on every rank). Each GPU's timer has its own origin (2x H200:
+        ~0.24 s apart): every rank measures its own against the host clock (fusion/trace.py) and the
+        rows are on that clock, from the earliest task of any rank (gather=False: of this rank).
+        Needs compile(..., trace=True). Write them with et.fusion.trace.write_chrome(rows, path, track="SM")."""
         if not self.trace_on:
             raise GraphError(f"graph {self.ir.name!r} was compiled without trace=True: nothing was recorded")
         st = self.state(mesh)
@@ -437,11 +515,13 @@ class CudaKernel:
             raise GraphError(f"graph {self.ir.name!r} has not been launched on this mesh yet")
         self.check(mesh)  # waits for the launch and raises if it failed
         env = {**st.shape.sizes, RANK_NAME: mesh.rank}
-        rows = gpu_rows(self.ir, env, st.shape.fixed["trace_buf"].cpu().tolist(), mesh.rank)
-        # each GPU's %globaltimer has its own origin (2x H200: ~0.24 s apart), so every rank's
-        # timeline starts at its own first task (the launch starts within microseconds on all ranks)
-        t0 = min((r[3] for r in rows), default=0.0)
-        rows = [(rank, sm, label, start - t0, end - t0) for rank, sm, label, start, end in rows]
+        buf = st.shape.fixed["trace_buf"].cpu().tolist()
+        offset, _ = measure_offset(mesh.device)           # this GPU's timer less the host clock
+        mine = first_start(buf)
+        start = None if mine is None else mine - offset   # on the host clock
+        starts = [s for s in (mesh.comm.allgather(start) if gather else [start]) if s is not None]
+        origin = min(starts, default=0) + offset          # the common origin, on this GPU's timer
+        rows = gpu_rows(self.ir, env, buf, mesh.rank, origin_ns=origin)
         return [row for part in mesh.comm.allgather(rows) for row in part] if gather else rows
 
     def _bind(self, mesh, inputs, sizes) -> dict:
@@ -523,9 +603,10 @@ class CudaKernel:
         _sync(mesh)
         st.arena[ArenaLayout(world).ev_epoch:].zero_()  # counters and ev_epoch; errors, exit lanes, epoch kept
         env = {**bound, RANK_NAME: mesh.rank}
+        ctrl, ctrl_peers, call_error = control_block(mesh)
         fixed = {**scratch, **bound, RANK_NAME: mesh.rank, "arena": st.arena, "arena_peers": st.arena_peers,
-                 "max_spins": mesh.watchdog_spins(),
-                 "error_host": self._error_host(st)}
+                 "max_spins": mesh.watchdog_spins(), "error_host": self._error_host(st), "mesh_ctrl": ctrl,
+                 "mesh_ctrl_peers": ctrl_peers, "call_error_host": call_error}
         fixed.update({f"ev_{e.name}_off": offsets[e.name] for e in self.ir.events})
         fixed.update({f"{name}_peers": mesh.peer_ptrs(t) for name, t in scratch.items()
                       if self.ir.tensor(name).symmetric})
@@ -625,35 +706,9 @@ class CudaKernel:
             st.buffers[spec.name] = have
         return have[:n].view(shape)
 
-    def _post_refusal(self, mesh, st: _MeshState) -> None:
-        """An error record in every rank's arena (ours too): the peers' launches of this call stop
-        at their next wait and every rank raises at its next call or check(), as after a timeout."""
-        _sync(mesh)
-        # the launch refused: every rank has finished the same launches (each needs every rank)
-        launch = self._launches_done(mesh, st) + 1
-        words = torch.tensor([ERR_REFUSED, mesh.rank, 0, 0, 0, -1, launch, 0], dtype=torch.int32)
-        for r in range(mesh.world_size):
-            mesh.peer(st.arena, r)[:ERR_WORDS].copy_(words)
-        _sync(mesh)
-        if st.error_np is not None:
-            st.error_np[0] = ERR_REFUSED
-
-    @staticmethod
-    def _launches_done(mesh, st: _MeshState) -> int:
-        """The launches this GPU has finished on this mesh (the arena word the kernel bumps)."""
-        return int(st.arena[ArenaLayout(mesh.world_size).finished])
-
     def _raise_if_this_call_failed(self, mesh, st: _MeshState) -> None:
-        """After the last launch has finished (synced): raise its error, if any. A peer may already
-        have refused its next call (it finished this one before we read the record, and every
-        generated kernel ends in the exit rendezvous, so no rank is more than one call ahead): that
-        refusal is the next call's and is raised there (_check_pending), not here."""
-        words = st.arena[:ERR_WORDS].tolist()
-        if words[0] == ERR_REFUSED and words[6] > self._launches_done(mesh, st):
-            if st.error_np is not None:
-                st.error_np[0] = ERR_REFUSED
-            return
-        self._raise_if_failed(mesh, st, words)
+        """After the last launch has finished (synced): raise its error, if any."""
+        self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
 
     def _check_pending(self, mesh, st: _MeshState, now: bool = False) -> None:
         """Raise a finished launch's error. Per call only the pinned word is read: it changes only when
@@ -667,11 +722,16 @@ class CudaKernel:
         if int(words[0]) == 0:
             return
         kind, rank, code, observed, expected, peer, epoch = (int(w) for w in words[:7])
-        if kind == ERR_REFUSED:
-            raise RuntimeFault(f"graph {self.ir.name!r}: rank {rank} refused its inputs to a call at a shape every "
-                               f"rank had prepared (its InputError says why), so that call was stopped on every "
-                               f"rank and this kernel cannot run on this mesh again. Every rank must pass the "
-                               f"same shapes and dtypes, contiguous tensors on its own GPU")
+        if kind == ERR_CALL:   # the launch ran nothing: forget the record, the kernel stays usable
+            _sync(mesh)
+            st.arena[:ERR_WORDS].zero_()
+            if st.error_np is not None:
+                st.error_np[0] = 0
+            calls = getattr(mesh, "calls", None)
+            if calls is not None:
+                raise calls.device_error(epoch, expected, observed, peer)
+            raise CallMismatchError(f"graph {self.ir.name!r}: rank {peer} made another call than this one "
+                                    f"({describe_word(expected) or expected}) as call {epoch}")
         what = f"event code {code}"
         dec = decode_event_code(code)
         if dec is not None and st.shape is not None:
@@ -682,6 +742,9 @@ class CudaKernel:
                 what = f"{ev.name}{[int(c) for c in coord]}"
             else:
                 what = "the exit rendezvous" if linear == 0 else "its ready queue (a claimed entry never arrived)"
+        alive = getattr(mesh, "_peer_alive", None)
+        gone = [s for s in range(mesh.world_size) if alive is not None and not alive(s)]
         raise RuntimeFault(f"graph {self.ir.name!r}: rank {rank} waited on {what} (launch {epoch}): counter "
                            f"{observed}, needed {expected}; the watchdog expired after ~{mesh.watchdog_s:g} s. "
-                           f"A task that should notify it did not run (a peer failed, or the graph is wrong)")
+                           + (f"Ranks {gone} have exited or died (their liveness locks are free)" if gone else
+                              "A task that should notify it did not run (a peer failed, or the graph is wrong)"))

@@ -54,7 +54,15 @@ class EventTensor:
     def _trace(self) -> EventSpec:
         coord = tuple(var(f"c{i}") for i in range(len(self.shape)))
         count = self.count(*coord) if callable(self.count) else self.count
-        return EventSpec(self.name, tuple(as_expr(s) for s in self.shape), as_expr(count), self.distributed)
+        what = f"count function {_fn_name(self.count)}" if callable(self.count) else "count"
+        if isinstance(count, bool) or not isinstance(count, (int, Expr)):
+            raise GraphError(f"event {self.name!r}: its {what} gave {type(count).__name__} {count!r}; a count is an "
+                             f"int or an index expression of the coordinate (e.g. `lambda r, i: et.cdiv(K, 64)`)")
+        count = as_expr(count)
+        if count.op == "const" and count.args[0] < 0:
+            raise GraphError(f"event {self.name!r}: its {what} is {count.args[0]}; an element waits for a number "
+                             "of notifies >= 0")
+        return EventSpec(self.name, tuple(as_expr(s) for s in self.shape), count, self.distributed)
 
     def __getitem__(self, coord) -> EventRef:
         coord = coord if isinstance(coord, tuple) else (coord,)
@@ -225,7 +233,11 @@ class Graph:
         idx = tuple(var(p) for p in params)
         cond = None
         if when is not None:
-            cond = as_expr(when(*idx))
+            got = when(*idx)
+            if isinstance(got, bool) or not isinstance(got, (int, Expr)):
+                raise GraphError(f"task {name!r}: its when map {_fn_name(when)} gave {type(got).__name__} {got!r}; "
+                                 "return a condition on the index (an index expression, e.g. `i < n`)")
+            cond = as_expr(got)
         return TaskSpec(name, tuple(as_expr(g) for g in grid), tuple(params),
                         self._trace_map(name, "wait", wait, idx),
                         self._trace_map(name, "notify", notify, idx), cond, body)
@@ -234,11 +246,15 @@ class Graph:
         if fn is None:
             return ()
         refs = fn(*idx)
+        if refs is not None and not isinstance(refs, (EventRef, list, tuple)):
+            raise GraphError(f"task {task!r}: its {what} map {_fn_name(fn)} gave {type(refs).__name__} {refs!r}; "
+                             "return an event element like ev[i], a list of them, or None")
         refs = [] if refs is None else [refs] if isinstance(refs, EventRef) else list(refs)
         out = []
         for r in refs:
             if not isinstance(r, EventRef):
-                raise GraphError(f"task {task!r}: {what} map must return event elements like ev[i], got {r!r}")
+                raise GraphError(f"task {task!r}: its {what} map {_fn_name(fn)} must return event elements like "
+                                 f"ev[i], got {type(r).__name__} {r!r}")
             if self._events.get(r.event.name) is not r.event:
                 raise GraphError(f"task {task!r}: {what} names event {r.event.name!r} of another graph")
             if what == "wait" and any(c.op == "span" for c in r.coord):
@@ -246,6 +262,13 @@ class Graph:
                                  "element whose count covers all the notifies instead")
             out.append(Access(r.event.name, r.coord))
         return tuple(out)
+
+
+def _fn_name(fn) -> str:
+    """How an error names a user's map or count function: its qualified name and where it is defined."""
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    code = getattr(fn, "__code__", None)
+    return f"{name} ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})" if code is not None else name
 
 
 def _check_pinned(graph: str, tasks) -> None:

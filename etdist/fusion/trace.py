@@ -9,8 +9,12 @@ runtime) or per SM (GPU).
     et.fusion.trace.write_chrome(rows, "launch.json", track="SM")
 
 The CPU runtime's clock is its scheduler step (deterministic for a seed), written as microseconds;
-the GPU's is %globaltimer (ns), shifted per rank so that rank's earliest task starts at 0 (the
-timers of different GPUs have different origins).
+the GPU's is %globaltimer (ns). The timers of different GPUs have different origins (2x H200: ~0.24
+s apart), so each rank measures its own against the host's monotonic clock, which every process of
+a host shares (measure_offset: the tightest of several host brackets around a timer read), and every
+rank's times are put on that clock, then shifted so the earliest task of any rank starts at 0:
+ranks that started a launch apart show apart. (Ranks on several hosts: each host's clock, hosts
+not aligned.)
 """
 from __future__ import annotations
 
@@ -23,13 +27,33 @@ from .expr import evaluate
 TRACE_WORDS = 4   # per task in trace mode: start ns, waits done ns, end ns, SM << 32 | program
 
 
-def gpu_rows(ir, sizes: dict, buf, rank: int) -> list[tuple]:
+def clock_offset(samples) -> tuple[int, int]:
+    """(device - host offset in ns, its uncertainty in ns) from (host ns before, device ns, host ns
+    after) brackets of a device timer read: the device read its timer somewhere in [before, after],
+    so the tightest bracket's midpoint is the estimate, give or take half its width."""
+    samples = list(samples)
+    if not samples:
+        raise ValueError("clock_offset needs at least one (before, device, after) sample")
+    before, device, after = min(samples, key=lambda s: s[2] - s[0])
+    if after < before:
+        raise ValueError(f"a bracket ends before it starts: {before} .. {after}")
+    return device - (before + after) // 2, (after - before + 1) // 2
+
+
+def first_start(buf) -> Optional[int]:
+    """The earliest start (device ns) among the tasks that ran, in a GPU trace buffer."""
+    words = [int(v) for v in buf]
+    return min((words[k] for k in range(0, len(words), TRACE_WORDS) if words[k + 2]), default=None)
+
+
+def gpu_rows(ir, sizes: dict, buf, rank: int, origin_ns: Optional[int] = None) -> list[tuple]:
     """A GPU trace buffer (TRACE_WORDS int64 per task, by global task id, as the generated kernel
     writes it) -> (rank, SM, "task@(i, j) program p, waited w us", start us, end us) for every task
-    that ran, times from this rank's earliest start. `sizes`: the bound sizes with RANK and WORLD."""
+    that ran, times from `origin_ns` (on this rank's timer: the common origin less its clock offset),
+    by default from this rank's earliest start. `sizes`: the bound sizes with RANK and WORLD."""
     words = [int(v) for v in buf]
-    # this rank's origin in integer ns first: %globaltimer values (~1e18) lose 256 ns as doubles
-    t0 = min((words[k] for k in range(0, len(words), TRACE_WORDS) if words[k + 2]), default=0)
+    # the origin in integer ns first: %globaltimer values (~1e18) lose 256 ns as doubles
+    t0 = (first_start(words) or 0) if origin_ns is None else origin_ns
     rows, gid = [], 0
     for t in ir.tasks:
         grid = [evaluate(g, sizes) for g in t.grid]
@@ -48,6 +72,29 @@ def gpu_rows(ir, sizes: dict, buf, rank: int) -> list[tuple]:
                 rows.append((rank, where >> 32, label, (start - t0) / 1e3, (end - t0) / 1e3))
         gid += n
     return rows
+
+
+def measure_offset(device, samples: int = 32) -> tuple[int, int]:
+    """This GPU's %globaltimer less the host's monotonic clock, in ns, and the uncertainty
+    (clock_offset over `samples` brackets: host time, a one-program kernel that stores the timer,
+    a synchronize, host time)."""
+    import time
+
+    import torch
+
+    from ..kernels.sync import store_clock
+
+    out = torch.zeros(1, dtype=torch.int64, device=device)
+    store_clock[(1,)](out)   # compiled and loaded before the first bracket
+    torch.cuda.synchronize(device)
+    brackets = []
+    for _ in range(samples):
+        before = time.monotonic_ns()
+        store_clock[(1,)](out)
+        torch.cuda.synchronize(device)
+        after = time.monotonic_ns()
+        brackets.append((before, int(out.item()), after))
+    return clock_offset(brackets)
 
 
 def chrome_events(trace: Iterable[tuple], track: str = "program") -> list[dict]:

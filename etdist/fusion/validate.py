@@ -46,6 +46,43 @@ def validate(ir: GraphIR, table: MapTable, schedule: str,
     return Report(tuple(points), total, tuple(sorted(dynamic)))
 
 
+def size_class(sizes: Mapping[str, int]) -> tuple:
+    """Sizes within a power of two of each other, per size: one class (LazyCheck checks it once)."""
+    return tuple(sorted((k, int(v).bit_length()) for k, v in sizes.items()))
+
+
+class LazyCheck:
+    """validate's enumeration at the sizes calls use, once per size class (size_class): compile()
+    checks small sample sizes only, and some bugs show only at large ones (a map out of bounds from
+    the 65th row tile on). A runtime calls it with each new call's bound sizes, before anything runs;
+    it checks the largest sizes of the call's class (each size 2**bits - 1, WORLD as called, where
+    the graph's own checks hold there), and the call's own sizes. Points of more than MAX_TASKS
+    tasks are left unchecked (their enumeration would cost seconds)."""
+
+    def __init__(self, ir: GraphIR, table: MapTable, schedule: str):
+        self.ir, self.table, self.schedule = ir, table, schedule
+        self.dynamic = _structural(ir, schedule)
+        self.seen: set = set()
+
+    def __call__(self, sizes: Mapping[str, int]) -> None:
+        key = size_class(sizes)
+        if key in self.seen:
+            return
+        multiples = dict(self.ir.multiples)
+        top = {k: v if k == WORLD_NAME else _class_top(v, multiples.get(k, 1)) for k, v in sizes.items()}
+        for point in ([top] if all(c.cond.evaluate(top) for c in self.ir.checks) else []) + [dict(sizes)]:
+            b = bind(self.table, point)
+            if b.sizes[WORLD_NAME] * b.total <= MAX_TASKS:
+                _enumerate(b, self.schedule, self.dynamic)
+        self.seen.add(key)
+
+
+def _class_top(v: int, multiple: int) -> int:
+    """The largest value with v's bit length that is a multiple of `multiple` (at least v)."""
+    top = (1 << int(v).bit_length()) - 1
+    return max(v, top - top % multiple)
+
+
 def _structural(ir: GraphIR, schedule: str) -> set[str]:
     """Checks that need no sizes; returns the events whose accounting is data-dependent."""
     tensors = {t.name: t for t in ir.tensors}
@@ -182,6 +219,9 @@ def _check_counts(b: Bound, notifiers, waiters, dynamic, at) -> None:
                 if e.distributed and coord[0] != rank:
                     continue
                 expected = b.table.count(e.name, coord, env)
+                if expected < 0:
+                    raise GraphError(f"event {e.name}{list(coord)} on rank {rank}: its count evaluates to {expected}; "
+                                     f"counts must be >= 0 (the event's count function) {at}")
                 got = notifiers.get((rank, e.name, coord), [])
                 if expected == len(got):
                     continue

@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from ..mesh.control import SIG_COUNT_BITS
-from .sync import ERR_SHAPE, finish_launch, notify, peer_base, record_error, rendezvous, wait
+from .sync import (ERR_SHAPE, agree_call, finish_launch, hand_over_call_error, notify, peer_base, record_error,
+                   rendezvous, wait)
 
 EVENT_CHUNK = tl.constexpr(1 << 20)
 EVENT_EXIT = tl.constexpr(2 << 20)
@@ -41,14 +42,14 @@ def _copy(dst, src, start, end, BLOCK: tl.constexpr):
 
 # Scalars are never specialised on their values, so one compiled kernel serves every rank, world
 # size and message size (the host launches it directly, skipping Triton's per-call dispatch).
-SCALAR_ARGS = ["meta_off", "exit_off", "grid_off", "epoch_off", "entry_off", "rank", "world", "op_sig", "nchunks", "max_spins",
-               "skip_notify"]
+SCALAR_ARGS = ["meta_off", "exit_off", "grid_off", "epoch_off", "entry_off", "call_off", "seq_off", "rank", "world",
+               "op_sig", "call_sig", "nchunks", "max_spins", "skip_notify"]
 
 
 @triton.jit(do_not_specialize=SCALAR_ARGS)
 def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_ptr, sig_table,
-                    ctrl_ptr, ctrl_table, out_table, meta_off, exit_off, grid_off, epoch_off, entry_off,
-                    rank, world, op_sig, nchunks, max_spins, skip_notify,
+                    ctrl_ptr, ctrl_table, out_table, call_error_ptr, meta_off, exit_off, grid_off, epoch_off, entry_off,
+                    call_off, seq_off, rank, world, op_sig, call_sig, nchunks, max_spins, skip_notify,
                     REDUCE: tl.constexpr, RENDEZVOUS: tl.constexpr, DIRECT: tl.constexpr, USE_ASM: tl.constexpr,
                     BLOCK: tl.constexpr, ALIGN: tl.constexpr, PALIGN: tl.constexpr):
     pid = tl.program_id(0)
@@ -56,6 +57,9 @@ def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_pt
     epoch = tl.load(ctrl_ptr + epoch_off, volatile=True) + 1  # bumped by finish_launch
     parity = epoch % 2
     poisoned = tl.load(ctrl_ptr, volatile=True) != 0
+    # every rank makes the same call (mesh/calls.py), checked before anything is sent
+    seq, agreed = agree_call(ctrl_ptr, ctrl_table, call_off, seq_off, rank, world, call_sig, max_spins, ctrl_ptr,
+                             ctrl_table, pid, USE_ASM)
     # Scalars from memory, not arguments: Triton drops alignment hints on scalar arguments.
     chunk = tl.multiple_of(tl.load(plan_ptr + 4 * world), ALIGN)
     slot_elems = tl.multiple_of(tl.load(plan_ptr + 4 * world + 1), ALIGN)
@@ -63,7 +67,7 @@ def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_pt
     my_cnt = tl.multiple_of(tl.load(plan_ptr + world + rank), ALIGN)
     my_out = tl.multiple_of(tl.load(plan_ptr + 2 * world + rank), ALIGN)
     rest = tl.load(plan_ptr + 4 * world + 2)
-    if poisoned == 0:
+    if (poisoned == 0) & (agreed != 0):
         # Header for every peer: what we are about to send it (released by our chunk notifies).
         for d in range(world):
             if d != rank:
@@ -135,5 +139,8 @@ def exchange_kernel(x_ptr, out_ptr, plan_ptr, scratch_ptr, scratch_table, sig_pt
                                 if s == rank:
                                     src = tl.multiple_of(x_ptr + my_off, PALIGN)
                                 _copy(dst, src, start, end, BLOCK)
-    finish_launch(ctrl_ptr, ctrl_table, exit_off, grid_off, epoch_off, epoch, rank, world, 2 * max_spins,
-                  RENDEZVOUS, EVENT_EXIT, USE_ASM)
+    last = finish_launch(ctrl_ptr, ctrl_table, exit_off, grid_off, epoch_off, epoch, rank, world, 2 * max_spins,
+                         agreed, RENDEZVOUS, EVENT_EXIT, USE_ASM)
+    if last != 0:   # every program has read the call number: this call is this rank's last now
+        tl.atomic_xchg(ctrl_ptr + seq_off, seq, sem="relaxed", scope="gpu")
+        hand_over_call_error(ctrl_ptr, call_error_ptr)   # the host raises it at this rank's next call

@@ -20,6 +20,8 @@ import triton.language as tl
 
 ERR_TIMEOUT = tl.constexpr(1)
 ERR_SHAPE = tl.constexpr(2)
+ERR_CALL = tl.constexpr(4)        # mesh.control.ErrorKind.CALL
+EVENT_CALL = tl.constexpr(5 << 20)   # mesh.control.Event.CALL
 
 
 @triton.jit
@@ -72,6 +74,20 @@ def record_error(ctrl_ptr, ctrl_table, rank, world, kind, event, observed, expec
 
 
 @triton.jit
+def record_local(err_ptr, rank, kind, event, observed, expected, peer, epoch):
+    """An error record on this rank only (first error wins): for what every rank finds by itself."""
+    prev = tl.atomic_cas(err_ptr, 0, -1, sem="relaxed", scope="gpu")
+    if prev == 0:
+        tl.store(err_ptr + 1, rank)
+        tl.store(err_ptr + 2, event)
+        tl.store(err_ptr + 3, observed)
+        tl.store(err_ptr + 4, expected)
+        tl.store(err_ptr + 5, peer)
+        tl.store(err_ptr + 6, epoch)
+        tl.atomic_xchg(err_ptr, kind, sem="release", scope="gpu")
+
+
+@triton.jit
 def wait(ptr, target, max_spins, ctrl_ptr, ctrl_table, rank, world, event, peer, epoch,
          SCOPE: tl.constexpr, USE_ASM: tl.constexpr):
     """Spin until the int32 at ptr >= target (acquire). Returns 1, or 0 after recording a timeout
@@ -109,22 +125,69 @@ def rendezvous(ctrl_ptr, ctrl_table, lanes_off, epoch, rank, world, max_spins, E
 
 
 @triton.jit
-def finish_launch(ctrl_ptr, ctrl_table, exit_off, grid_off, epoch_off, epoch, rank, world, max_spins,
+def agree_call(lanes_ptr, lanes_table, call_off, seq_off, rank, world, sig, max_spins, err_ptr, err_table, pid,
+               USE_ASM: tl.constexpr):
+    """Entry of a launch (mesh/calls.py's protocol): the call number is this rank's last plus one
+    (the mesh control block `lanes_ptr`, word seq_off, which the caller's last program sets to it
+    at the end); program 0 stores `sig`, then the number (release), into our lane of every peer's
+    block; every program waits (watchdog) for every peer's lane of this call and compares the words.
+    Returns (call number, agreed): agreed is 0 where a word differs (recorded in this rank's own
+    err record as ERR_CALL: every rank finds it by itself, nothing runs and the mesh stays usable)
+    or a peer never came (a timeout, recorded on every rank as wait's)."""
+    seq = tl.load(lanes_ptr + seq_off, volatile=True) + 1
+    lane = call_off + 2 * (seq % 2)
+    if pid == 0:
+        for d in range(world):
+            if d != rank:
+                dst = peer_base(lanes_table, d, lanes_ptr) + lane + 4 * rank
+                tl.store(dst + 1, sig)
+                notify(dst, seq, True, "sys")   # released: who sees the number sees the word
+    agreed = 1
+    for s in range(world):
+        if s != rank:
+            got = wait(lanes_ptr + lane + 4 * s, seq, max_spins, err_ptr, err_table, rank, world,
+                       EVENT_CALL + (seq & 0xFFFFF), s, seq, "sys", USE_ASM)
+            if got != 0:
+                theirs = tl.load(lanes_ptr + lane + 4 * s + 1, volatile=True)
+                if theirs != sig:
+                    record_local(err_ptr, rank, ERR_CALL, EVENT_CALL + (seq & 0xFFFFF), theirs, sig, s, seq)
+                    got = 0
+            agreed = agreed * got
+    return seq, agreed
+
+
+@triton.jit
+def hand_over_call_error(err_ptr, host_ptr):
+    """The last program of a launch whose call the ranks disagreed on (err_ptr's record of kind
+    ERR_CALL): the record to the mesh's pinned host words (the host raises it at this rank's next
+    call of any op, mesh/calls.py), and err_ptr's cleared (nothing ran: the kernel stays usable)."""
+    if tl.load(err_ptr, volatile=True) == ERR_CALL:
+        for k in range(1, 8):
+            tl.store(host_ptr + k, tl.load(err_ptr + k, volatile=True))
+            tl.store(err_ptr + k, 0)
+        tl.store(host_ptr, ERR_CALL)
+        tl.atomic_xchg(err_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def finish_launch(ctrl_ptr, ctrl_table, exit_off, grid_off, epoch_off, epoch, rank, world, max_spins, agreed,
                   RENDEZVOUS: tl.constexpr, EVENT_EXIT: tl.constexpr, USE_ASM: tl.constexpr):
     """End of a launch: the last program to arrive (grid counter, gpu scope) re-arms the counter,
     records `epoch` as this GPU's device epoch for the next launch and, with RENDEZVOUS, runs the exit
     rendezvous: tells every peer 'rank done with epoch' and waits until every peer said the same to
     us, so no rank starts writing into a peer's buffers for the next call before that peer is done
-    with this one (or a watchdog fired). Returns 1 in the last program to arrive (every other
-    program of this GPU is done with the launch), else 0."""
+    with this one (or a watchdog fired). A launch whose call the ranks did not agree on (agreed 0:
+    it ran nothing) leaves the epoch and skips the rendezvous. Returns 1 in the last program to
+    arrive (every other program of this GPU is done with the launch), else 0."""
     tl.debug_barrier()
     arrived = tl.atomic_add(ctrl_ptr + grid_off, 1, sem="acq_rel", scope="gpu")
     last = (arrived == tl.num_programs(0) - 1).to(tl.int32)
     if arrived == tl.num_programs(0) - 1:
         tl.atomic_xchg(ctrl_ptr + grid_off, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(ctrl_ptr + epoch_off, epoch, sem="relaxed", scope="gpu")
-        if RENDEZVOUS:
-            rendezvous(ctrl_ptr, ctrl_table, exit_off, epoch, rank, world, max_spins, EVENT_EXIT, USE_ASM)
+        if agreed != 0:
+            tl.atomic_xchg(ctrl_ptr + epoch_off, epoch, sem="relaxed", scope="gpu")
+            if RENDEZVOUS:
+                rendezvous(ctrl_ptr, ctrl_table, exit_off, epoch, rank, world, max_spins, EVENT_EXIT, USE_ASM)
     return last
 
 
@@ -137,6 +200,13 @@ def trace_clock(anchor):
     sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [anchor], dtype=tl.int32,
                                    is_pure=False, pack=1)
     return t, sm
+
+
+@triton.jit
+def store_clock(out_ptr):
+    """One program: store %globaltimer (ns) into out_ptr[0] (fusion/trace.py's measure_offset)."""
+    t, sm = trace_clock(tl.program_id(0))
+    tl.store(out_ptr, t)
 
 
 @triton.jit

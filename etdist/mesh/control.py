@@ -15,6 +15,11 @@ One definition of the layout, used by the host (to read errors) and passed to ke
                       and bump it themselves, so a launch replayed from a CUDA graph stays correct
     [8+6W+2, 8+7W+2)  entry lanes: lane s holds the last epoch rank s entered (writers into our
                       user buffers wait for it: we no longer use what they overwrite)
+    [8+7W+2, 8+11W+2) call lanes: 4 words per source rank s: (call number, signature word) of
+                      its even and odd calls on this mesh (mesh/calls.py: every op and collective
+                      checks them against its own before anything that could hang)
+    [8+11W+2]         call number (local): the last call this rank made on the mesh; host or
+                      kernel bumps it, so a launch replayed from a CUDA graph counts too
 
 A lane has a single writer (the rank it is named after), so the same protocol works with plain
 stores on CPU and release atomics on GPU: notify sets the lane to the epoch, wait spins until
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 
 ERR_WORDS = 8
 META_WORDS = 4
+CALL_WORDS = 4
 SIG_COUNT_BITS = 24   # signature = op << 28 | dtype << SIG_COUNT_BITS | count mod 2**SIG_COUNT_BITS
 SIG_DTYPES = ("", "float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8", "uint8",
               "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "another dtype")
@@ -48,6 +54,10 @@ class ErrorKind(enum.IntEnum):
     NONE = 0
     TIMEOUT = 1  # a wait ran past the watchdog
     SHAPE = 2  # a peer's op/count differs from ours
+    REFUSED = 3  # (kernel arenas) a rank refused its inputs at a shape every rank had prepared
+    CALL = 4  # a peer's call signature differs from ours (mesh/calls.py): recorded on this rank only,
+              # nothing ran, and the mesh stays usable
+    GONE = 5  # a peer exited, died or closed its mesh (mesh/liveness.py), seen while waiting on it
 
 
 class Event(enum.IntEnum):
@@ -57,6 +67,7 @@ class Event(enum.IntEnum):
     EXIT = 2  # the exit rendezvous of a collective
     BARRIER = 3  # mesh.barrier
     ENTRY = 4  # a peer entering the call (before writing into its user buffers)
+    CALL = 5  # a peer's signature of the call (mesh/calls.py), index = call number mod 2**20
 
     @staticmethod
     def encode(kind: "Event", index: int) -> int:
@@ -100,8 +111,27 @@ class ControlLayout:
         return self.grid + 2
 
     @property
-    def size(self) -> int:
+    def call(self) -> int:
         return self.entry + self.world
+
+    @property
+    def call_seq(self) -> int:
+        return self.call + CALL_WORDS * self.world
+
+    @staticmethod
+    def in_kernel(name: str, world: str = "WORLD") -> str:
+        """The offset `name` as generated code writes it, `world` naming the kernel's world size
+        (every offset is linear in it)."""
+        a = getattr(ControlLayout(0), name)
+        return f"({a} + {getattr(ControlLayout(1), name) - a} * {world})"
+
+    def call_lane(self, source: int, seq: int) -> int:
+        """Where rank `source`'s (call number, signature) of call `seq` lands (its parity's pair)."""
+        return self.call + CALL_WORDS * source + 2 * (seq % 2)
+
+    @property
+    def size(self) -> int:
+        return self.call_seq + 1
 
 
 @dataclass(frozen=True)
@@ -123,7 +153,11 @@ class ErrorRecord:
     def describe(self, watchdog_s: float, op_names=None) -> str:
         ev, idx = Event.decode(self.event)
         what = {Event.CHUNK: f"data chunk {idx}", Event.EXIT: "the exit rendezvous",
-                Event.BARRIER: "a barrier", Event.ENTRY: "the peer to enter the call"}.get(ev, f"event {self.event}")
+                Event.BARRIER: "a barrier", Event.ENTRY: "the peer to enter the call",
+                Event.CALL: "the peer to make the same call"}.get(ev, f"event {self.event}")
+        if self.kind is ErrorKind.GONE:
+            return (f"rank {self.peer} has exited, died or closed its mesh: rank {self.rank} saw it while waiting "
+                    f"for {what} (call {self.epoch}). Every rank must make the same calls until all close the mesh")
         if self.kind is ErrorKind.SHAPE:
             names = op_names or {}
             return (f"ranks disagree on a collective: rank {self.rank} expected "

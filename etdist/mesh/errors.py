@@ -12,3 +12,9 @@ class PeerTimeoutError(MeshError):
 
 class ShapeMismatchError(MeshError):
     """Ranks called the same collective with different shapes or counts."""
+
+
+class CallMismatchError(ShapeMismatchError):
+    """Ranks made different calls at the same point of their programs (another op, shape, dtype or
+    out=), or one refused its own arguments: raised on every rank before anything ran for that call.
+    The mesh stays usable: the next call is checked afresh."""

@@ -14,13 +14,14 @@ import os
 import socket
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional
 
 import torch
 
 from .. import knobs
 from .control import ERR_WORDS, ControlLayout, ErrorKind, ErrorRecord, Event
+from .calls import BOARD_BYTES, CallAgreement
 from .errors import MeshError, PeerTimeoutError, ShapeMismatchError
 from .hostcomm import HostComm, make_host_comm
 from .launch import Launch, Launcher, detect_launch, resolve_launch
@@ -29,6 +30,7 @@ from .stream_order import StreamOrder
 
 _CURRENT: Optional["Mesh"] = None
 _ALIGN = 256  # bytes; every symmetric allocation starts aligned for 16-byte vector access
+_LIVENESS_S = 0.05   # how often a host wait asks whether the rank it waits on is still there
 
 
 # Meshes by key: torch custom ops (collectives/compiled.py) take plain values, so a mesh travels as its key,
@@ -38,6 +40,15 @@ _ALIGN = 256  # bytes; every symmetric allocation starts aligned for 16-byte vec
 # mesh had the same key, expected all M rows where the op returned its rank's half)
 _BY_KEY: "weakref.WeakValueDictionary[str, Mesh]" = weakref.WeakValueDictionary()
 _KEYS = itertools.count(1)
+
+
+def _back_off(turns: int) -> None:
+    """A host spin's turn `turns`: spin, then yield the core (the peer it waits on may need it: two
+    ranks on two busy cores took ~0.7 ms a lock-step call with sleeps from the 200th turn), then sleep."""
+    if turns > 20_000:
+        time.sleep(min(1e-3, 1e-8 * turns))
+    elif turns > 50:
+        os.sched_yield()
 
 
 def remember(mesh) -> str:
@@ -112,6 +123,15 @@ class Mesh:
         self._ctrl_np = self.ctrl.numpy() if backend == "cpu" else None
         self._ctrl_peers_np = ([self.peer(self.ctrl, r).numpy() for r in range(self.world_size)]
                                if backend == "cpu" else None)
+        # what each rank's last calls were, as text (mesh/calls.py names a disagreeing call with it)
+        self.board = self.empty((2, BOARD_BYTES), torch.uint8)
+        self._board_np = ([self.peer(self.board, r).numpy() for r in range(self.world_size)]
+                          if backend == "cpu" else None)
+        # where a kernel leaves the record of a call the ranks disagreed on (pinned: the host reads it at
+        # this rank's next call of any op without a sync; mesh/calls.py)
+        self.call_error = torch.zeros(ERR_WORDS, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self._call_error_np = self.call_error.numpy()
+        self.calls = CallAgreement(self)
 
     # ---- symmetric memory -------------------------------------------------------------------
     def empty(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -212,10 +232,16 @@ class Mesh:
         """Raise if any wait on this rank (or a peer that propagated its error) failed."""
         if self._failed is not None:
             raise self._failed
+        self.calls.raise_pending()
         rec = self.error_record()
         if rec is None:
             return
+        if rec.kind is ErrorKind.CALL:   # a kernel found the peers' call differing: nothing ran, usable
+            self.clear_error()
+            raise self.calls.device_error(rec.epoch, rec.expected, rec.observed, rec.peer)
         msg = f"rank {self.rank}: " + rec.describe(self.watchdog_s, op_names)
+        if rec.kind is ErrorKind.TIMEOUT and not self._peer_alive(rec.peer):
+            msg += f". Rank {rec.peer} has exited or died (its liveness lock is free)"
         cls = ShapeMismatchError if rec.kind is ErrorKind.SHAPE else PeerTimeoutError
         self._failed = cls(msg)
         raise self._failed
@@ -228,31 +254,79 @@ class Mesh:
 
     def record_error(self, kind: ErrorKind, event: int, observed: int, expected: int, peer: int,
                      epoch: int) -> None:
-        """Host-side (cpu backend) error record: ours, then every peer's if still empty."""
+        """Host-side error record: ours, then every peer's if still empty."""
         words = [int(kind), self.rank, event, observed, expected, peer, epoch, 0]
         for r in [self.rank] + [s for s in range(self.world_size) if s != self.rank]:
-            slot = self._ctrl_peers_np[r]
-            if int(slot[0]) == 0:
-                slot[1:ERR_WORDS] = words[1:]
-                slot[0] = words[0]
+            if self._ctrl_peers_np is not None:
+                slot = self._ctrl_peers_np[r]
+                if int(slot[0]) == 0:
+                    slot[1:ERR_WORDS] = words[1:]
+                    slot[0] = words[0]
+            else:   # GPUs (a host slow path): through the peer's view, the kind last
+                self.impl.synchronize()
+                slot = self.peer(self.ctrl, r)
+                if int(slot[0].item()) == 0:
+                    slot[1:ERR_WORDS].copy_(torch.tensor(words[1:], dtype=torch.int32))
+                    self.impl.synchronize()
+                    slot[0].fill_(words[0])
+                    self.impl.synchronize()
+
+    def clear_error(self) -> None:
+        """Forget this rank's error record (after raising an error that leaves the mesh usable)."""
+        if self._ctrl_np is not None:
+            self._ctrl_np[:ERR_WORDS] = 0
+        else:
+            self.impl.synchronize()
+            self.ctrl[:ERR_WORDS].zero_()
+            self.impl.synchronize()
+
+    def wait_word(self, read, target: int, peer: int, event: int, epoch: int) -> None:
+        """Host side: spin until read() >= target, the word rank `peer` sets; past the watchdog record
+        a timeout here and on every peer, and raise it (as for a peer that recorded an error first)."""
+        deadline = time.monotonic() + self.watchdog_s
+        turns, asked = 0, time.monotonic()
+        while read() < target:
+            if self.error_record() is not None:
+                self.check()
+            turns += 1
+            _back_off(turns)
+            now = time.monotonic()
+            if now - asked > _LIVENESS_S:
+                asked = now
+                if not self._peer_alive(peer):
+                    self.record_error(ErrorKind.GONE, event, read(), target, peer, epoch)
+                    self.check()
+            if now > deadline:
+                self.record_error(ErrorKind.TIMEOUT, event, read(), target, peer, epoch)
+                self.check()
 
     def spin_until(self, lanes, lanes_off: int, sources, target: int, event: int, epoch: int,
                    timeout_s: float) -> bool:
         """cpu backend: wait until lanes[lanes_off + s] >= target for every s (lanes: a numpy view of
-        symmetric int32 memory). On expiry record a timeout here and on every peer; False."""
+        symmetric int32 memory). On expiry, or once rank s is gone (liveness), record it here and on
+        every peer; False."""
         deadline = time.monotonic() + timeout_s
-        turns = 0
+        turns, asked = 0, time.monotonic()
         for s in sources:
             while int(lanes[lanes_off + s]) < target:
                 if int(self._ctrl_np[0]) != 0:
                     return False  # a peer already failed and told us: stop waiting
                 turns += 1
-                if turns > 200:
-                    time.sleep(min(1e-3, 2e-6 * turns))
-                if time.monotonic() > deadline:
+                _back_off(turns)
+                now = time.monotonic()
+                if now - asked > _LIVENESS_S:
+                    asked = now
+                    if not self._peer_alive(s):
+                        self.record_error(ErrorKind.GONE, event, int(lanes[lanes_off + s]), target, s, epoch)
+                        return False
+                if now > deadline:
                     self.record_error(ErrorKind.TIMEOUT, event, int(lanes[lanes_off + s]), target, s, epoch)
                     return False
         return True
+
+    def _peer_alive(self, rank: int) -> bool:
+        live = getattr(self.impl, "liveness", None)
+        return live is None or live.alive(rank)
 
     def barrier(self) -> None:
         """All ranks reach this point (and, on GPUs, their queued work is done) or every rank raises."""
@@ -274,23 +348,32 @@ class Mesh:
 
     # ---- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Collective: free symmetric memory on every rank and finalize. Safe to call twice."""
+        """Free symmetric memory and finalize; collective on GPUs (NVSHMEM frees collectively). Safe to
+        call twice, and after a fault: it then cleans up what this rank holds and never raises."""
         global _CURRENT
         if self._closed:
             return
         self._closed = True
         if _CURRENT is self:
             _CURRENT = None
+        failed = self._failed is not None or (self._ctrl_np is not None and int(self._ctrl_np[0]) not in
+                                              (0, int(ErrorKind.CALL)))
+        failed = failed or not all(self._peer_alive(s) for s in range(self.world_size))
         try:
             if self.device.type == "cuda":
                 # kernels still running may store into host words the cache owns (a megakernel's
                 # pinned error word): freed now, the pinned allocator could hand them out again
                 torch.cuda.synchronize(self.device)
-            self.cache.clear()
-            self._allocs.clear()
-            self._ptr_cache.clear()
-            self._ctrl_np = self._ctrl_peers_np = None
-            self.impl.close()
+        except Exception:   # noqa: BLE001 (a faulted device: nothing to wait for)
+            failed = True
+        self.cache.clear()
+        self._allocs.clear()
+        self._ptr_cache.clear()
+        self._ctrl_np = self._ctrl_peers_np = self._board_np = None
+        try:
+            self.impl.close(failed=failed)
+        except Exception:   # noqa: BLE001 (teardown after a fault: release what is ours, say nothing)
+            pass
         finally:
             self.comm.close()
 
@@ -303,6 +386,13 @@ class Mesh:
     def __repr__(self) -> str:
         return (f"Mesh(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
                 f"device={self.device}, launcher={self.launch.launcher.value})")
+
+
+def dist_ranks(group) -> List[int]:
+    """The global ranks of a torch ProcessGroup's members, in group-rank order."""
+    import torch.distributed as dist
+
+    return list(dist.get_process_group_ranks(group))
 
 
 def _pick_device(launch: Launch, backend: str, device, share_gpu: bool = False) -> torch.device:
@@ -344,10 +434,55 @@ def _ranks_share_a_gpu(comm: HostComm, device: torch.device, share_gpu: bool) ->
     return False
 
 
+def _group_of(group, device_mesh, dim):
+    """The torch ProcessGroup a mesh spans (None: the whole world), from init_mesh's arguments."""
+    if device_mesh is not None:
+        if group is not None:
+            raise MeshError("init_mesh: pass group= or device_mesh= (with dim=), not both")
+        if dim is None and device_mesh.ndim != 1:
+            raise MeshError(f"init_mesh(device_mesh=...): a {device_mesh.ndim}-D DeviceMesh needs dim= (one of "
+                            f"{device_mesh.mesh_dim_names}), e.g. init_mesh(device_mesh=dm, dim='tp')")
+        return device_mesh.get_group(dim)
+    if dim is not None:
+        raise MeshError("init_mesh(dim=...) names a dimension of device_mesh=, which was not given")
+    if group is not None and hasattr(group, "get_group") and hasattr(group, "mesh_dim_names"):
+        if group.ndim != 1:   # a DeviceMesh passed as the group: one dimension of it
+            raise MeshError(f"init_mesh(group=...): a {group.ndim}-D DeviceMesh; pass one dimension "
+                            f"(device_mesh['tp']) or init_mesh(device_mesh=dm, dim='tp')")
+        return group.get_group()
+    return group
+
+
+def _group_launch(launch: Launch, group, world_size, rank) -> Launch:
+    """The launch record of a mesh over `group`: its rank and size in the group (the process's local
+    rank still picks its GPU)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise MeshError("init_mesh(group=...): torch.distributed is not initialised; call "
+                        "torch.distributed.init_process_group first (the group belongs to it)")
+    g_rank, g_size = dist.get_rank(group), dist.get_world_size(group)
+    if g_rank < 0:
+        raise MeshError(f"init_mesh(group=...): this process (global rank {dist.get_rank()}) is not in the group "
+                        f"(ranks {dist.get_process_group_ranks(group)}); each process passes a group it belongs to")
+    for name, given, have in (("world_size", world_size, g_size), ("rank", rank, g_rank)):
+        if given is not None and given != have:
+            raise MeshError(f"init_mesh({name}={given}) but the group gives {have}: drop the argument")
+    return replace(launch, rank=g_rank, world_size=g_size,
+                   run_id=f"{launch.run_id}:{dist.get_process_group_ranks(group)}" if launch.run_id else None)
+
+
 def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, rank: Optional[int] = None,
               local_rank: Optional[int] = None, device=None, watchdog_s: Optional[float] = None,
-              share_gpu: Optional[bool] = None) -> Mesh:
+              share_gpu: Optional[bool] = None, *, group=None, device_mesh=None, dim=None) -> Mesh:
     """Find the other ranks and set up symmetric memory.
+
+    group: a torch ProcessGroup (or a 1-D DeviceMesh) the mesh spans instead of the whole world, e.g.
+    a tensor-parallel group; or device_mesh= with dim= (init_mesh(device_mesh=dm, dim="tp")). Several
+    groups' meshes may live at once in one job, each of its own: its rank and world_size are the
+    group's, ops and collectives on it involve its ranks only. torch.distributed must be initialised
+    by then. On GPUs, NVSHMEM spans the whole world once per process: create (and close) group meshes
+    on every process in the same order, as torch's groups (nvshmem_backend.py says why).
 
     backend: "nvshmem" (GPUs, nvshmem4py) or "cpu" (memory-mapped files); default nvshmem when CUDA
     is available, cpu otherwise. world_size/rank/local_rank/device override what the launcher set.
@@ -360,8 +495,13 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
     two ranks on one GPU. No effect with backend 'cpu' (a bad ETDIST_SHARE_GPU is still refused).
     """
     global _CURRENT
-    launch = resolve_launch(detect_launch(), world_size, rank, local_rank)
-    if launch.launcher is Launcher.SINGLE and launch.world_size > 1 and "MASTER_ADDR" not in os.environ:
+    group = _group_of(group, device_mesh, dim)
+    if group is not None:
+        world = resolve_launch(detect_launch(), None, None, local_rank)
+        launch = _group_launch(world, group, world_size, rank)
+    else:
+        world = launch = resolve_launch(detect_launch(), world_size, rank, local_rank)
+    if group is None and launch.launcher is Launcher.SINGLE and launch.world_size > 1 and "MASTER_ADDR" not in os.environ:
         raise MeshError(f"world_size={launch.world_size} with no launcher: run `torchrun --nproc_per_node="
                         f"{launch.world_size} your_script.py` or `mpirun -n {launch.world_size} python "
                         f"your_script.py` (or set MASTER_ADDR/MASTER_PORT with explicit ranks)")
@@ -394,8 +534,8 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
     if not isinstance(share_gpu, bool):
         raise MeshError(f"share_gpu must be True or False, got {share_gpu!r}")
     dev = _pick_device(launch, backend, device, share_gpu)
-    comm = make_host_comm(launch, timeout_s=max(60.0, 4 * watchdog_s), want_nccl=backend == "nvshmem")
-    shared = False
+    comm = make_host_comm(launch, timeout_s=max(60.0, 4 * watchdog_s), want_nccl=backend == "nvshmem", group=group)
+    shared, impl = False, None
     try:
         if backend == "cpu":
             from .cpu_backend import CpuBackend
@@ -406,9 +546,16 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
             shared = _ranks_share_a_gpu(comm, dev, share_gpu)   # what times may be taken: see timing_refused
             from .nvshmem_backend import NvshmemBackend
 
-            impl = NvshmemBackend(launch.rank, launch.world_size, launch.local_world_size, dev, comm, watchdog_s)
+            pes = None if group is None else dist_ranks(group)
+            impl = NvshmemBackend(launch.rank, launch.world_size, launch.local_world_size, dev, comm, watchdog_s,
+                                  world=world, pes=pes)
         mesh = Mesh(launch, backend, dev, comm, impl, watchdog_s, shares_gpu=shared)
     except BaseException:
+        if impl is not None:   # its files (or symmetric memory) go too
+            try:
+                impl.close(failed=True)
+            except Exception:   # noqa: BLE001
+                pass
         comm.close()
         raise
     _CURRENT = mesh

@@ -42,13 +42,19 @@ def hidden_states(owner: str, x, hidden: int, dtype: torch.dtype) -> None:
 
 
 def layer_mesh(owner: str, mesh):
-    """The mesh a layer runs its ranks on (the current one if None): a GPU mesh. A cpu mesh runs
-    the layer's generated kernel only under Triton's interpreter (TRITON_INTERPRET=1, for tests);
-    on a CPU the layer simulates its ranks instead."""
+    """The mesh a layer runs its ranks on (the current one if None): a GPU mesh, or a cpu mesh, where
+    the layer runs on the CPU runtime across the processes (ops/cpu_path.py; under Triton's
+    interpreter, TRITON_INTERPRET=1, the layer's generated GPU kernel instead, for tests)."""
     from ..mesh import current_mesh
     mesh = mesh or current_mesh()
-    if getattr(mesh, "backend", None) != "nvshmem" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise InputError(f"{owner}: mesh {getattr(mesh, 'backend', mesh)!r} is not a GPU mesh; on a CPU, build the "
-                         f"layer with simulate_world=R (R ranks simulated in this process on the CPU runtime) "
-                         f"and no mesh")
+    if getattr(mesh, "backend", None) not in ("nvshmem", "cpu"):
+        raise InputError(f"{owner}: mesh must be the Mesh from et.init_mesh() (or None for the current one), got "
+                         f"{type(mesh).__name__}; to simulate R ranks in this process, build the layer with "
+                         f"simulate_world=R and no mesh")
     return mesh
+
+
+def cpu_runtime(mesh) -> bool:
+    """Whether a layer on `mesh` runs on the CPU runtime across processes (a cpu mesh, not under
+    Triton's interpreter, which runs the GPU kernel on it)."""
+    return getattr(mesh, "backend", None) == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1"

@@ -31,7 +31,8 @@ from ..collectives.custom_op import call_op, define_op
 from ..fusion.errors import InputError
 from ..ops.common import refusal_reaches_peers
 from ..workloads import moe as moe_graph
-from .checks import float_dtype, hidden_states, layer_mesh, positive_ints
+from ..ops import cpu_path
+from .checks import cpu_runtime, float_dtype, hidden_states, layer_mesh, positive_ints
 
 _KERNELS: dict = {}
 
@@ -317,6 +318,8 @@ class MoE(nn.Module):
         lead, x2 = x.shape[:-1], x.reshape(-1, self.hidden)
         if self.simulated:
             y = self._simulated(x2)
+        elif cpu_runtime(self.mesh):   # a cpu mesh: the CPU runtime across the processes
+            y = cpu_path.moe(self, x2.contiguous())
         else:
             y = self._kernel("cuda", self.large_tiles(x2.shape[0]))(self.mesh, x=x2.contiguous(), wg=self.router.data,
                                             w_gate_up=self.w_gate_up[0].data, w_down=self.w_down[0].data)["y"]

@@ -8,6 +8,7 @@ import torch
 
 from ..collectives.custom_op import call_op
 from ..workloads import ag_gemm
+from . import cpu_path
 from .common import (PlanConfig, TileConfig, cached_kernel, check_operands, fp32_config, interleave_sources, no_rows,
                      plan_config, refusal_reaches_peers, row_pointers, sm_count, total_rows_of)
 
@@ -102,7 +103,10 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, *, mesh=None, total_rows: 
         # kernel's agreement with the peers decides
         empty = (None if M or (total_rows is None and mesh.world_size > 1)
                  else no_rows("all_gather_gemm", x, w.shape[1], out))
+    if mesh.backend == "cpu":   # the CPU runtime across processes (ops/cpu_path.py)
+        return cpu_path.all_gather_gemm(x, w, mesh, M, schedule, out)
     if empty is not None:
+        cpu_path.agree_no_rows(mesh, "all_gather_gemm", x, w, out)
         return empty
     cfg, build = kernel_plan(M, x.shape[1], w.shape[1], x.dtype, sm_count(mesh.device.index), mesh.world_size, config)
     kernel = cached_kernel(_KERNELS, config, cfg, schedule, build)

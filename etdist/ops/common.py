@@ -266,9 +266,10 @@ def cached_kernel(cache: dict, config: PlanConfig, cfg: TileConfig, schedule: st
 
 
 class refusal_reaches_peers:
-    """Around an op's own argument checks: a refusal on this rank alone stops the peers' launches of
-    the op's prepared kernels (fusion.cuda_runtime.post_refusal), so every rank raises. A class, not
-    a contextlib generator: it wraps every call of the ops (a generator cost ~1 us more per call)."""
+    """Around an op's own argument checks: a refusal on this rank alone is published as this rank's
+    call (fusion.cuda_runtime.post_refusal, mesh/calls.py), so the peers' launch of it runs nothing and
+    every rank raises, naming it. A class, not a contextlib generator: it wraps every call of the ops
+    (a generator cost ~1 us more per call)."""
 
     __slots__ = ("mesh", "kernels")
 
@@ -284,32 +285,34 @@ class refusal_reaches_peers:
                 m = self.mesh or current_mesh()
             except MeshError:
                 m = None
-            if getattr(m, "backend", None) == "nvshmem":
-                post_refusal(m, list(self.kernels.values()))
+            if m is not None:
+                post_refusal(m, list(self.kernels.values()), str(exc))
         return False   # the error goes on
 
 
 def check_operands(op: str, graph: str, x, w, mesh):
-    """x [rows, K] and w [K, N]: 2-D, contiguous, on this rank's GPU, one dtype among bf16/fp16/fp32;
-    a clear error before anything launches. Returns the mesh (the current one if None)."""
+    """x [rows, K] and w [K, N]: 2-D, contiguous, on this rank's device (its GPU; the CPU on a cpu
+    mesh, where the CPU runtime runs `graph`: ops/cpu_path.py), one dtype among bf16/fp16/fp32; a
+    clear error before anything launches. Returns the mesh (the current one if None)."""
     mesh = mesh or current_mesh()
     if getattr(mesh, "backend", None) is None:
         raise InputError(f"et.ops.{op}: mesh must be the Mesh from et.init_mesh() (or None for the current "
                          f"one), got {type(mesh).__name__}")
-    if mesh.backend != "nvshmem":
-        raise InputError(f"et.ops.{op} runs on GPUs (mesh backend 'nvshmem'); on the CPU, run the graph "
-                         f"{graph} on the CPU runtime")
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise InputError(f"{op}: {name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
         if t.device != mesh.device:
-            raise InputError(f"{op}: {name} is on {t.device}, this rank's GPU is {mesh.device}")
+            raise InputError(f"{op}: {name} is on {t.device}, this rank's device is {mesh.device}")
         if not t.is_contiguous():
             raise InputError(f"{op}: {name} is not contiguous (row-major): pass {name}.contiguous()")
     if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise InputError(f"{op}: x and w must share a dtype among bf16/fp16/fp32, got {x.dtype} and {w.dtype}")
     if x.shape[1] != w.shape[0]:
         raise InputError(f"{op}: x is [rows, {x.shape[1]}] but w is [{w.shape[0]}, N]: the contraction dims differ")
+    if x.shape[1] == 0 or w.shape[1] == 0:   # before any plan code (tile counts, splits divide by them)
+        raise InputError(f"{op}: x is {list(x.shape)} and w {list(w.shape)}: a zero-sized "
+                         f"{'contraction (K = 0)' if x.shape[1] == 0 else 'output width (N = 0)'} is not supported; "
+                         f"skip the call (its result is {'all zeros' if x.shape[1] == 0 else 'empty'})")
     return mesh
 
 

@@ -8,6 +8,7 @@ import torch
 
 from ..collectives.custom_op import call_op
 from ..workloads import gemm_rs
+from . import cpu_path
 from .common import (PlanConfig, TileConfig, cached_kernel, check_operands, fp32_config,
                      interleave_sources, no_rows, plan_config, refusal_reaches_peers, row_pointers, slices_that_fit,
                      sm_count, tile_us)
@@ -181,7 +182,10 @@ def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, *, mesh=None, schedule
         config = plan_config("gemm_reduce_scatter", config)
         mesh = check_operands("gemm_reduce_scatter", "etdist.workloads.gemm_rs", x, w, mesh)
         empty = None if x.shape[0] else no_rows("gemm_reduce_scatter", x, w.shape[1], out)
+    if mesh.backend == "cpu":   # the CPU runtime across processes (ops/cpu_path.py)
+        return cpu_path.gemm_reduce_scatter(x, w, mesh, schedule, out)
     if empty is not None:
+        cpu_path.agree_no_rows(mesh, "gemm_reduce_scatter", x, w, out)
         return empty
     cfg, splits, align, build = kernel_plan(x.shape[0], x.shape[1], w.shape[1], x.dtype, sm_count(mesh.device.index),
                                             mesh.world_size, config)

@@ -13,6 +13,7 @@ import torch
 from ..fusion.errors import InputError
 from ..collectives.custom_op import call_op
 from ..workloads import mlp as mlp_graph
+from . import cpu_path
 from .ag_gemm import whole_tile, whole_width
 from .common import (SCRATCH_BYTES, SPLIT_COST, PlanConfig, TileConfig, cached_kernel, check_operands, fp32_config,
                      interleave_sources, no_rows, plan_config, refusal_reaches_peers, row_pointers, slices_that_fit,
@@ -247,7 +248,10 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
                                              or not out.is_contiguous()):
             raise InputError(f"tensor_parallel_mlp: out must be a contiguous {x.dtype} tensor [{M}, {H}] on "
                              f"{x.device}, got {getattr(out, 'shape', type(out).__name__)}")
+    if mesh.backend == "cpu":   # the CPU runtime across processes (ops/cpu_path.py)
+        return cpu_path.tensor_parallel_mlp(x, w_gate_up, w_down, mesh, M, schedule, sequence_parallel, out)
     if empty is not None:
+        cpu_path.agree_no_rows(mesh, "tensor_parallel_mlp", x, w_gate_up, out)
         return empty
     sms = sm_count(mesh.device.index)
     if sequence_parallel:

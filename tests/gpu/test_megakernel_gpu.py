@@ -77,6 +77,14 @@ def test_a_refusal_on_one_rank_stops_the_other_ranks_launch():
     assert out.count("OK refusal") == 2, out[-5000:]
 
 
+def test_dtypes_that_differ_at_a_prepared_shape_raise_on_every_rank():
+    """bf16 against fp16 where both kernels were prepared: a silent wrong result on one rank and a
+    timeout on the other before the call agreement (mesh/calls.py); now CallMismatchError on both."""
+    env = ranks_env(2)
+    rc, out = torchrun(2, "--case", "dtype-mismatch", timeout=120, env=env)
+    assert rc == 0 and out.count("OK dtype-mismatch") == 2, out[-5000:]
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_all_gather_gemm_and_tensor_parallel_mlp(world):
     env = ranks_env(world)

@@ -1,8 +1,9 @@
 """The ranks disagree on ETDIST_EARLY_PUSH (rank 1 turns it off): the MoE graph's dynamic kernel
 would walk `tiled` on one rank and not on the other. Every rank must refuse at the first call,
-before anything launches, naming the knob (not hang until the watchdog). Then they disagree on the
-tail (rank 1 queues the return and combine): `returned` would be a plain notify on one rank and
-walked on the other, and a queued combine never pushed.
+before anything launches, naming the difference (not hang until the watchdog): the call agreement
+(mesh/calls.py) names the early-pushed tasks of each rank's kernel. Then they disagree on the tail
+(rank 1 queues the return and combine): `returned` would be a plain notify on one rank and walked on
+the other, and a queued combine never pushed: the kernels' sources differ.
 
     TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/early_disagree_worker.py
         -> 'OK early disagree rank r', 'OK tail disagree rank r'
@@ -22,16 +23,16 @@ def main():
     ranks, _ = moe.make_inputs(R, 5, H=24, I=20, E=4 * R, seed=1)
     try:
         kernel(mesh, **ranks[r])
-    except et.GraphError as e:
-        assert "set ETDIST_EARLY_PUSH alike on every rank" in str(e), e
+    except et.ShapeMismatchError as e:
+        assert "early_push: ('gate_up',)" in str(e) and "early_push: ()" in str(e), e
         print(f"OK early disagree rank {r}", flush=True)
     os.environ.pop("ETDIST_EARLY_PUSH", None)
     kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, tail=r == 0), schedule="dynamic",
                         target="cuda")
     try:
         kernel(mesh, **ranks[r])
-    except et.GraphError as e:
-        assert "the ranks disagree on which tasks are pinned or the tail" in str(e), e
+    except et.ShapeMismatchError as e:
+        assert "the ranks disagree on call 2" in str(e) and "source: " in str(e), e
         print(f"OK tail disagree rank {r}", flush=True)
     mesh.close()
 
