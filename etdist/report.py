@@ -311,7 +311,7 @@ def write_report(results, out, plots, workloads: Optional[Sequence[str]] = None)
     written = plot_speedups(records, plots)
     old = out.read_text() if out.exists() else ""
     own_summary = SUMMARY_BEGIN in old and bool(records)
-    block = render(records, written, out.parent, source=os.path.relpath(results),
+    block = render(records, written, out.parent, source=os.path.relpath(results, out.parent),
                    with_summary=not own_summary)
     text = splice(old, block)
     if own_summary:
