@@ -19,22 +19,32 @@ GRAPHS = ("gemm_rs", "gemm_rs_tail", "gemm_rs_tail_tma", "gemm_rs_skinny", "ag_g
           "gemm_rs_interleaved_tma")
 
 
-def interpreted(worker: str, world: int, schedule: str, timeout: int = 600, **env_vars: str):
-    """Run tests/interp/<worker> on `world` processes under TRITON_INTERPRET=1; (exit code, output)."""
+def interpreted(worker: str, world: int, schedule: str, timeout: int = 600, *names: str, **env_vars: str):
+    """Run tests/interp/<worker> [names] on `world` processes under TRITON_INTERPRET=1; (exit code, output)."""
     env = dict(os.environ, TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="60", **env_vars)
     args = ["--dynamic"] if schedule == "dynamic" else []
+    args += list(names)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
                         str(INTERP / worker), *args], capture_output=True, text=True, timeout=timeout, env=env)
     return p.returncode, p.stdout + p.stderr
 
 
-@pytest.mark.parametrize("world,schedule", [(2, "static"), (3, "static"), (2, "dynamic"), (3, "dynamic")])
-def test_generated_megakernels_match_references(world, schedule):
+# Every graph at two ranks, static, in the default set; the other worlds and schedules there on a few
+# graphs (one of each op), every graph in the slow set (`pytest -m slow`).
+FEW = ("gemm_rs_tail_tma", "ag_gemm_interleaved_tma", "mlp_tail_padded_tma", "mlp_replicated_tma")
+slow = pytest.mark.slow
+
+
+@pytest.mark.parametrize("world,schedule,graphs", [
+    (2, "static", GRAPHS), (3, "dynamic", FEW),
+    pytest.param(3, "static", GRAPHS, marks=slow), pytest.param(2, "dynamic", GRAPHS, marks=slow),
+    pytest.param(3, "dynamic", GRAPHS, marks=slow)], ids=lambda v: "all" if v == GRAPHS else "few" if v == FEW else str(v))
+def test_generated_megakernels_match_references(world, schedule, graphs):
     """dynamic: the ready queue (claims, pushes across ranks, the inverse map) with one program
     per rank; races between programs of one GPU are not exercised here."""
-    rc, out = interpreted("megakernel_worker.py", world, schedule, timeout=900)
+    rc, out = interpreted("megakernel_worker.py", world, schedule, 900, *([] if graphs == GRAPHS else graphs))
     assert rc == 0, out[-5000:]
-    for g in GRAPHS:
+    for g in graphs:
         for M in (37, 5):
             assert out.count(f"OK {g} M={M} {schedule} ") == world, (g, M, out[-3000:])
 
@@ -47,10 +57,11 @@ def test_counts_read_from_tensors_rearm_every_launch(schedule):
     assert rc == 0 and out.count(f"OK data-dependent {schedule}") == 2, out[-5000:]
 
 
-@pytest.mark.parametrize("world,schedule,early,tail", [(1, "static", "2", "1"), (1, "dynamic", "2", "1"),
-                                                       (2, "static", "2", "1"), (2, "dynamic", "2", "1"),
-                                                       (3, "dynamic", "2", "1"), (2, "dynamic", "1", "1"),
-                                                       (2, "dynamic", "0", "1"), (2, "dynamic", "2", "0")])
+@pytest.mark.parametrize("world,schedule,early,tail", [
+    (2, "static", "2", "1"), (2, "dynamic", "2", "1"),           # nn.MoE's settings at EP=2, both schedules
+    *(pytest.param(*case, marks=slow) for case in [(1, "static", "2", "1"), (1, "dynamic", "2", "1"),
+                                                   (3, "dynamic", "2", "1"), (2, "dynamic", "1", "1"),
+                                                   (2, "dynamic", "0", "1"), (2, "dynamic", "2", "0")])])
 def test_moe_kernel_with_in_kernel_routing(world, schedule, early, tail):
     """The EP MoE graph's GPU bodies: routing (softmax top-k) in the kernel decides which expert
     tiles exist; dispatch and combine by peer stores (one rank: no rows move, gate/up reads x and
