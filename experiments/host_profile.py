@@ -30,7 +30,7 @@ kernel = op.cached_kernel(op._KERNELS, et.ops.DEFAULT_PLAN, cfg, "static", build
 st = kernel.state(mesh)
 inner = lambda: kernel(mesh, x=x, w=w)  # noqa: E731
 y = torch.empty(-(-M // mesh.world_size), N, device=mesh.device, dtype=x.dtype)
-flat = st.shape.direct_args({"x": x, "w": w, "y": y})
+flat = st.shape.direct_args({"x": x, "w": w, "y": y, "call_sig": st.word})
 stream = torch.cuda.current_stream().cuda_stream
 k = st.compiled
 launch = lambda: k.run(st.programs, 1, 1, stream, k.function, k.packed_metadata, None, None, None,  # noqa: E731
