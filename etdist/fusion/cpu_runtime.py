@@ -247,13 +247,16 @@ class CpuKernel:
 
     target = "cpu"
 
-    def __init__(self, table: MapTable, schedule: str, programs: int, early_push: int = 1):
+    def __init__(self, table: MapTable, schedule: str, programs: int, early_push: int = 1, check_sizes: bool = True):
+        """check_sizes: run validate's enumeration at each new size class a call uses (LazyCheck);
+        False leaves every check to the runtime itself (as a graph compiled without validation)."""
         self.table, self.ir, self.schedule, self.programs = table, table.ir, schedule, programs
         # the dynamic schedule's early-pushed task functions (ir.early_pushed)
         self.early = early_at(self.ir, early_push) if schedule == "dynamic" else frozenset()
         self._counters: dict = {}
         self._zeroed = [s.name for s in self.ir.tensors if s.zeroed]   # checked zero after each launch
-        self._lazy_check = LazyCheck(self.ir, table, schedule)   # the graph checks at the sizes calls use
+        # the graph checks at the sizes calls use
+        self._lazy_check = LazyCheck(self.ir, table, schedule) if check_sizes else (lambda sizes: None)
         self.last_stats: Optional[LaunchStats] = None
         self.trace_default = False   # compile(..., trace=True) sets it
 

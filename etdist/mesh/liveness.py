@@ -53,8 +53,8 @@ class Liveness:
 
     def alive(self, rank: int) -> bool:
         """False once rank `rank` (on this host) has exited, died or closed its mesh."""
-        if rank == self.rank or not self.local[rank]:
-            return True
+        if rank == self.rank or not 0 <= rank < len(self.local) or not self.local[rank]:
+            return True   # ourselves, another host's rank, or no rank of this mesh: never judged
         if rank in self._dead:
             return False
         try:

@@ -148,6 +148,7 @@ class _Process:
                             f"the launch says rank {world.rank} of {world.world_size}")
         self.healthy = True
         self.turn = 0
+        self.open_meshes = 0   # finalize (a barrier over every PE) only once all closed cleanly
         atexit.register(self.finalize)
 
     @property
@@ -185,7 +186,9 @@ class _Process:
         global _PROCESS
         if _PROCESS is self:
             _PROCESS = None
-        if self.healthy:
+        # meshes still open at exit (an error left uncaught, a peer gone): finalize's barrier could wait
+        # for a process that never comes; the exit itself releases what NVSHMEM holds
+        if self.healthy and self.open_meshes == 0:
             try:
                 torch.cuda.synchronize(self.device)
                 self.nvshmem.finalize()
@@ -225,6 +228,7 @@ class NvshmemBackend:
         self.rank, self.world_size, self.comm, self.device = rank, world_size, comm, device
         world = world or Launch(Launcher.SINGLE, rank, world_size, rank, local_world_size)
         self.process = proc = nvshmem_process(world, device, timeout_s, comm if pes is None else None)
+        proc.open_meshes += 1
         self.nvshmem = proc.nvshmem
         self.pes = list(range(world_size)) if pes is None else list(pes)
         if pes is not None and proc.rank != self.pes[rank]:
@@ -276,6 +280,7 @@ class NvshmemBackend:
         if self._closed:
             return
         self._closed = True
+        self.process.open_meshes -= 1
         failed = failed or bool(self.liveness.dead())   # a peer gone: nothing collective can finish
         self.liveness.close(remove_dir=True)
         if failed:
