@@ -2,10 +2,11 @@
 
 The kernel is a fixed skeleton; only the per-task branches are generated:
 
+    call agreement                                              # every peer started this call
     for task id in range(program, total, NUM_PROGRAMS):        # the static schedule's formula
         if id < end_of_function_0:  unravel -> waits -> [when] -> tile body -> notifies
         elif ...
-    exit rendezvous                                             # peers may still write into us
+    last program: epochs and the call number for the next launch
 
 Sizes are run-time arguments (not specialised), so one compiled kernel serves every M.
 Event counters live in one int32 arena (symmetric memory: peers notify into it):
@@ -275,9 +276,11 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
                 with out.indent():
                     _emit_dispatch(out, ir, tx, trace, released, range(tail, n))
         out.depth = depth
-        # the exit rendezvous over the arena's exit lanes (ArenaLayout: exit, grid, finished)
+        # No exit rendezvous: the next launch's call agreement holds every rank at entry until each
+        # peer has started its next launch, i.e. finished this one (mesh/calls.py), which is what the
+        # rendezvous guaranteed, for one cross-GPU hop per launch instead of two
         out(f"_et_last = _et_finish(arena, arena_peers, {ERR_WORDS}, {ArenaLayout.in_kernel('grid')}, "
-            f"{ArenaLayout.in_kernel('finished')}, epoch, RANK, WORLD, max_spins, _et_agreed, True, "
+            f"{ArenaLayout.in_kernel('finished')}, epoch, RANK, WORLD, max_spins, _et_agreed, False, "
             f"{event_code(len(ir.events), 0)}, USE_ASM)")
         # The last program to finish: every program of this GPU has read this launch's epochs and call
         # number, stopped claiming from the queue and run its tasks.

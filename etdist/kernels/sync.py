@@ -8,8 +8,8 @@ Ordering (PTX memory model):
   SCOPE as above: "sys" for lanes a peer notifies. It ends with a CTA barrier.
 - Every wait is bounded: after `max_spins` turns it records (kind, rank, event, observed,
   expected, peer, epoch) into the error slot of this rank and of every peer, and returns False.
-  Callers skip the work that depended on it and carry on to `finish_launch` (exit rendezvous),
-  so a missing notify ends every rank's kernel and the host raises (Mesh.check) instead of hanging.
+  Callers skip the work that depended on it and carry on to `finish_launch`, so a missing notify
+  ends every rank's kernel and the host raises (Mesh.check) instead of hanging.
 
 USE_ASM selects an inline-asm `ld.acquire.<scope>.global.b32` poll (GPU; lighter than an atomic
 poll, which Triton broadcasts through shared memory); without it the poll is an acquire atomic,
