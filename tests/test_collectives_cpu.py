@@ -41,13 +41,13 @@ def _ok(rc, out, n):
     assert rc == 0 and out.count("as expected") == n, out[-4000:]
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_torchrun(n):
     _ok(*torchrun(n), n)
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpi4py mpich)")
-@pytest.mark.parametrize("n, workspace_mb", [(2, "0.05"), (4, "64")])
+@pytest.mark.parametrize("n, workspace_mb", [(2, "0.05"), pytest.param(4, "64", marks=pytest.mark.slow)])
 def test_mpiexec(n, workspace_mb):
     # 0.05 MB of workspace forces the larger messages through several rounds
     _ok(*mpiexec(n, ETDIST_WORKSPACE_MB=workspace_mb), n)
@@ -211,3 +211,15 @@ def test_arguments_of_the_wrong_kind_are_named(mesh):
     with pytest.raises(MeshError, match="mesh must be the Mesh from etdist.init_mesh"):
         all_reduce(x, mesh="cpu")
     assert torch.equal(all_to_all(x, torch.tensor([6])), x) and torch.equal(all_reduce(x), x)
+
+
+def test_the_workspace_fits_a_group_meshs_region(monkeypatch):
+    """A group mesh holds its symmetric tensors in a region of its own (ETDIST_GROUP_HEAP_MB): the
+    collectives' workspace takes at most a quarter of it by default, so the ops keep room there."""
+    import etdist as et
+    from etdist.collectives.workspace import get_workspace
+    monkeypatch.delenv("ETDIST_WORKSPACE_MB", raising=False)
+    with et.init_mesh(backend="cpu") as mesh:
+        monkeypatch.setattr(mesh, "symmetric_capacity", lambda: 16 << 20)
+        ws = get_workspace(mesh)
+        assert ws.scratch.numel() <= 4 << 20 and ws.scratch.numel() > 3 << 20, ws.scratch.numel()

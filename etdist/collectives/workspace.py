@@ -2,7 +2,8 @@
 
 One workspace per mesh (mesh.cache), made collectively at the first collective. Scratch holds two
 halves (epoch parity) of `world` slots each; a slot is where one source rank's data for us lands.
-Size: ETDIST_WORKSPACE_MB (default 1024 on GPUs, 64 on CPU); bigger messages go in rounds.
+Size: ETDIST_WORKSPACE_MB (default 1024 on GPUs, 64 on CPU, at most a quarter of a group mesh's
+region); bigger messages go in rounds.
 """
 from __future__ import annotations
 
@@ -46,8 +47,11 @@ class Workspace:
 def get_workspace(mesh: Mesh) -> Workspace:
     ws = mesh.cache.get("collectives.workspace")
     if ws is None:
-        default = "64" if mesh.backend == "cpu" else "1024"
-        mb = knobs.now("ETDIST_WORKSPACE_MB", knobs.positive_float, float(default))
+        default = 64.0 if mesh.backend == "cpu" else 1024.0
+        capacity = mesh.symmetric_capacity()
+        if capacity is not None:   # a group mesh: leave its region room for the ops' own buffers
+            default = min(default, capacity / 4 / 2**20)
+        mb = knobs.now("ETDIST_WORKSPACE_MB", knobs.positive_float, default)
         ws = Workspace(mesh, int(mb * 2**20))
         mesh.cache["collectives.workspace"] = ws
     return ws

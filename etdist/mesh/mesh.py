@@ -167,6 +167,12 @@ class Mesh:
         self._allocs.append(_Alloc(views, base, nbytes))
         return views[self.rank].view(dtype)[: math.prod(shape)].view(shape)
 
+    def symmetric_capacity(self) -> Optional[int]:
+        """Bytes of symmetric memory this mesh may hold in all, where it is bounded by its own region
+        (a group mesh: ETDIST_GROUP_HEAP_MB); None where it draws on the process's whole heap."""
+        heap = getattr(self.impl, "heap", None)
+        return None if heap is None else heap.capacity
+
     def _find(self, t: torch.Tensor):
         p = t.data_ptr()
         for a in self._allocs:
