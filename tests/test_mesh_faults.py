@@ -26,7 +26,8 @@ def launch(launcher, script, *args, n=2, timeout=120, shm=None, **env):
     return p.returncode, p.stdout + p.stderr
 
 
-LAUNCHERS = ["torchrun", pytest.param("mpiexec", marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))]
+LAUNCHERS = ["torchrun", pytest.param("mpiexec", marks=[pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"),
+                                                          pytest.mark.slow])]   # mpiexec's cases: the slow set
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -74,9 +75,10 @@ def test_files_of_a_killed_job_are_swept(tmp_path):
     held.close()
 
 
-@pytest.mark.parametrize("launcher, args", [("torchrun", ()), ("torchrun", ("--user-group",)),
-                                            pytest.param("mpiexec", (), marks=pytest.mark.skipif(
-                                                MPIEXEC is None, reason="no mpiexec")),
+@pytest.mark.parametrize("launcher, args", [("torchrun", ()),
+                                            pytest.param("torchrun", ("--user-group",), marks=pytest.mark.slow),
+                                            pytest.param("mpiexec", (), marks=[pytest.mark.skipif(
+                                                MPIEXEC is None, reason="no mpiexec"), pytest.mark.slow]),
                                             ("python", ())])
 def test_init_and_close_100_times(launcher, args, tmp_path):
     rc, out = launch(launcher, "reinit_worker.py", *args, n=2, timeout=240, shm=tmp_path)

@@ -28,6 +28,7 @@ def _run(rank, world, store, skew):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_torch_moe_one_and_two_ranks(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")     # read when the spawned ranks import the kernels
     for world, skew in ((1, 0.0), (2, 0.0), (2, 4.0)):

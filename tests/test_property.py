@@ -1,4 +1,5 @@
 """Property tests: random graphs, sizes, program counts and interleavings all give the reference."""
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -91,6 +92,7 @@ def test_random_layered_graphs(data, world, layers, programs, schedule, seed, in
        bm=st.sampled_from([1, 4, 16]), bn=st.sampled_from([3, 8]), programs=st.integers(1, 5),
        schedule=st.sampled_from(["static", "dynamic"]), seed=st.integers(0, 2**16),
        splits=st.integers(1, 3), wave=st.integers(0, 9), interleave=st.booleans())
+@pytest.mark.slow
 def test_gemm_reduce_scatter_any_size(world, M, K, N, bm, bn, programs, schedule, seed, splits, wave, interleave):
     """Any sizes, tiles, contraction slices, waves (the tail plan) and tile orders."""
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(block_m=bm, block_n=bn, block_k=1, splits=splits, wave=wave,

@@ -210,3 +210,18 @@ def test_ours_in_a_cuda_graph_gets_its_own_column_and_geomean(tmp_path):
     assert "| 2.00x | 2.00x |" in by_M["128"] and "| - |" in by_M["1024"]
     line = next(l for l in text.splitlines() if l.startswith("- with ours also captured"))
     assert f"**{math.sqrt(1.25 * 2.0):.2f}x** over the 2 cells" in line and f"{math.sqrt(0.5 * 2.0):.2f}x)" in line
+
+
+def test_the_repository_document_shows_a_model_by_m_grid():
+    """--repo's compact tables: one row per model, one column per M, eager (graph) speedups, bold
+    where slower; an empty cell where a model was not measured at that M."""
+    a = rec(M=16, ours=80.0, graph=40.0, eager=50.0)
+    a.extra = {"ours_graph_us": 32.0}
+    b = rec(M=1024, ours=50.0, graph=80.0, eager=90.0)
+    c = rec(M=16, ours=20.0, graph=40.0, eager=50.0)
+    c.model = "llama31_70b"
+    block = report.pivot_table("gemm_rs", [a, b, c])
+    lines = block.splitlines()
+    assert "| model | M=16 | M=1024 |" in lines
+    assert f"| {a.model} | **0.50** (1.25) | 1.60 |" in lines, block
+    assert "| llama31_70b | 2.00 |  |" in lines, block

@@ -10,7 +10,7 @@ from etdist.workloads.gather import gather_rows
 
 from conftest import rel_err
 
-WORLDS = (1, 2, 4, 8)
+WORLDS = (1, 2, 4, pytest.param(8, marks=pytest.mark.slow))   # 8 simulated ranks: the slow set
 SEEDS = range(20)
 TOL = 1e-5
 
