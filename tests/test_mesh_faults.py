@@ -85,3 +85,17 @@ def test_init_and_close_100_times(launcher, args, tmp_path):
     n = 1 if launcher == "python" else 2
     assert rc == 0 and out.count("OK reinit") == n, out[-3000:]
     assert os.listdir(tmp_path) == []
+
+
+def test_a_peer_closing_its_mesh_is_gone_for_waits_but_did_not_die(tmp_path):
+    """Waits name a peer that closed its mesh (alive False), but close itself must not take it for
+    a fault (died False): on GPUs close is collective, and a rank that judged its peer gone skipped
+    the close's barrier and left the peer waiting there (and in NVSHMEM's finalize) at exit."""
+    from etdist.mesh.liveness import Liveness
+    me, peer = Liveness(str(tmp_path), 0, 2), Liveness(str(tmp_path), 1, 2)
+    assert me.alive(1) and not me.died(1)
+    peer.close()                                      # a clean close: the lock file goes first
+    assert not me.alive(1) and not me.died(1)
+    (tmp_path / "alive.r1").write_bytes(b"")          # a lock file left by a rank that died
+    assert me.died(1)
+    me.close(remove_dir=True)

@@ -71,6 +71,24 @@ class Liveness:
         self._dead.add(rank)
         return False
 
+    def died(self, rank: int) -> bool:
+        """True once rank `rank` (on this host) is gone without closing its mesh: its lock is free
+        and its lock file still there. A rank that closed its mesh removed the file first: it is in
+        (or through) the same collective close as we are, so our close must take part in it."""
+        if rank == self.rank or not 0 <= rank < len(self.local) or not self.local[rank]:
+            return False
+        try:
+            fd = os.open(self.path(rank), os.O_RDONLY)
+        except FileNotFoundError:   # it closed its mesh
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+        return True
+
     def dead(self) -> List[int]:
         """The ranks known gone (asking about every peer)."""
         return [s for s in range(self.world_size) if not self.alive(s)]

@@ -364,7 +364,10 @@ class Mesh:
             _CURRENT = None
         failed = self._failed is not None or (self._ctrl_np is not None and int(self._ctrl_np[0]) not in
                                               (0, int(ErrorKind.CALL)))
-        failed = failed or not all(self._peer_alive(s) for s in range(self.world_size))
+        # a peer gone without closing (not one closing its mesh as we do now: on GPUs that close is
+        # collective, and judging such a peer gone left it waiting in the close's barrier)
+        live = getattr(self.impl, "liveness", None)
+        failed = failed or (live is not None and any(live.died(s) for s in range(self.world_size)))
         try:
             if self.device.type == "cuda":
                 # kernels still running may store into host words the cache owns (a megakernel's

@@ -281,7 +281,8 @@ class NvshmemBackend:
             return
         self._closed = True
         self.process.open_meshes -= 1
-        failed = failed or bool(self.liveness.dead())   # a peer gone: nothing collective can finish
+        # a peer gone without closing: nothing collective can finish (one closing too is in this close)
+        failed = failed or any(self.liveness.died(s) for s in range(self.world_size))
         self.liveness.close(remove_dir=True)
         if failed:
             self.process.healthy = False
