@@ -19,3 +19,19 @@ def test_two_tensor_parallel_groups_of_two(how, tmp_path):
     out = p.stdout + p.stderr
     assert p.returncode == 0 and out.count(f"OK groups {how}") == 4, out[-4000:]
     assert os.listdir(tmp_path) == []
+
+
+def test_the_readme_example_runs_under_torchrun_on_the_cpu_mesh(tmp_path):
+    """README.md's `Use it` example, as written, under torchrun with two processes and no GPU."""
+    import re
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    script = tmp_path / "tp_demo.py"
+    script.write_text(re.search(r"```python\n(.*?)```", readme, re.S).group(1))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", ETDIST_SHM_DIR=str(tmp_path / "shm"))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(script)],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    errs = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if " gemm_rs (128, 1024) rel err " in line]
+    assert len(errs) == 2 and max(errs) < 1e-4, out[-4000:]
+    assert out.count("mlp (16, 1024)") == 2, out[-4000:]

@@ -10,7 +10,7 @@ travels as its key (`mesh.key`, a string: torch.compile(dynamic=True) would make
 and every op declares it writes the mesh's token (`mesh.token`), so that no call is dropped as
 unused (a rank that drops one leaves its peers waiting) and the calls keep their order. Defined
 through torch.library.Library, not @custom_op: its Python wrappers cost ~45 us a call on our CPU
-host against ~2 us (twenty-fifth session). The collectives' registrations are in compiled.py.
+host against ~2 us. The collectives' registrations are in compiled.py.
 """
 import torch
 
