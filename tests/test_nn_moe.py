@@ -1,15 +1,10 @@
 """et.nn.MoE on the CPU runtime (simulated expert-parallel ranks) against a plain torch top-k MoE."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch.nn import functional as F
 
 import etdist as et
 from etdist.fusion.expr import evaluate
-from etdist.nn import moe as nn_moe
 
 H, I, E, K = 24, 20, 8, 2
 
@@ -104,32 +99,34 @@ def test_refused_load_leaves_the_layer_as_it_was():
     assert ((moe(x).double() - torch_moe(x, gate, up, down, router)).abs().max()).item() < 1e-4
 
 
-def test_gpu_tile_knob(monkeypatch):
-    from etdist.nn.moe import GpuTiles, gpu_tiles
-    monkeypatch.delenv("ETDIST_MOE_TILES", raising=False)
-    monkeypatch.delenv("ETDIST_MOE_TILES_LARGE", raising=False)
+def test_gpu_tiles_and_the_moe_config():
+    from etdist.nn.moe import GpuTiles, MoEConfig, gpu_tiles
     assert gpu_tiles() == GpuTiles(64, 64, 128, 8, 5) and gpu_tiles(large=True) == GpuTiles(128, 64, 128, 8, 4)
     # float32 tiles are twice the bytes: 3 stages fit in shared memory, 4 do not
     f32 = torch.float32
     assert gpu_tiles(dtype=f32) == GpuTiles(64, 64, 128, 8, 3) and gpu_tiles(True, f32) == GpuTiles(128, 64, 128, 8, 3)
     assert gpu_tiles(dtype=torch.float16) == gpu_tiles()
-    monkeypatch.setenv("ETDIST_MOE_TILES_LARGE", "64,64,64,4,4")
-    assert gpu_tiles(large=True) == GpuTiles(64, 64, 64, 4, 4) and gpu_tiles() == GpuTiles(64, 64, 128, 8, 5)
-    monkeypatch.setenv("ETDIST_MOE_TILES", "128,64,64,4,4")
-    assert gpu_tiles() == GpuTiles(block_m=128, block=64, block_n=64, num_warps=4, num_stages=4)
-    assert gpu_tiles(dtype=f32) == gpu_tiles()          # a knob's tiles are taken as given
-    for bad in ("128,64,64", "8,64,64,4,4", "64,64,128,0,3", "48,64,64,4,4", "64,64,64,6,3", "64,64,64,4,0"):
-        monkeypatch.setenv("ETDIST_MOE_TILES", bad)
-        with pytest.raises(ValueError, match="ETDIST_MOE_TILES"):
-            gpu_tiles()
+    cfg = et.nn.DEFAULT_MOE.override("tiles_large=64,64,64,4,4")
+    assert gpu_tiles(large=True, config=cfg) == GpuTiles(64, 64, 64, 4, 4) and gpu_tiles(config=cfg) == gpu_tiles()
+    cfg = cfg.override("tiles=128,64,64,4,4+large_rows=256+down_n=128")
+    assert gpu_tiles(config=cfg) == GpuTiles(block_m=128, block=64, block_n=64, num_warps=4, num_stages=4)
+    assert gpu_tiles(dtype=f32, config=cfg) == gpu_tiles(config=cfg)     # given tiles are taken as given
+    assert (cfg.large_rows, cfg.down_n) == (256, 128) and hash(cfg) != hash(et.nn.DEFAULT_MOE)
+    for bad in ("tiles=128,64,64", "tiles=8,64,64,4,4", "tiles=64,64,128,0,3", "tiles=48,64,64,4,4",
+                "tiles=64,64,64,6,3", "tiles=64,64,64,4,0", "large_rows=0", "down_n=48", "block=3", "tiles"):
+        with pytest.raises(ValueError, match="MoEConfig"):
+            et.nn.DEFAULT_MOE.override(bad)
+    with pytest.raises(ValueError, match="MoEConfig.tiles"):
+        MoEConfig(tiles=GpuTiles(64, 64, 100, 8, 3))
+    with pytest.raises(TypeError, match="MoEConfig"):
+        et.nn.MoE(32, 16, E, K, simulate_world=2, config="tiles=64,64,64,4,4")
 
 
-def test_graph_blocks_are_small_where_top_k_is_large(monkeypatch):
+def test_graph_blocks_are_small_where_top_k_is_large():
     """nn.MoE's router / combine blocks: the large class routes from 64-token logits blocks; at top-k
     >= 4 the routing takes 16 tokens a task and the combine small blocks, capped in tasks; top-2
-    keeps the class's blocks, and ETDIST_MOE_FINE_BLOCKS=0 (read at import) turns them off."""
+    keeps the class's blocks."""
     from etdist.nn import moe as m
-    monkeypatch.setattr(m, "FINE_BLOCKS", True)
     assert m.graph_blocks(2) == {} and m.graph_blocks(2, large=True) == dict(route_block=64, plan_block=4096)
     assert m.graph_blocks(8) == dict(combine_block=16, combine_width=128, combine_tasks=256)
     assert m.graph_blocks(4, large=True) == dict(route_block=64, plan_block=4096, topk_block=16, combine_block=32,
@@ -137,31 +134,24 @@ def test_graph_blocks_are_small_where_top_k_is_large(monkeypatch):
     for top_k in (2, 8):   # every set of blocks builds
         for large in (False, True):
             m.moe_graph.moe_layer(top_k, block_m=64, block=64, max_experts=128, **m.graph_blocks(top_k, large))
-    monkeypatch.setattr(m, "FINE_BLOCKS", False)
-    assert m.graph_blocks(8) == {} and m.graph_blocks(8, large=True) == dict(route_block=64, plan_block=4096)
 
 
-def test_layer_tiles_add_the_down_width_and_half_tails(monkeypatch):
+def test_layer_tiles_add_the_down_width_and_half_tails():
     """A layer's tiles: 256-wide down tiles where its expert intermediate size (the down GEMM's
     contraction) is at most 2048 in 2-byte dtypes; half-height last row tiles in 128-row classes
-    with at least 32 experts per rank; ETDIST_MOE_DOWN_N / ETDIST_MOE_HALF_TAILS override. They are
-    part of the compile key."""
+    with at least 32 experts per rank; MoEConfig.down_n overrides. They are part of the compile key."""
     from etdist.nn import moe as m
-    monkeypatch.setattr(m, "DOWN_N", None)
-    monkeypatch.setattr(m, "HALF_TAILS", True)
     assert m.layer_tiles(768, 128).down_n == 256 and m.layer_tiles(2048, 8, large=True).down_n == 256
     assert m.layer_tiles(2049, 128).down_n is None and m.layer_tiles(14336, 8, large=True).down_n is None
     assert m.layer_tiles(768, 128, dtype=torch.float32).down_n is None   # 64 KB a stage: no room
     assert m.layer_tiles(768, 32, large=True).half_tails and m.layer_tiles(768, 128, large=True).half_tails
     assert not m.layer_tiles(768, 128).half_tails and not m.layer_tiles(768, 31, large=True).half_tails
     assert m.layer_tiles(768, 128, large=True)[:5] == m.gpu_tiles(large=True)[:5]
-    monkeypatch.setattr(m, "DOWN_N", 128)
-    monkeypatch.setattr(m, "HALF_TAILS", False)
-    assert m.layer_tiles(768, 128).down_n == 128 and not m.layer_tiles(768, 128, large=True).half_tails
-    monkeypatch.setattr(m, "DOWN_N", None)
-    monkeypatch.setattr(m, "HALF_TAILS", True)
+    assert m.layer_tiles(768, 128, config=m.DEFAULT_MOE.override("down_n=128")).down_n == 128
     short, long = (et.nn.MoE(32, i, E, K, simulate_world=2) for i in (16, 4096))
     assert short._kernel("cuda") is not long._kernel("cuda")
+    narrow = et.nn.MoE(32, 16, E, K, simulate_world=2, config=m.DEFAULT_MOE.override("down_n=128"))
+    assert narrow._kernel("cuda") is not short._kernel("cuda")   # the config is part of the key
     many = et.nn.MoE(32, 16, 64, K, simulate_world=2)     # 32 experts a rank: half tails
     assert many._plan("cuda", large=True)[0].half_tails and not short._plan("cuda", large=True)[0].half_tails
 
@@ -178,27 +168,18 @@ def test_gpu_kernels_are_keyed_by_alignment():
     assert dict(a.ir.multiples) == {"H": 16, "I": 16} and not dict(r.ir.multiples)
 
 
-def test_large_tiles_serve_large_expert_batches(monkeypatch):
+def test_large_tiles_serve_large_expert_batches():
     """The 128-row tiles where the average expert gets >= 64 rows (measured on one H200: faster for
     mixtral from 256 tokens, for qwen3_30b_a3b at 1024, slower for qwen3 at 128-512 tokens), in
-    2-byte dtypes (float32's would not fit in shared memory); ETDIST_MOE_LARGE_ROWS moves the bound."""
+    2-byte dtypes (float32's would not fit in shared memory); MoEConfig.large_rows moves the bound."""
     mixtral = et.nn.MoE(32, 16, 8, 2, simulate_world=2, dtype=torch.bfloat16)
     qwen = et.nn.MoE(32, 16, 128, 8, simulate_world=2, dtype=torch.bfloat16)
     assert [mixtral.large_tiles(t) for t in (1, 64, 128, 1024)] == [False, False, True, True]
     assert [qwen.large_tiles(t) for t in (16, 256, 512, 4096)] == [False, False, True, True]
     assert not et.nn.MoE(32, 16, 8, 2, simulate_world=2, dtype=torch.float32).large_tiles(4096)
-    monkeypatch.setattr(nn_moe, "LARGE_ROWS_PER_EXPERT", 256)
-    assert [mixtral.large_tiles(t) for t in (256, 512)] == [False, True]
-
-
-def test_a_bad_large_rows_knob_is_refused(tmp_path):
-    """ETDIST_MOE_LARGE_ROWS is read at import: a bad value is named at the first compile."""
-    code = ("import torch, etdist as et\n"
-            "m = et.nn.MoE(32, 16, 8, 2, simulate_world=2, dtype=torch.bfloat16)\n"
-            "try:\n    m._kernel('cuda')\nexcept et.KnobError as e:\n    print('refused:', e)\n")
-    env = {**os.environ, "ETDIST_MOE_LARGE_ROWS": "0"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert "refused: ETDIST_MOE_LARGE_ROWS='0'" in out.stdout, out.stdout + out.stderr
+    later = et.nn.MoE(32, 16, 8, 2, simulate_world=2, dtype=torch.bfloat16,
+                      config=et.nn.DEFAULT_MOE.override("large_rows=256"))
+    assert [later.large_tiles(t) for t in (256, 512)] == [False, True]
 
 
 def test_the_layers_run_on_a_cpu_mesh(monkeypatch, tmp_path):
@@ -279,10 +260,10 @@ def test_gate_up_blocks_interleave_where_the_intermediate_size_allows():
     assert et.nn.MoE(h, i, E, K, simulate_world=2, dtype=torch.float32).gate_up_block is None
 
 
-def test_gpu_tiles_that_split_an_interleaved_block_are_refused(monkeypatch):
-    """ETDIST_MOE_TILES with gate/up tiles wider than the interleaved blocks: refused by name."""
-    moe = et.nn.MoE(16, 256, E, K, simulate_world=2, dtype=torch.bfloat16)
-    monkeypatch.setenv("ETDIST_MOE_TILES", "64,64,256,8,3")
+def test_gpu_tiles_that_split_an_interleaved_block_are_refused():
+    """MoEConfig.tiles with gate/up tiles wider than the interleaved blocks: refused by name."""
+    moe = et.nn.MoE(16, 256, E, K, simulate_world=2, dtype=torch.bfloat16,
+                    config=et.nn.DEFAULT_MOE.override("tiles=64,64,256,8,3"))
     tiles, align, _ = moe._plan("cuda")
     with pytest.raises(et.InputError, match="do not divide the blocks of 128"):
         moe._graph("cuda", tiles, align)

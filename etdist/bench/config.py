@@ -76,6 +76,7 @@ class BenchConfig:
     warm_cell: bool = True           # time each job's first cell once more first, and drop that timing
     needs_gpu: bool = False          # a GPU sweep (bench=gpu, gpu_moe): refused at once where there are no GPUs
     results_dir: Optional[str] = None  # also append records here (e.g. bench/results), not only the run folder
+    moe_config: str = ""             # nn.MoE's MoEConfig overrides, e.g. "tiles=128,64,64,4,4+large_rows=128"
 
 
 @dataclass

@@ -217,12 +217,12 @@ def moe_operands(mesh, H: int, I: int, E: int, M: int, skew: float, copies: int 
 
 
 def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: str = "dynamic",
-             rounds: int = 4) -> CellResult:
+             rounds: int = 4, moe_config: str = "") -> CellResult:
     """M tokens per rank through et.nn.MoE vs the torch layer (etdist.bench.measure.moe_baseline): `eager`
     = grouped experts (torch._grouped_mm) with exchanged split sizes, `graph` = grouped experts with
     fixed padded all_to_all blocks captured in a CUDA graph, `loop` = one mm pair per expert, `fused`
     = a serving engine's fused MoE kernels (etdist.bench.measure.fused_moe, tuned here per M) behind the
-    padded all_to_all, in a CUDA graph."""
+    padded all_to_all, in a CUDA graph. moe_config: overrides of nn.MoE's MoEConfig (tuning runs)."""
     from .measure import fused_moe as F
     from .measure.moe_baseline import torch_moe
     R, H, I, E, k = mesh.world_size, model.hidden, model.expert_intermediate, model.num_experts, model.top_k
@@ -230,7 +230,8 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
     x, router, wgu, wd = moe_operands(mesh, H, I, E, M, model.routing_skew, copies=2)
     layers = []
     for a, b in zip(wgu, wd):                                  # two weight copies, rotated
-        layer = et.nn.MoE(H, I, E, k, mesh=mesh, schedule=schedule, dtype=bf16)
+        layer = et.nn.MoE(H, I, E, k, mesh=mesh, schedule=schedule, dtype=bf16,
+                          config=et.nn.DEFAULT_MOE.override(moe_config))
         layer.router.data, layer.w_gate_up[0].data, layer.w_down[0].data = router, layer.pack_gate_up(a), b
         layers.append(layer)
     y = layers[0](x)
@@ -388,15 +389,17 @@ def run_sweep(cfg, console, folder) -> list:
             console.print(f"[yellow]workload moe: {cfg.model.num_experts} experts do not split over "
                           f"{mesh.world_size} ranks[/]")
     for n, (workload, schedule, M) in enumerate(cells, 1):
+        extra = {"moe_config": cfg.bench.moe_config} if workload == "moe" else {}
         if n == 1 and cfg.bench.warm_cell:
             # The first cell of a Hydra job once timed a slower host (records moe_first_cell): cheap
             # insurance, one cell a job, whose timing is printed, not recorded.
-            warm = CELLS[workload](mesh, cfg.model, M, ceil, cfg.bench.symm_mem, schedule, rounds=cfg.bench.rounds)
+            warm = CELLS[workload](mesh, cfg.model, M, ceil, cfg.bench.symm_mem, schedule, rounds=cfg.bench.rounds,
+                                   **extra)
             if lead:
                 console.print(f"[dim]warm-up (dropped): {workload} {schedule[:3]} M={M} ours {warm.ours_us:.1f} us"
                               + (f", in a graph {warm.ours_graph_us:.1f} us" if warm.ours_graph_us else "")
                               + "; " + "  ".join(f"{k} {v:.1f}" for k, v in warm.baselines.items()) + "[/]")
-        res = CELLS[workload](mesh, cfg.model, M, ceil, cfg.bench.symm_mem, schedule, rounds=cfg.bench.rounds)
+        res = CELLS[workload](mesh, cfg.model, M, ceil, cfg.bench.symm_mem, schedule, rounds=cfg.bench.rounds, **extra)
         if not lead:
             continue
         rec = records.make_record(workload=workload, model=name, M=M, world=mesh.world_size,

@@ -34,10 +34,7 @@ from .workspace import get_workspace
 REDUCE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The exit rendezvous (every rank leaves a call only after all did) runs when check=True, so a
 # fault makes every rank raise; check=False skips it (double-buffered scratch keeps that safe).
-# ETDIST_RENDEZVOUS=0/1 forces it off/on.
 # all_gather into an `out` from mesh.empty writes peers' out directly (no scratch, no receiver copy).
-_DIRECT = os.environ.get("ETDIST_DIRECT", "1") != "0"
-_RENDEZVOUS = None if os.environ.get("ETDIST_RENDEZVOUS") is None else os.environ["ETDIST_RENDEZVOUS"] != "0"
 
 
 def _mesh(mesh: Optional[Mesh]) -> Mesh:
@@ -85,8 +82,8 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
     launched straight from a cache; the kernel itself checks the agreement at entry."""
     if mesh._failed is not None or mesh._closed:
         mesh._check_usable()
-    rendezvous = check if _RENDEZVOUS is None else _RENDEZVOUS
-    direct = key[0] is Op.ALL_GATHER and _DIRECT and mesh.is_symmetric(out)
+    rendezvous = check
+    direct = key[0] is Op.ALL_GATHER and mesh.is_symmetric(out)
     if mesh.backend == "nvshmem":
         capturing = stream_capturing(mesh.device)
         if not capturing:   # an earlier launch (of any op) the ranks disagreed on: raised here, at once

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from triton.runtime import _allocation as triton_allocation
 
-from .. import knobs, log
+from .. import log
 from ..kernels.launch_hooks import hooks_active
 from ..mesh.calls import Signature, describe_word
 from ..mesh.control import ControlLayout, ErrorKind
@@ -67,10 +67,6 @@ from .validate import LazyCheck
 
 INT32_MAX = 2**31 - 1
 
-DIRECT_LAUNCH = os.environ.get("ETDIST_DIRECT_LAUNCH", "1") != "0"
-# ETDIST_ERROR_WORD_COPY=1 also copies the error word to the host after each launch, as before the
-# kernel stored it there itself: only to re-run that A/B (records error_word_ab)
-ERROR_WORD_COPY = knobs.read("ETDIST_ERROR_WORD_COPY", knobs.flag, False)
 # Keys of kernels' state in mesh.cache. Not id(kernel): a freed kernel's id is reused by a new one,
 # which then found the old state on some ranks and not on others (their collectives desynchronised).
 _KERNEL_IDS = itertools.count()
@@ -229,7 +225,6 @@ class CudaKernel:
                 raise GraphError(f"symmetric tensor {s.name!r}: its shape {list(s.shape)} depends on RANK; "
                                  "on target='cuda' every rank holds the same symmetric buffers (size it "
                                  "for the largest rank, e.g. with the chunk size)")
-        knobs.check("ETDIST_ERROR_WORD_COPY")
         self.table, self.ir, self.schedule = table, table.ir, schedule
         self.programs, self.num_warps, self.num_stages = programs, num_warps, num_stages
         self.programs_per_sm = 1   # co-resident programs per SM (the cooperative launch checks they fit)
@@ -358,8 +353,6 @@ class CudaKernel:
                 order.after()
         finally:
             triton_allocation._allocator.reset(scratch)
-        if ERROR_WORD_COPY:   # the A/B switch: the copy the kernel's own store replaced
-            st.error_word.copy_(st.arena[:1], non_blocking=True)
         return outs
 
     def _new_shape(self, mesh, states: _KernelStates, key: tuple, inputs, sizes, out) -> _MeshState:
@@ -469,7 +462,7 @@ class CudaKernel:
         of microseconds for a kernel with this many arguments). Only where the binary is known to
         fit: every pointer 16-byte aligned as when it was compiled, and no profiler hook set."""
         k = st.compiled
-        if k is None or not DIRECT_LAUNCH or hooks_active():
+        if k is None or hooks_active():
             return False
         flat = st.shape.direct_args(values)
         if flat is None:
@@ -660,7 +653,7 @@ class CudaKernel:
         if len({row[5] for row in shared}) > 1:   # likewise a notify one rank makes plain, another walks
             raise GraphError(f"graph {self.ir.name!r}: the ranks disagree on which tasks are pinned or the tail "
                              f"(first queued and first tail task ids {[row[5] for row in shared]}); build the graph "
-                             "alike on every rank (nn.MoE: set ETDIST_MOE_PIN_ROUTER and ETDIST_MOE_TAIL alike)")
+                             "alike on every rank (moe_layer: the same pin_router and tail)")
         T_max, C_max, I_max, N_max = (max(v) for v in zip(*(row[:4] for row in shared)))
         Q = 1 << max(0, (N_max - 1).bit_length())
         lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_rowptr": 2 + Q + T_max}

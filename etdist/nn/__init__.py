@@ -1,3 +1,3 @@
 """nn.Modules for users' tensor-parallel models."""
 from .mlp import TensorParallelMLP
-from .moe import MoE
+from .moe import DEFAULT_MOE, MoE, MoEConfig

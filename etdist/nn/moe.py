@@ -16,15 +16,16 @@ the tokens are split over the simulated ranks (padded to a multiple of R). Forwa
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import weakref
+from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import torch
 from torch import nn
 
-from .. import fusion
-from .. import knobs
+from .. import fusion, knobs
 from ..fusion.codegen_triton import claim_ahead
 from ..fusion.compile import early_push_level
 from ..collectives.custom_op import call_op, define_op
@@ -63,15 +64,12 @@ LARGE_TILES = GpuTiles(128, 64, 128, 8, 4)
 # route_block / plan_block; the small class keeps 16 / 1024, what decode wants): at thousands of
 # tokens the small blocks' routing and plan steps took the launch's first ~160 us (traced, one H200).
 LARGE_ROUTE_BLOCK, LARGE_PLAN_BLOCK = 64, 4096
-LARGE_ROWS_PER_EXPERT = knobs.read("ETDIST_MOE_LARGE_ROWS", knobs.positive_int, GpuTiles().block_m)
 # Where top_k >= FINE_FROM_TOP_K, the routing and the combine run in small blocks: both do top_k
 # steps per token (arg-max steps, expert rows summed), and in blocks of the size class the few
 # tasks there are ran long on few SMs. The small class sums 16 tokens x 128 columns a combine task,
 # at most 256 tasks; the large class routes 16 tokens a task (its logits keep 64) and sums 32 x
 # 512, at most 128 tasks. Up to 6% faster at top-8, nothing gained at top-2 (records moe_route_ab).
-# Knob: ETDIST_MOE_FINE_BLOCKS=0 (A/B runs: the blocks only).
 FINE_FROM_TOP_K = 4
-FINE_BLOCKS = knobs.read("ETDIST_MOE_FINE_BLOCKS", knobs.flag, True)
 SMALL_FINE = dict(combine_block=16, combine_width=128, combine_tasks=256)
 LARGE_FINE = dict(topk_block=16, combine_block=32, combine_width=512, combine_tasks=128)
 
@@ -79,39 +77,31 @@ LARGE_FINE = dict(topk_block=16, combine_block=32, combine_width=512, combine_ta
 def graph_blocks(top_k: int, large: bool = False) -> dict:
     """moe_layer's router, plan and combine blocks for nn.MoE's size class (the defaults where
     empty): the large class's router blocks, and small routing / combine blocks at top_k >=
-    FINE_FROM_TOP_K (FINE_BLOCKS)."""
+    FINE_FROM_TOP_K."""
     blocks = dict(route_block=LARGE_ROUTE_BLOCK, plan_block=LARGE_PLAN_BLOCK) if large else {}
-    if FINE_BLOCKS and top_k >= FINE_FROM_TOP_K:
+    if top_k >= FINE_FROM_TOP_K:
         blocks.update(LARGE_FINE if large else SMALL_FINE)
     return blocks
 
 
-# Expert GEMM tiles walk groups of this many row tiles per weight block (moe_layer's group_m; 1: row
-# tile after row tile, as before the grouping, for A/B runs)
-GROUP_M = knobs.read("ETDIST_MOE_GROUP_M", knobs.positive_int, 8)
-# The router's chain runs pinned under the dynamic schedule (moe_layer's pin_router; 0: queued, as
-# before, for A/B runs)
-PIN_ROUTER = knobs.read("ETDIST_MOE_PIN_ROUTER", knobs.flag, True)
-# The return and the combine run as the dynamic schedule's tail (moe_layer's tail; 0: queued, as
-# before, for A/B runs)
-TAIL = knobs.read("ETDIST_MOE_TAIL", knobs.flag, True)
+# Expert GEMM tiles walk groups of this many row tiles per weight block (moe_layer's group_m); the
+# router's chain runs pinned under the dynamic schedule (pin_router) and the return and combine as
+# its tail (tail): each faster than without (records moe_group_ab, moe_pin_ab, moe_tail_ab)
+GROUP_M = 8
 
 
 # Down tiles DOWN_WIDE columns wide where the experts' intermediate size (the down GEMM's
 # contraction) is at most SHORT_DOWN_K: such a tile is short, its fixed costs (the gathered rows,
 # the pipeline's fill, the store) weigh, and a wider one pays them once per 256 columns: 7-13%
 # faster on qwen3_30b_a3b (I = 768), within the noise on long contractions, which keep block_n
-# (records moe_tiles_ab). Knob: ETDIST_MOE_DOWN_N.
+# (records moe_tiles_ab). MoEConfig.down_n overrides.
 DOWN_WIDE, SHORT_DOWN_K = 256, 2048
-DOWN_N = knobs.read("ETDIST_MOE_DOWN_N", knobs.tile_width, None)
 # An expert's last row tile, where it holds at most half of block_m rows, runs a half-height GEMM
 # body (moe_layer's half_tails), in the classes whose row tiles are HALF_TAILS_FROM rows or more
 # (a wgmma is 64 rows a warpgroup, so only a 128-row tile has a half that does less work) and for
 # HALF_TAILS_MIN_EXPERTS or more experts per rank, where last tiles are a large share of the row
 # tiles: 5-8% faster with 128 experts, slower with 8 (records moe_tiles_ab, moe_static_ab).
-# Knob: ETDIST_MOE_HALF_TAILS=0 (A/B runs).
 HALF_TAILS_FROM, HALF_TAILS_MIN_EXPERTS = 128, 32
-HALF_TAILS = knobs.read("ETDIST_MOE_HALF_TAILS", knobs.flag, True)
 
 
 # w_gate_up holds gate and up in interleaved column blocks of GATE_UP_BLOCK (moe_layer's
@@ -127,33 +117,89 @@ GATE_UP_BLOCK = 128
 EARLY_PUSH = 2
 
 
-def down_width(intermediate: int, dtype: torch.dtype = torch.bfloat16) -> Optional[int]:
+@dataclass(frozen=True)
+class MoEConfig:
+    """What nn.MoE's kernels take from outside the layer's sizes: the two size classes' tiles, the
+    rows per expert from which the large class runs, the down tiles' width. Frozen and hashable
+    (part of the compile key); DEFAULT_MOE unless MoE(config=...) or
+    DEFAULT_MOE.override("tiles=128,64,64,4,4+large_rows=128") says otherwise (the sweep's
+    bench.moe_config, experiments/tune-moe.sh)."""
+
+    tiles: Optional[GpuTiles] = None        # the small class (None: GpuTiles(), FLOAT32_STAGES in float32)
+    tiles_large: Optional[GpuTiles] = None  # the large class (None: LARGE_TILES, the same)
+    large_rows: int = GpuTiles().block_m    # the large class from this many rows per expert (uniform routing)
+    down_n: Optional[int] = None            # down tile columns (None: down_width's choice)
+
+    def __post_init__(self):
+        for name in ("tiles", "tiles_large"):
+            t = getattr(self, name)
+            if t is None:
+                continue
+            try:   # blocks powers of two >= 16, warps a power of two <= 16, stages >= 1
+                if not isinstance(t, GpuTiles) or any(isinstance(v, bool) or not isinstance(v, int) for v in t[:5]):
+                    raise ValueError("want GpuTiles of ints")
+                knobs.tile(",".join(map(str, t[:5])), "block_m,block,block_n")
+            except ValueError as e:
+                raise ValueError(f"MoEConfig.{name}={t!r}: {e}") from None
+        if isinstance(self.large_rows, bool) or not isinstance(self.large_rows, int) or self.large_rows < 1:
+            raise ValueError(f"MoEConfig.large_rows must be an int >= 1, got {self.large_rows!r}")
+        n = self.down_n
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 16 or n & (n - 1)):
+            raise ValueError(f"MoEConfig.down_n must be None or a power of two >= 16, got {n!r}")
+
+    def override(self, text: str) -> "MoEConfig":
+        """This config with the fields `text` names changed: "field=value+field=value" ("" or
+        "base": none); tiles "block_m,block,block_n,warps,stages", the others an int (or None)."""
+        changes = {}
+        for part in text.replace(" ", "").split("+"):
+            if part in ("", "base"):
+                continue
+            name, eq, value = part.partition("=")
+            if name not in {f.name for f in dataclasses.fields(self)} or not eq:
+                raise ValueError(f"MoEConfig: {part!r} is not field=value (fields: tiles, tiles_large, large_rows, "
+                                 "down_n)")
+            try:
+                if value == "None":
+                    changes[name] = None
+                elif name.startswith("tiles"):
+                    changes[name] = GpuTiles(*knobs.tile(value, "block_m,block,block_n"))
+                else:
+                    changes[name] = int(value)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"MoEConfig: {part!r}: {e}") from None
+        return dataclasses.replace(self, **changes)
+
+
+DEFAULT_MOE = MoEConfig()
+
+
+def down_width(intermediate: int, dtype: torch.dtype = torch.bfloat16,
+               config: MoEConfig = DEFAULT_MOE) -> Optional[int]:
     """Columns per down tile (None: the class's block_n): DOWN_WIDE for short down contractions in
     2-byte dtypes (in float32 a 256-wide weight tile takes 64 KB a stage: the small class would
-    need 240 KB of shared memory, sm_90 has 227 KB); ETDIST_MOE_DOWN_N overrides."""
-    if DOWN_N is not None:
-        return DOWN_N
+    need 240 KB of shared memory, sm_90 has 227 KB); config.down_n overrides."""
+    if config.down_n is not None:
+        return config.down_n
     return DOWN_WIDE if intermediate <= SHORT_DOWN_K and dtype.itemsize <= 2 else None
 
 
-def gpu_tiles(large: bool = False, dtype: torch.dtype = torch.bfloat16) -> GpuTiles:
-    """Tuning knobs: ETDIST_MOE_TILES / ETDIST_MOE_TILES_LARGE="block_m,block,block_n,warps,stages"
-    (the small and large size class; read when a module builds its kernel, and taken as given)."""
-    name = "ETDIST_MOE_TILES_LARGE" if large else "ETDIST_MOE_TILES"
-    values = knobs.now(name, lambda text: knobs.tile(text, "block_m,block,block_n"), None)
-    if values:
-        return GpuTiles(*values)
+def gpu_tiles(large: bool = False, dtype: torch.dtype = torch.bfloat16, config: MoEConfig = DEFAULT_MOE) -> GpuTiles:
+    """The size class's tiles: config.tiles / config.tiles_large where given (taken as given), else
+    the defaults, at FLOAT32_STAGES in 4-byte dtypes."""
+    given = config.tiles_large if large else config.tiles
+    if given is not None:
+        return given
     tiles = LARGE_TILES if large else GpuTiles()
     return tiles._replace(num_stages=FLOAT32_STAGES) if dtype.itemsize > 2 else tiles
 
 
 def layer_tiles(intermediate: int, local_experts: int, large: bool = False,
-                dtype: torch.dtype = torch.bfloat16) -> GpuTiles:
+                dtype: torch.dtype = torch.bfloat16, config: MoEConfig = DEFAULT_MOE) -> GpuTiles:
     """gpu_tiles with what a layer of that expert intermediate size and experts per rank adds (they
     ride with the tiles into the compile key): its down width, and half tails (HALF_TAILS_*)."""
-    t = gpu_tiles(large, dtype)
-    half = HALF_TAILS and t.block_m >= HALF_TAILS_FROM and local_experts >= HALF_TAILS_MIN_EXPERTS
-    return t._replace(down_n=down_width(intermediate, dtype), half_tails=half)
+    t = gpu_tiles(large, dtype, config)
+    half = t.block_m >= HALF_TAILS_FROM and local_experts >= HALF_TAILS_MIN_EXPERTS
+    return t._replace(down_n=down_width(intermediate, dtype, config), half_tails=half)
 
 
 def _check_gate_up_layout(module, state_dict, prefix, *_) -> None:
@@ -173,8 +219,11 @@ class MoE(nn.Module):
 
     def __init__(self, hidden: int, expert_intermediate: int, num_experts: int, top_k: int, *, mesh=None,
                  schedule: str = "dynamic", dtype: torch.dtype = torch.bfloat16,
-                 simulate_world: Optional[int] = None, device=None):
+                 simulate_world: Optional[int] = None, device=None, config: MoEConfig = DEFAULT_MOE):
         super().__init__()
+        if not isinstance(config, MoEConfig):
+            raise TypeError(f"MoE: config must be an etdist.nn.MoEConfig, got {type(config).__name__}")
+        self.config = config
         if schedule not in ("static", "dynamic"):
             raise ValueError(f"schedule must be 'static' or 'dynamic', got {schedule!r}")
         positive_ints("MoE", hidden=hidden, expert_intermediate=expert_intermediate, num_experts=num_experts,
@@ -256,15 +305,12 @@ class MoE(nn.Module):
         float32 the large tiles need 295 KB of shared memory a program (sm_90 has 227 KB)."""
         if self.router.dtype.itemsize > 2:
             return False
-        return tokens * self.world * self.top_k >= LARGE_ROWS_PER_EXPERT * self.num_experts
+        return tokens * self.world * self.top_k >= self.config.large_rows * self.num_experts
 
     def _plan(self, target: str, large: bool = False):
-        """What the compiled layer depends on besides the module's sizes, the knobs read now: (the GPU
-        tiles of the size class, the promised alignment of H and I, the early-push level)."""
-        if target == "cuda":
-            knobs.check("ETDIST_MOE_GROUP_M", "ETDIST_MOE_PIN_ROUTER", "ETDIST_MOE_LARGE_ROWS", "ETDIST_MOE_TAIL",
-                        "ETDIST_MOE_DOWN_N", "ETDIST_MOE_HALF_TAILS", "ETDIST_MOE_FINE_BLOCKS")
-        tiles = (layer_tiles(self.intermediate, self.num_experts // self.world, large, self.router.dtype)
+        """What the compiled layer depends on besides the module's sizes: (the GPU tiles of the size
+        class, from self.config, the promised alignment of H and I, the early-push level)."""
+        tiles = (layer_tiles(self.intermediate, self.num_experts // self.world, large, self.router.dtype, self.config)
                  if target == "cuda" else None)
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
         # down tiles early-pushed behind the gate/up tiles (EARLY_PUSH)
@@ -276,29 +322,28 @@ class MoE(nn.Module):
         options: moe_layer arguments that replace the layer's own (A/B runs: experiments/moe_ab.py)."""
         dtype = self.router.dtype
         if target == "cpu":
-            return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=TAIL,
+            return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=True,
                                        gate_up_interleave=self.gate_up_block)
         if self.gate_up_block and self.gate_up_block % tiles.block_n:
-            raise InputError(f"MoE: gate/up tiles {tiles.block_n} columns wide (ETDIST_MOE_TILES"
-                             f"{'_LARGE' if large else ''}) do not divide the blocks of {self.gate_up_block} this "
+            raise InputError(f"MoE: gate/up tiles {tiles.block_n} columns wide (MoEConfig.tiles"
+                             f"{'_large' if large else ''}) do not divide the blocks of {self.gate_up_block} this "
                              "layer's w_gate_up interleaves")
         # one GPU: nothing to move or plan, routing places the slots (moe_layer's one_rank)
         args = dict(block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts, block=tiles.block,
                     block_n=tiles.block_n, down_block_n=tiles.down_n, half_tails=tiles.half_tails, align=align,
-                    group_m=GROUP_M, pin_router=PIN_ROUTER, tail=TAIL, one_rank=self.world == 1,
+                    group_m=GROUP_M, pin_router=True, tail=True, one_rank=self.world == 1,
                     gate_up_interleave=self.gate_up_block, **graph_blocks(self.top_k, large))
         return moe_graph.moe_layer(self.top_k, **{**args, **options})
 
     def _kernel(self, target: str, large: bool = False):
-        """The compiled layer, looked up once per module and size class (the tile knob is read
-        then): one binary per configuration, shared by every layer that has it."""
+        """The compiled layer, looked up once per module and size class: one binary per
+        configuration, shared by every layer that has it."""
         kernel = self._compiled.get((target, large))
         if kernel is not None:
             return kernel
         tiles, align, early = self._plan(target, large)
-        key = (target, self.top_k, self.schedule, self.router.dtype, self.num_experts, tiles, align, GROUP_M,
-               PIN_ROUTER, TAIL, early, large and target == "cuda", self.world == 1 and target == "cuda",
-               FINE_BLOCKS, self.gate_up_block, claim_ahead())
+        key = (target, self.top_k, self.schedule, self.router.dtype, self.num_experts, tiles, align, early,
+               large and target == "cuda", self.world == 1 and target == "cuda", self.gate_up_block, claim_ahead())
         if key not in _KERNELS:
             _KERNELS[key] = fusion.compile(self._graph(target, tiles, align, large), schedule=self.schedule, target=target,
                                            early_push=early)

@@ -3,7 +3,7 @@ under Triton's interpreter, one process per rank, against the float64 reference:
 
     TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/moe_worker.py [--dynamic]
 
-ETDIST_MOE_TAIL=0 queues the return and combine (moe_layer's tail), as nn.MoE reads it too.
+ETDIST_MOE_TAIL=0 (this worker's own switch) queues the return and combine (moe_layer's tail=False).
 """
 import os
 import sys
