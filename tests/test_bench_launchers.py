@@ -66,3 +66,16 @@ def test_gpu_scripts_without_gpus_fail_in_one_line(script, tmp_path):
     assert p.stdout == "" and p.stderr.count("\n") == 1, p.stdout + p.stderr
     assert p.stderr.startswith(f"{script}: no CUDA GPU here")
     assert before is None or (ROOT / "BENCHMARKS.md").stat().st_mtime == before
+
+
+@pytest.mark.slow
+def test_the_relaunch_soak_runs_on_the_cpu_mesh(tmp_path):
+    """launch/soak.py under torchrun on the cpu mesh: every op at random M with fresh inputs, the
+    checked launches against float32, a table last; no mismatch, exit 0."""
+    rc, out = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(ROOT / "launch" / "soak.py"),
+                    "--launches", "30", "--check-every", "10", "--hidden", "32", "--intermediate", "64",
+                    "--max-m", "37"], tmp_path)
+    assert rc == 0, out[-3000:]
+    table = out[out.index("op | launches"):].splitlines()[1:5]
+    assert [row.split(" | ")[:4] for row in table] == [[op, "30", "3", "0"] for op in
+                                                       ("gemm_rs", "ag_gemm", "mlp", "mlp_replicated")], out[-3000:]
