@@ -53,7 +53,7 @@ def test_mpiexec(n, workspace_mb):
     _ok(*mpiexec(n, ETDIST_WORKSPACE_MB=workspace_mb), n)
 
 
-@pytest.mark.parametrize("n, case, error", [(4, "skip-notify", "PeerTimeoutError"),
+@pytest.mark.parametrize("n, case, error", [pytest.param(4, "skip-notify", "PeerTimeoutError", marks=pytest.mark.slow),
                                             (2, "shape", "CallMismatchError"),
                                             (2, "dtype", "CallMismatchError"),
                                             (2, "big-count", "CallMismatchError"),
