@@ -2,11 +2,12 @@ import pytest
 import torch
 
 
-# Modules outside the quick subset (`pytest -m quick`, ~2 minutes on two cores): interpreted
-# megakernels, launcher processes, the main command, PTX compiles, plans that compile kernels.
+# Modules outside the quick subset (`pytest -m quick`, ~3 minutes on two cores; never a slow case):
+# interpreted megakernels, launcher processes, the main command, PTX compiles, plans that compile kernels.
 NOT_QUICK = {"test_megakernel_interpreted.py", "test_collectives_cpu.py", "test_mesh_cpu.py", "test_bench.py",
              "test_bench_launchers.py", "test_codegen.py", "test_cuda_runtime_host.py", "test_knobs.py",
-             "test_property.py"}
+             "test_property.py", "test_mesh_faults.py", "test_mesh_launch.py", "test_cpu_mesh_ops.py",
+             "test_moe_baseline.py"}
 
 
 @pytest.hookimpl(tryfirst=True)   # before -m selects on the marks added here
@@ -14,7 +15,7 @@ def pytest_collection_modifyitems(config, items):
     """Marks the quick subset. GPU tests need CUDA; skip them elsewhere (CI has no GPU). Run them
     with `pytest -m gpu`."""
     for item in items:
-        if item.path.name not in NOT_QUICK and "gpu" not in item.keywords:
+        if item.path.name not in NOT_QUICK and "gpu" not in item.keywords and "slow" not in item.keywords:
             item.add_marker(pytest.mark.quick)
     if torch.cuda.is_available():
         return

@@ -75,7 +75,7 @@ def test_files_of_a_killed_job_are_swept(tmp_path):
     held.close()
 
 
-@pytest.mark.parametrize("launcher, args", [("torchrun", ()),
+@pytest.mark.parametrize("launcher, args", [pytest.param("torchrun", (), marks=pytest.mark.slow),
                                             pytest.param("torchrun", ("--user-group",), marks=pytest.mark.slow),
                                             pytest.param("mpiexec", (), marks=[pytest.mark.skipif(
                                                 MPIEXEC is None, reason="no mpiexec"), pytest.mark.slow]),

@@ -109,7 +109,7 @@ def test_ranks_sharing_one_gpu_match_float64(world):
 def test_llama_with_tensor_parallel_mlps_matches_dense():
     env = ranks_env(2)
     pytest.importorskip("transformers")
-    _, out = torchrun(2, worker=pathlib.Path(__file__).with_name("llama_worker.py"), env=env)
+    _, out = torchrun(2, worker=pathlib.Path(__file__).parents[1] / "cpu_mesh" / "llama_worker.py", env=env)
     assert out.count("OK llama") == 2, out[-5000:]
 
 
