@@ -35,6 +35,15 @@ def test_generated_source_is_the_static_schedule(gemm_rs_ir):
     assert "_et_body_reduce(i, j, 1, -1, partial, y, " in src           # one slice from every source
 
 
+def test_event_checks_are_generated_only_when_asked(gemm_rs_ir):
+    """check_events: each notify checks its coordinates, the end checks every counter; off (the
+    default), the kernel has neither (their run is tests/interp/check_events_worker.py's)."""
+    plain, checked = generate(gemm_rs_ir), generate(gemm_rs_ir, check_events=True)
+    assert "_et_record" not in plain and "_et_bad" not in plain
+    assert checked.count("_et_record(arena, arena_peers, RANK, WORLD, 6,") == checked.count("_et_notify(") == 1
+    assert checked.count("_et_record(arena, arena_peers, RANK, WORLD, 7,") == len(gemm_rs_ir.events)
+
+
 def test_ptx_orders_cross_gpu_signals(gemm_rs_ptx):
     ptx = gemm_rs_ptx
     assert re.search(r"ld\.acquire\.sys\.global\.b32", ptx), "waits on peer-notified events must be sys-scope acquires"

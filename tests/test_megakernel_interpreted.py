@@ -1,4 +1,4 @@
-"""The generated GPU megakernels (codegen, Triton tile bodies, waits/notifies, exit rendezvous) run
+"""The generated GPU megakernels (codegen, Triton tile bodies, waits/notifies, call agreement) run
 without a GPU: Triton's interpreter over a cpu-backend mesh, one process per rank, checked against
 the float64 references at ragged sizes, twice per size (counters re-armed), under both schedules."""
 import os
@@ -99,3 +99,12 @@ def test_a_call_refused_on_one_rank_at_a_prepared_shape_stops_every_rank():
     refusing rank stops their launch: it raises InputError, the others RuntimeFault, quickly."""
     rc, out = interpreted("refusal_worker.py", 2, "static")
     assert rc == 0 and out.count("OK refusal") == 2, out[-5000:]
+
+
+def test_check_events_names_an_out_of_bounds_notify_and_an_over_notified_element():
+    """compile(check_events=True): maps validation was told to skip, wrong on the GPU codegen, raise
+    on every rank naming the event and coordinate, instead of a watchdog on another element or
+    nothing at all; a correct graph runs launch after launch."""
+    rc, out = interpreted("check_events_worker.py", 2, "static", 300)
+    assert rc == 0, out[-5000:]
+    assert out.count("OK check-events oob") == 2 and out.count("OK check-events over") == 2, out[-5000:]

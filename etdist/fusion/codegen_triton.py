@@ -152,7 +152,8 @@ def claim_ahead() -> bool:
     return knobs.now("ETDIST_CLAIM_AHEAD", knobs.flag, True)
 
 
-def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Optional[frozenset] = None) -> str:
+def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Optional[frozenset] = None,
+             check_events: bool = False) -> str:
     """Source text of a module defining `megakernel` for this graph. trace=True adds a `trace_buf`
     argument (int64, TRACE_WORDS per task, indexed by the task's global id) and the timer reads that
     fill it; without it the kernel has neither (a compile-time switch: costs nothing when off).
@@ -161,7 +162,10 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     that complete an element some released task waits on push its consumers (ready_queue.py).
     early: the task functions queued at launch instead (default: ir.early_pushed, as
     ETDIST_EARLY_PUSH=1; the kernel's host tables must agree). The next queue index is claimed
-    ahead (claim_ahead)."""
+    ahead (claim_ahead). check_events: every notify checks its coordinates against its event's shape,
+    and the last program checks that no counter went past its count (a debug mode: what validation
+    cannot see, a map out of bounds at sizes it did not enumerate, is named instead of surfacing as
+    a watchdog on another element)."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
     taken = sorted({*OWN_PARAMS, "trace_buf", *QUEUE_PARAMS, *MODULE_NAMES} & {*(t.name for t in ir.tensors), *ir.sizes})
     if taken:
@@ -192,6 +196,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     out("from etdist.kernels.sync import notify as _et_notify, peer_base as _et_peer, wait as _et_wait")
     out("from etdist.kernels.sync import agree_call as _et_agree, finish_launch as _et_finish")
     out("from etdist.kernels.sync import hand_over_call_error as _et_call_error")
+    if check_events:
+        out("from etdist.kernels.sync import record_error as _et_record")
     if trace:
         out("from etdist.kernels.sync import trace_clock as _et_clock")
     if dynamic:
@@ -249,7 +255,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         if pinned:   # every task (static), or the pinned prefix: the static formula, waits spin
             out(f"for _et_gid in range(_et_pid, {ends[pinned - 1]}, NUM_PROGRAMS):")
             with out.indent():
-                _emit_dispatch(out, ir, tx, trace, released, range(pinned))
+                _emit_dispatch(out, ir, tx, trace, released, range(pinned), check=check_events)
         if dynamic:
             # then pop until every queued task ran
             if pinned < tail:
@@ -267,14 +273,14 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
                         out("_et_more = 0")
                     out("else:")
                     with out.indent():
-                        _emit_dispatch(out, ir, tx, trace, released, range(pinned, tail), ahead)
+                        _emit_dispatch(out, ir, tx, trace, released, range(pinned, tail), ahead, check_events)
                         out("if _et_claimed < 0:")   # not claimed ahead (or the task did not run)
                         with out.indent():
                             out("_et_claimed = _et_claim(rq)")
             if tail < n:   # the tail: every queued index is claimed, by a program that will run its task
                 out(f"for _et_gid in range({ends[tail - 1] + ' + ' if tail else ''}_et_pid, {ends[n - 1]}, NUM_PROGRAMS):")
                 with out.indent():
-                    _emit_dispatch(out, ir, tx, trace, released, range(tail, n))
+                    _emit_dispatch(out, ir, tx, trace, released, range(tail, n), check=check_events)
         out.depth = depth
         # No exit rendezvous: the next launch's call agreement holds every rank at entry until each
         # peer has started its next launch, i.e. finished this one (mesh/calls.py), which is what the
@@ -282,6 +288,10 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         out(f"_et_last = _et_finish(arena, arena_peers, {ERR_WORDS}, {ArenaLayout.in_kernel('grid')}, "
             f"{ArenaLayout.in_kernel('finished')}, epoch, RANK, WORLD, max_spins, _et_agreed, False, "
             f"{event_code(len(ir.events), 0)}, USE_ASM)")
+        if check_events:   # every task of this GPU ran: no counter may be past its count
+            out("if (_et_last != 0) & (_et_agreed != 0):")
+            with out.indent():
+                _emit_over_check(out, ir, tx)
         # The last program to finish: every program of this GPU has read this launch's epochs and call
         # number, stopped claiming from the queue and run its tasks.
         out("if _et_last != 0:")
@@ -327,19 +337,49 @@ def _target(e, count: str) -> str:
     return count if e.count.is_data_dependent else f"ev_epoch * ({count})"
 
 
+def _emit_over_check(out: _Lines, ir: GraphIR, tx) -> None:
+    """check_events' end of launch: each element of every epoch-armed event at most its count
+    (counters grow by their count a launch); the first one past it is recorded as ERR_OVER."""
+    for i, e in enumerate(ir.events):
+        if e.count.is_data_dependent:   # zeroed at the end instead (their counts change every launch)
+            continue
+        dims = [f"_et_ev_{e.name}_d{d}" for d in range(len(e.shape))]
+        size = " * ".join(dims) or "1"
+        out(f"for _et_b in range(0, {size}, 256):")
+        with out.indent():
+            out("_et_i = _et_b + tl.arange(0, 256)")
+            out("_et_r = _et_i")
+            for d in reversed(range(len(e.shape))):   # unravel row-major
+                out(f"_et_c{d} = _et_r % {dims[d]}" if d else f"_et_c{d} = _et_r")
+                if d:
+                    out(f"_et_r = _et_r // {dims[d]}")
+            count = e.count.substitute({f"c{d}": var(f"_et_c{d}") for d in range(len(e.shape))})
+            out(f"_et_want = {_target(e, tx(count))} + tl.zeros((256,), tl.int32)")
+            out(f"_et_v = tl.load(arena + ev_{e.name}_off + _et_i, mask=_et_i < {size}, other=0, volatile=True)")
+            out(f"_et_over = ((_et_i < {size}) & (_et_v - _et_want > 0)).to(tl.int32)")
+            out("if tl.max(_et_over, axis=0) > 0:")
+            with out.indent():
+                out("_et_j = tl.argmax(_et_over, axis=0)")
+                out("_et_at = tl.arange(0, 256) == _et_j")
+                out(f"_et_record(arena, arena_peers, RANK, WORLD, 7, ({EVENT_CODE_BASE + i} << {ELEMENT_BITS}) | "
+                    f"((_et_b + _et_j) & {(1 << ELEMENT_BITS) - 1}), tl.sum(tl.where(_et_at, _et_v, 0), axis=0), "
+                    "tl.sum(tl.where(_et_at, _et_want, 0), axis=0), -1, epoch)")
+
+
 def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, released: frozenset, functions: range,
-                   claim: bool = False) -> None:
+                   claim: bool = False, check: bool = False) -> None:
     """The branch on the global task id `_et_gid`: one arm per device function in `functions` (the
-    ids reaching it lie in their range). claim: each task claims the next queue index ahead."""
+    ids reaching it lie in their range). claim: each task claims the next queue index ahead. check:
+    notifies check their coordinates (generate's check_events)."""
     for k in functions:
         kw = "if" if k == functions[0] else "elif" if k < functions[-1] else "else"
         out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
         with out.indent():
-            _emit_task(out, ir, k, ir.tasks[k], tx, trace, released, claim)
+            _emit_task(out, ir, k, ir.tasks[k], tx, trace, released, claim, check)
 
 
 def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = False,
-               released: frozenset = frozenset(), claim: bool = False) -> None:
+               released: frozenset = frozenset(), claim: bool = False, check: bool = False) -> None:
     """One task's waits, body and notifies. released: the events whose completing notify walks
     their consumers into the ready queue (dynamic schedule); the rest are plain notifies. claim:
     where every notify is plain, the next queue index is claimed between the body and the
@@ -389,6 +429,22 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
             lin = _linear(dims, coord)
             base = f"_et_peer(arena_peers, {coord[0]}, arena)" if e.distributed else "arena"
             scope = "sys" if e.distributed else "gpu"
+            if check:   # the first coordinate outside the shape is recorded (ERR_NOTIFY), the notify skipped
+                out("_et_bad = -1")
+                out("_et_bv = 0")
+                out("_et_bn = 0")
+                for d in reversed(range(len(coord))):
+                    out(f"if ({coord[d]} < 0) | ({coord[d]} >= {dims[d]}):")
+                    with out.indent():
+                        out(f"_et_bad = {d}")
+                        out(f"_et_bv = {coord[d]}")
+                        out(f"_et_bn = {dims[d]}")
+                out("if _et_bad >= 0:")
+                with out.indent():
+                    out(f"_et_record(arena, arena_peers, RANK, WORLD, 6, ({EVENT_CODE_BASE + i} << {ELEMENT_BITS}), "
+                        "_et_bv, _et_bn, _et_bad, epoch)")
+                out("else:")
+                out.depth += 1
             if e.name in released:  # the element's count here (loop variables for spans)
                 at = {f"c{d}": (var(coord[d]) if c.op == "span" else c) for d, c in enumerate(acc.coord)}
                 owner = coord[0] if e.distributed else "RANK"

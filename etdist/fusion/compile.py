@@ -46,7 +46,7 @@ def early_push_level(default: int = 1) -> int:
 def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str = "cpu",
             programs: Optional[int] = None,
             samples: Optional[Sequence[Mapping[str, int]]] = None, trace: bool = False,
-            early_push: Optional[int] = None):
+            early_push: Optional[int] = None, check_events: bool = False):
     """Compile a graph into a megakernel for `target`.
 
     schedule: "static" (tasks pre-assigned to programs by formula; the default for dense work) or
@@ -58,6 +58,9 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
         kernel.trace(mesh); target "cpu": the default of kernel.run(..., trace=)).
     early_push: the dynamic schedule's early push, 0, 1 or 2 (ir.early_pushed; default: the
         ETDIST_EARLY_PUSH knob, else 1).
+    check_events: (target "cuda") a debug build whose notifies check their coordinates and whose
+        end checks that no counter went past its count, so a map wrong at sizes validation did not
+        enumerate raises naming the event and element (the CPU runtime always checks both).
     """
     if schedule not in SCHEDULES:
         raise GraphError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -85,7 +88,7 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
         raise GraphError(f"early_push must be one of {EARLY_PUSH_LEVELS}, got {early_push!r}")
     if target == "cuda":
         from .cuda_runtime import CudaKernel  # imports triton; CPU-only users never need it
-        kernel = CudaKernel(table, schedule, programs, trace=trace, early_push=early_push)
+        kernel = CudaKernel(table, schedule, programs, trace=trace, early_push=early_push, check_events=check_events)
     else:
         kernel = CpuKernel(table, schedule, programs or DEFAULT_CPU_PROGRAMS, early_push=early_push)
         kernel.trace_default = trace

@@ -203,7 +203,11 @@ class CudaKernel:
     target = "cuda"
 
     def __init__(self, table: MapTable, schedule: str, programs: Optional[int] = None,
-                 num_warps: int = 4, num_stages: int = 3, trace: bool = False, early_push: int = 1):
+                 num_warps: int = 4, num_stages: int = 3, trace: bool = False, early_push: int = 1,
+                 check_events: bool = False, check_sizes: bool = True):
+        """check_events: the kernel checks every notify's coordinates and, at its end, that no counter
+        went past its count (codegen's check_events: a debug mode). check_sizes: validate's
+        enumeration at each new size class a call uses (LazyCheck); False leaves it to the kernel."""
         self.dynamic = schedule == "dynamic"
         # the dynamic schedule's early-pushed task functions: the kernel and its host tables agree on them
         self.early = early_at(table.ir, early_push) if self.dynamic else frozenset()
@@ -228,7 +232,7 @@ class CudaKernel:
         self.table, self.ir, self.schedule = table, table.ir, schedule
         self.programs, self.num_warps, self.num_stages = programs, num_warps, num_stages
         self.programs_per_sm = 1   # co-resident programs per SM (the cooperative launch checks they fit)
-        self.trace_on = trace
+        self.trace_on, self.check_events = trace, check_events
         # TRITON_INTERPRET=1: the same generated kernel runs on CPU tensors over a cpu-backend
         # mesh (one program per rank, atomic polls instead of inline asm): CI checks codegen
         self.interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -237,7 +241,7 @@ class CudaKernel:
                 raise GraphError("trace=True reads GPU timers (inline asm): not under TRITON_INTERPRET=1")
             from ..kernels.interpret import patch_interpreter
             patch_interpreter()
-        self.source = generate(self.ir, trace, self.dynamic, self.early)
+        self.source = generate(self.ir, trace, self.dynamic, self.early, check_events)
         if os.environ.get("ETDIST_DUMP", "0") not in ("", "0"):
             log.show_debug(_LOG)
         _LOG.debug("generated kernel of graph %r:\n%s", self.ir.name, self.source)
@@ -247,7 +251,8 @@ class CudaKernel:
         self.plan_key = self.module.__name__.rsplit("_", 1)[-1]
         self.params = kernel_params(self.ir, trace, self.dynamic)
         self.output_names = frozenset(s.name for s in self.ir.tensors if s.role is Role.OUTPUT)
-        self._lazy_check = LazyCheck(self.ir, table, schedule)   # the graph checks at the sizes calls use
+        # the graph checks at the sizes calls use
+        self._lazy_check = LazyCheck(self.ir, table, schedule) if check_sizes else (lambda bound: None)
         self._key = ("megakernel", next(_KERNEL_IDS))
 
     def __repr__(self) -> str:
@@ -727,6 +732,16 @@ class CudaKernel:
                                     f"({describe_word(expected) or expected}) as call {epoch}")
         what = f"event code {code}"
         dec = decode_event_code(code)
+        if kind in (ErrorKind.NOTIFY, ErrorKind.OVER) and dec is not None and dec[0] < len(self.ir.events):
+            ev = self.ir.events[dec[0]]
+            if kind == ErrorKind.NOTIFY:
+                raise RuntimeFault(f"graph {self.ir.name!r}: a task on rank {rank} notified {ev.name} at coordinate "
+                                   f"{observed} of dimension {peer}, outside its {expected} elements (launch {epoch}; "
+                                   "compiled with check_events=True): a notify map is wrong at these sizes")
+            coord = (np.unravel_index(dec[1], st.shape.event_shapes[ev.name]) if st.shape is not None else (dec[1],))
+            raise RuntimeFault(f"graph {self.ir.name!r}: {ev.name}{[int(c) for c in coord]} on rank {rank} was "
+                               f"notified past its count: counter {observed}, at most {expected} after launch "
+                               f"{epoch} (compiled with check_events=True): more notifies than the count says")
         if dec is not None and st.shape is not None:
             e, linear = dec
             if e < len(self.ir.events):

@@ -21,6 +21,8 @@ import triton.language as tl
 ERR_TIMEOUT = tl.constexpr(1)
 ERR_SHAPE = tl.constexpr(2)
 ERR_CALL = tl.constexpr(4)        # mesh.control.ErrorKind.CALL
+ERR_NOTIFY = tl.constexpr(6)      # mesh.control.ErrorKind.NOTIFY
+ERR_OVER = tl.constexpr(7)        # mesh.control.ErrorKind.OVER
 EVENT_CALL = tl.constexpr(5 << 20)   # mesh.control.Event.CALL
 
 

@@ -58,6 +58,8 @@ class ErrorKind(enum.IntEnum):
     CALL = 4  # a peer's call signature differs from ours (mesh/calls.py): recorded on this rank only,
               # nothing ran, and the mesh stays usable
     GONE = 5  # a peer exited, died or closed its mesh (mesh/liveness.py), seen while waiting on it
+    NOTIFY = 6  # (check_events) a task notified an element outside its event's shape
+    OVER = 7  # (check_events) an element's counter went past its count at the end of a launch
 
 
 class Event(enum.IntEnum):
