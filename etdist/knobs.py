@@ -50,6 +50,21 @@ def check(*prefixes: str) -> None:
         raise KnobError("; ".join(bad) + " (fix or unset it; README.md lists the knobs)")
 
 
+def flag(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError("want 0 or 1")
+    return text == "1"
+
+
+def choice(*values: str) -> Callable[[str], str]:
+    """A parser that takes one of `values`."""
+    def parse(text: str) -> str:
+        if text not in values:
+            raise ValueError(f"want one of {', '.join(values)}")
+        return text
+    return parse
+
+
 def positive_int(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise ValueError("want a positive integer")
@@ -95,9 +110,3 @@ def tile(text: str, blocks: str = "block_m,block_n,block_k") -> tuple[int, ...]:
         raise ValueError(f"want {blocks},warps,stages (blocks powers of two >= 16, warps a power of two "
                          "<= 16, stages >= 1)")
     return tuple(values)
-
-
-def flag(text: str) -> bool:
-    if text not in ("0", "1"):
-        raise ValueError("want 0 or 1")
-    return text == "1"

@@ -242,11 +242,11 @@ def test_dynamic_schedule_pops_a_ready_queue_and_releases_consumers():
     assert "ld.global.sys.acquire.b64" in ptx                                 # a claimed slot polled
 
 
-def test_dynamic_tasks_claim_their_next_index_between_body_and_notifies(monkeypatch):
-    """ETDIST_CLAIM_AHEAD (default 1): a queued task whose notifies are all plain claims the next
-    index after its body, before them; one whose notify may walk consumers into the queue claims
-    after it (the claimed task would wait behind the walk). One claim per task either way: tasks
-    that did not claim (or run) claim after the dispatch. 0: no claim inside the tasks."""
+def test_dynamic_tasks_claim_their_next_index_between_body_and_notifies():
+    """A queued task whose notifies are all plain claims the next index after its body, before
+    them; one whose notify may walk consumers into the queue claims after it (the claimed task
+    would wait behind the walk). One claim per task either way: tasks that did not claim (or run)
+    claim after the dispatch."""
     from etdist.fusion.ir import early_pushed
     ir = gemm_rs.gemm_reduce_scatter(block_m=64, block_n=64, dtype=torch.bfloat16, align=16).to_ir()
     claim = "_et_claimed = _et_claim(rq)"
@@ -258,12 +258,6 @@ def test_dynamic_tasks_claim_their_next_index_between_body_and_notifies(monkeypa
     body = chained.index("_et_body_matmul(")                                 # reduce tiles seeded: plain notifies
     assert body < chained.index(claim) < chained.index("_et_notify(") < chained.index("_et_body_reduce(")
     assert chained.count(claim) == len(ir.tasks) + 1
-    monkeypatch.setenv("ETDIST_CLAIM_AHEAD", "0")
-    off = generate(ir, dynamic=True, early=early_pushed(ir, chains=True))
-    assert off.count(claim) == 2                                             # before the loop, after the dispatch
-    monkeypatch.setenv("ETDIST_CLAIM_AHEAD", "2")
-    with pytest.raises(et.KnobError, match="ETDIST_CLAIM_AHEAD"):
-        generate(ir, dynamic=True)
 
 
 def test_dynamic_on_gpus_refuses_counts_that_depend_on_rank():

@@ -27,7 +27,6 @@ import inspect
 from dataclasses import dataclass
 from typing import Optional
 
-from .. import knobs
 from ..mesh.control import ControlLayout
 from .errors import GraphError
 from .expr import Expr, as_expr, var
@@ -141,15 +140,11 @@ def _linear(dims: list[str], coord: list[str]) -> str:
     return text
 
 
-def claim_ahead() -> bool:
-    """ETDIST_CLAIM_AHEAD (read when a kernel is generated; default 1): a program of the dynamic
-    schedule claims its next queue index after its task's body, before its notifies, where they
-    are all plain (a release walk can take tens of microseconds, the claimed task would wait
-    behind it): the claim's round trip then runs while the body's stores drain, which the
-    notify's release fence waits for. 0: after the task, the claim and the read of its entry back
-    to back (A/B runs). One H200, nn.MoE (qwen3_30b_a3b, records moe_claim_ab): alone, -0.6 to
-    -1.7% at 128-4096 tokens, within the noise at one token."""
-    return knobs.now("ETDIST_CLAIM_AHEAD", knobs.flag, True)
+# A program of the dynamic schedule claims its next queue index after its task's body, before its
+# notifies, where they are all plain (a release walk can take tens of microseconds, the claimed task
+# would wait behind it): the claim's round trip runs while the body's stores drain, which the
+# notify's release fence waits for. One H200, nn.MoE: -0.6 to -1.7% at 128-4096 tokens against
+# claiming after the task (records moe_claim_ab).
 
 
 def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Optional[frozenset] = None,
@@ -162,7 +157,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     that complete an element some released task waits on push its consumers (ready_queue.py).
     early: the task functions queued at launch instead (default: ir.early_pushed, as
     ETDIST_EARLY_PUSH=1; the kernel's host tables must agree). The next queue index is claimed
-    ahead (claim_ahead). check_events: every notify checks its coordinates against its event's shape,
+    ahead. check_events: every notify checks its coordinates against its event's shape,
     and the last program checks that no counter went past its count (a debug mode: what validation
     cannot see, a map out of bounds at sizes it did not enumerate, is named instead of surfacing as
     a watchdog on another element)."""
@@ -259,7 +254,6 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         if dynamic:
             # then pop until every queued task ran
             if pinned < tail:
-                ahead = claim_ahead()
                 out("_et_claimed = _et_claim(rq)")   # this program's next queue index (-1: none claimed yet)
                 out("_et_more = 1")
                 out("while _et_more != 0:")
@@ -273,7 +267,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
                         out("_et_more = 0")
                     out("else:")
                     with out.indent():
-                        _emit_dispatch(out, ir, tx, trace, released, range(pinned, tail), ahead, check_events)
+                        _emit_dispatch(out, ir, tx, trace, released, range(pinned, tail), True, check_events)
                         out("if _et_claimed < 0:")   # not claimed ahead (or the task did not run)
                         with out.indent():
                             out("_et_claimed = _et_claim(rq)")

@@ -10,7 +10,6 @@ chains behind them.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Mapping, Optional, Sequence, Union
 
 from .. import knobs, log
@@ -70,7 +69,7 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
         raise GraphError(f"compile takes an et.Graph (or its IR), got {type(graph).__name__}")
     if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):
         raise GraphError(f"programs must be a positive int, got {programs!r}")
-    if os.environ.get("ETDIST_DEBUG", "0") not in ("", "0"):
+    if knobs.now("ETDIST_DEBUG", knobs.flag, False):
         log.show_debug(_LOG)
     debug = _LOG.isEnabledFor(logging.DEBUG)
     ir = graph.to_ir() if isinstance(graph, Graph) else graph

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from triton.runtime import _allocation as triton_allocation
 
-from .. import log
+from .. import knobs, log
 from ..kernels.launch_hooks import hooks_active
 from ..mesh.calls import Signature, describe_word
 from ..mesh.control import ControlLayout, ErrorKind
@@ -242,7 +242,7 @@ class CudaKernel:
             from ..kernels.interpret import patch_interpreter
             patch_interpreter()
         self.source = generate(self.ir, trace, self.dynamic, self.early, check_events)
-        if os.environ.get("ETDIST_DUMP", "0") not in ("", "0"):
+        if knobs.now("ETDIST_DUMP", knobs.flag, False):
             log.show_debug(_LOG)
         _LOG.debug("generated kernel of graph %r:\n%s", self.ir.name, self.source)
         self.module = load_module(self.ir, self.source)

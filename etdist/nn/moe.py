@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from .. import fusion, knobs
-from ..fusion.codegen_triton import claim_ahead
 from ..fusion.compile import early_push_level
 from ..collectives.custom_op import call_op, define_op
 from ..fusion.errors import InputError
@@ -343,7 +342,7 @@ class MoE(nn.Module):
             return kernel
         tiles, align, early = self._plan(target, large)
         key = (target, self.top_k, self.schedule, self.router.dtype, self.num_experts, tiles, align, early,
-               large and target == "cuda", self.world == 1 and target == "cuda", self.gate_up_block, claim_ahead())
+               large and target == "cuda", self.world == 1 and target == "cuda", self.gate_up_block)
         if key not in _KERNELS:
             _KERNELS[key] = fusion.compile(self._graph(target, tiles, align, large), schedule=self.schedule, target=target,
                                            early_push=early)
