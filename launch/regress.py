@@ -5,6 +5,7 @@ a CUDA graph), alternated in one process, then every cell compared with the last
     torchrun --nproc_per_node=2 launch/regress.py                       # the regression grid
     torchrun --nproc_per_node=2 launch/regress.py --ops ag_gemm,mlp --models qwen3_8b --ms 129,160,256 \
         --variants "base;whole_max_m=256"                               # a two-GPU A/B of a plan change
+    torchrun --nproc_per_node=4 launch/regress.py --tp 2                # TP=2 x DP=2: two groups at once
 
 A variant is a PlanConfig override (`field=value` joined by `+`, etdist.ops.PlanConfig.override;
 `base` is DEFAULT_PLAN) that its contender passes to the op as `config=`: its own plans and compiled
@@ -18,7 +19,10 @@ baselines eager and graph (and mm alone).
 
 Records (DESIGN.md's schema; `extra.ours_graph_us`, `extra.variant`) go to $OUT/<op>.jsonl for
 the first variant (the tree as it is, unless --variants says otherwise) and to $OUT/<op>_ab.jsonl,
-model "<shape> [<variant>]", for the others (default $OUT /tmp/regress); with --against DIR
+model "<shape> [<variant>]", for the others (default $OUT /tmp/regress). With --tp N the world splits
+into groups of N consecutive ranks (sub-group meshes, init_mesh(group=...)), each running every
+cell at once with its own baselines (NCCL in the group), timed as one (the slowest rank of all):
+records go to $OUT/<op>_groups.jsonl, model "<shape> [tpN x G]". With --against DIR
 (default bench/results), every cell
 whose speedup over the best baseline moved by more than --tolerance (3%) from the newest record
 of the same cell there is printed, and a short table closes the run.
@@ -57,48 +61,50 @@ def chunk(M: int, world: int, rank: int) -> tuple[int, int]:
     return min(M, rank * C), min(M, (rank + 1) * C)
 
 
-def gather_rows(x: torch.Tensor, M: int, world: int) -> torch.Tensor:
+def gather_rows(x: torch.Tensor, M: int, world: int, group=None) -> torch.Tensor:
     """float32 [M, K] of every rank's rows (chunks padded to cdiv(M, world) in transit)."""
     C = -(-M // world)
     padded = torch.zeros(C, x.shape[1], device=x.device, dtype=torch.float32)
     padded[:x.shape[0]] = x.float()
     full = torch.empty(C * world, x.shape[1], device=x.device, dtype=torch.float32)
-    dist.all_gather_into_tensor(full, padded)
+    dist.all_gather_into_tensor(full, padded, group=group)
     return full[:M]
 
 
-def cell(op: str, mesh, H: int, I: int, M: int):
+def cell(op: str, mesh, H: int, I: int, M: int, group=None):
     """(ours: step(i, out=None, config=DEFAULT_PLAN) on weight copy i, this rank's float32 reference
     of copy 0, output shape, baselines' Measured, floor args): the operands as etdist.bench.gpu's
-    cells make them."""
+    cells make them. group: the mesh's process group (None: the world)."""
     R, dev, rank = mesh.world_size, mesh.device, mesh.rank
     lo, hi = chunk(M, R, rank)
     if op == "gemm_rs":
-        ops = B.gemm_rs_operands(M, I // R, H, copies=COPIES, device=dev)
+        ops = B.gemm_rs_operands(M, I // R, H, group=group, copies=COPIES, device=dev)
         x = ops.x[:M].contiguous()
         ref = x.float() @ ops.weights[0].float()
-        dist.all_reduce(ref)
+        dist.all_reduce(ref, group=group)
         step = lambda i, out=None, config=None: et.ops.gemm_reduce_scatter(  # noqa: E731
             x, ops.weights[i], mesh=mesh, out=out, config=config)
-        base = B.baseline_fns(op, M, I // R, H, copies=COPIES, device=dev, symm_mem=False, operands=ops)
+        base = B.baseline_fns(op, M, I // R, H, group=group, copies=COPIES, device=dev, symm_mem=False,
+                              operands=ops)
         return step, ref[lo:hi], (hi - lo, H), base, (M, I, H)
     if op == "ag_gemm":
-        ops = B.ag_gemm_operands(M, H, 2 * I // R, copies=COPIES, device=dev)
+        ops = B.ag_gemm_operands(M, H, 2 * I // R, group=group, copies=COPIES, device=dev)
         x = ops.x[:hi - lo].contiguous()
-        ref = gather_rows(x, M, R) @ ops.weights[0].float()
+        ref = gather_rows(x, M, R, group) @ ops.weights[0].float()
         step = lambda i, out=None, config=None: et.ops.all_gather_gemm(  # noqa: E731
             x, ops.weights[i], mesh=mesh, total_rows=M, out=out, config=config)
-        base = B.baseline_fns(op, M, H, 2 * I // R, copies=COPIES, device=dev, symm_mem=False, operands=ops)
+        base = B.baseline_fns(op, M, H, 2 * I // R, group=group, copies=COPIES, device=dev, symm_mem=False,
+                              operands=ops)
         return step, ref, (M, 2 * I // R), base, (M, H, 2 * I)
     seq = op == "mlp"
-    ops = (B.mlp_operands if seq else B.mlp_replicated_operands)(M, H, I // R, copies=COPIES, device=dev)
+    ops = (B.mlp_operands if seq else B.mlp_replicated_operands)(M, H, I // R, group=group, copies=COPIES, device=dev)
     x = ops.x[:hi - lo].contiguous() if seq else ops.x
-    full = B.swiglu((gather_rows(x, M, R) if seq else x.float()) @ ops.gate_up[0].float()) @ ops.down[0].float()
-    dist.all_reduce(full)
+    full = B.swiglu((gather_rows(x, M, R, group) if seq else x.float()) @ ops.gate_up[0].float()) @ ops.down[0].float()
+    dist.all_reduce(full, group=group)
     step = lambda i, out=None, config=None: et.ops.tensor_parallel_mlp(  # noqa: E731
         x, ops.gate_up[i], ops.down[i], mesh=mesh, total_rows=M if seq else None, sequence_parallel=seq, out=out,
         config=config)
-    base = B.baseline_fns(op, M, H, I // R, copies=COPIES, device=dev, symm_mem=False, operands=ops)
+    base = B.baseline_fns(op, M, H, I // R, group=group, copies=COPIES, device=dev, symm_mem=False, operands=ops)
     return step, (full[lo:hi] if seq else full), ((hi - lo) if seq else M, H), base, (M, H, I)
 
 
@@ -153,11 +159,21 @@ def main():
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/regress"))
     ap.add_argument("--notes", default="")
+    ap.add_argument("--tp", type=int, default=0, help="tensor-parallel group size (default: every rank in one)")
     args = ap.parse_args()
     configs = variants(args.variants)
     dist.init_process_group("cpu:gloo,cuda:nccl")
-    mesh = et.init_mesh()
-    dev, lead = mesh.device, mesh.rank == 0
+    W = dist.get_world_size()
+    tp = args.tp or W
+    if tp < 1 or W % tp:
+        ap.error(f"--tp {args.tp}: a group size that divides the world ({W} ranks)")
+    group = None
+    if tp < W:   # every rank makes every group, in the same order (torch.distributed's rule)
+        groups = [dist.new_group(list(range(g * tp, (g + 1) * tp))) for g in range(W // tp)]
+        group = groups[dist.get_rank() // tp]
+    mesh = et.init_mesh(group=group)
+    lead = dist.get_rank() == 0
+    dev = mesh.device
     names = list(configs)
     env = records.env_info()
     ceil = B.measure_ceilings(dev)
@@ -165,14 +181,14 @@ def main():
     before = newest(args.against) if lead else {}
     os.makedirs(args.out, exist_ok=True)
     if lead:
-        print(f"{torch.cuda.get_device_name(dev)} x{mesh.world_size}: copy {ceil.copy_TBps:.2f} TB/s, "
-              f"mm {ceil.mm_TFps:.0f} TF/s; variants {names}", flush=True)
+        print(f"{torch.cuda.get_device_name(dev)} x{W}" + (f" as {W // tp} groups of {tp}" if group else "")
+              + f": copy {ceil.copy_TBps:.2f} TB/s, mm {ceil.mm_TFps:.0f} TF/s; variants {names}", flush=True)
     table, moved = [], []
     for op in args.ops.split(","):
         for model in args.models.split(","):
             H, I = MLP_SHAPES[model].hidden, MLP_SHAPES[model].intermediate
             for M in (int(m) for m in args.ms.split(",")):
-                step, ref, shape, base, fl = cell(op, mesh, H, I, M)
+                step, ref, shape, base, fl = cell(op, mesh, H, I, M, group)
                 contenders, errs, good = {}, {}, []
                 for v in names:
                     ours = functools.partial(step, config=configs[v])
@@ -198,12 +214,16 @@ def main():
                 for n, v in enumerate(names):
                     if v not in good:
                         continue
+                    tag = [f"tp{tp} x {W // tp}"] if group else []
                     rec = records.make_record(
-                        workload=op if n == 0 else f"{op}_ab", model=model if n == 0 else f"{model} [{v}]", M=M, world=mesh.world_size, schedule="static",
+                        workload=op + ("_ab" if n else "") + ("_groups" if group else ""),
+                        model=f"{model} [{', '.join(tag + ([v] if n else []))}]" if n or group else model,
+                        M=M, world=mesh.world_size, schedule="static",
                         ours_us=t[f"ours[{v}]"], baselines=bl, floor_us=floor, rel_err=errs[v], env=env,
                         notes=(f"launch/regress.py variant {v}, {args.rounds} rounds turning order; "
                                + args.notes).strip(),
-                        extra={"ours_graph_us": t[f"graph[{v}]"], "variant": v})
+                        extra={"ours_graph_us": t[f"graph[{v}]"], "variant": v,
+                               **({"groups": W // tp} if group else {})})
                     if lead:
                         records.append(os.path.join(args.out, f"{rec.workload}.jsonl"), rec)
                 if lead:
