@@ -218,7 +218,7 @@ def test_all_gather_gemm_graph_compiles():
 
 
 def test_dynamic_schedule_pops_a_ready_queue_and_releases_consumers():
-    """Without early push's chains (ETDIST_EARLY_PUSH=0 or 1, the default: gemm_rs waits on no
+    """Without early push's chains (early_push 0 or 1, the default: gemm_rs waits on no
     pinned work) the matmul tiles' notifies release the reduce tiles; with them (2) the reduce
     tiles are seeded behind the matmul tiles and spin, and nothing is released."""
     from etdist.fusion.ir import early_pushed

@@ -218,22 +218,15 @@ def test_float64_is_for_simulated_ranks_only():
     assert got.dtype == torch.float64 and ((got - want).abs().max() / want.abs().max()).item() < 1e-5   # logits in fp32
 
 
-def test_early_push_in_every_tile_class(monkeypatch):
+def test_early_push_in_every_tile_class():
     """Under the dynamic schedule both classes seed their down tiles behind the gate/up tiles
-    (early push's chains), short experts and long ones (as measured on one H200);
-    ETDIST_EARLY_PUSH overrides it, and the static schedule has no queue."""
-    monkeypatch.delenv("ETDIST_EARLY_PUSH", raising=False)
+    (early push's chains), short experts and long ones (as measured on one H200); the static
+    schedule has no queue."""
     moe = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16)
     assert moe._kernel("cuda").early == {"gate_up", "down"} and moe._kernel("cpu").early == {"gate_up", "down"}
     assert moe._kernel("cuda", large=True).early == {"gate_up", "down"}
     long = et.nn.MoE(32, 4096, E, K, simulate_world=2, dtype=torch.bfloat16)
     assert long._kernel("cuda", large=True).early == {"gate_up", "down"} == long._kernel("cuda").early
-    monkeypatch.setenv("ETDIST_EARLY_PUSH", "1")
-    moe = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16)
-    assert moe._kernel("cuda").early == {"gate_up"}
-    monkeypatch.setenv("ETDIST_EARLY_PUSH", "0")
-    moe = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16)
-    assert moe._kernel("cuda", large=True).early == frozenset()
     static = et.nn.MoE(32, 16, E, K, simulate_world=2, dtype=torch.bfloat16, schedule="static")
     assert static._kernel("cuda").early == frozenset()
 

@@ -97,7 +97,7 @@ def test_moe_router_chain_is_pinned_and_walked_before_the_queue(tail, chains):
     formula walks them (spinning waits), then programs pop the expert tasks, then walk the tail
     (send_back, combine; moe_layer(tail=False) queues them). Events that only pinned, early-pushed
     or tail tasks wait on are plain notifies; those a queued task waits on release consumers.
-    chains (ETDIST_EARLY_PUSH=2, nn.MoE's small tile class): the down tiles are early-pushed behind
+    chains (early_push=2, nn.MoE's): the down tiles are early-pushed behind
     the gate/up tiles, so act_ready no longer releases anything."""
     ir = moe.moe_layer(top_k=8, block_m=64, dtype=torch.bfloat16, max_experts=128, block=64, block_n=128,
                        align=16, tail=tail).to_ir()
@@ -106,7 +106,7 @@ def test_moe_router_chain_is_pinned_and_walked_before_the_queue(tail, chains):
     early = ir_early(ir, chains=chains)
     src = generate(ir, dynamic=True, early=early)
     if not chains:
-        assert src == generate(ir, dynamic=True)   # generate's default (ETDIST_EARLY_PUSH=1)
+        assert src == generate(ir, dynamic=True)   # generate's default (early_push=1)
     walk = src.index("for _et_gid in range(_et_pid, _et_end4, NUM_PROGRAMS):")
     pop = src.index("while _et_more != 0:")
     last = src.index("for _et_gid in range(_et_end6 + _et_pid, _et_end8, NUM_PROGRAMS):") if tail else \
@@ -213,12 +213,11 @@ def test_tasks_waiting_only_on_pinned_work_are_pushed_at_launch():
 
 @pytest.mark.parametrize("early", ["1", "0"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_early_pushed_tasks_wait_and_read_their_when_after_the_wait(monkeypatch, early, seed):
+def test_early_pushed_tasks_wait_and_read_their_when_after_the_wait(early, seed):
     """Queued before `a` ran, b's tasks must spin on `sized`, then decide whether they exist from the
     count a wrote (scratch starts poisoned: read earlier, it would be garbage). Off by the knob, the
     walk releases them as before; the answers agree."""
-    monkeypatch.setenv("ETDIST_EARLY_PUSH", early)
-    kernel = et.compile(_early_graph(), schedule="dynamic", programs=3)
+    kernel = et.compile(_early_graph(), schedule="dynamic", programs=3, early_push=int(early))
     assert kernel.early == (frozenset({"b"}) if early == "1" else frozenset())
     x = torch.randn(9)
     x[:3] = x[:3].abs() + 0.1                    # at least three live tasks of b and c
@@ -291,14 +290,6 @@ def test_early_push_level_is_checked():
     with pytest.raises(et.GraphError, match=r"early_push must be one of \(0, 1, 2\), got 3"):
         et.compile(_early_graph(), schedule="dynamic", early_push=3)
 
-
-def test_early_push_knob_is_checked():
-    import os
-    env = dict(os.environ, ETDIST_EARLY_PUSH="yes")
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(os, "environ", env)
-        with pytest.raises(et.KnobError, match="ETDIST_EARLY_PUSH='yes': want 0, 1 or 2"):
-            et.compile(_early_graph(), schedule="dynamic")
 
 
 def test_a_task_waiting_on_a_count_read_from_a_tensor_is_not_pushed_early():

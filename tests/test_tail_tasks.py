@@ -100,7 +100,7 @@ def test_release_plan_leaves_tail_tasks_out_of_the_queue():
     walk = src.index("for _et_gid in range(_et_end1 + _et_pid, _et_end3, NUM_PROGRAMS):")
     assert src.index("while _et_more != 0:") < walk
     assert src[walk:].count("_et_wait(") == 2 and src.count("_et_release(") == 1   # a's notify releases b
-    # early push's chains (ETDIST_EARLY_PUSH=2): b waits only on a, which waits on nothing, so b is
+    # early push's chains (early_push=2): b waits only on a, which waits on nothing, so b is
     # seeded behind it and nothing is released
     early = early_pushed(_chain().to_ir(), chains=True)
     assert early == {"b"} and early_pushed(_chain().to_ir()) == frozenset()

@@ -156,7 +156,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     tasks from the rank's queue, then walk the tail by the static formula (TaskSpec.tail); notifies
     that complete an element some released task waits on push its consumers (ready_queue.py).
     early: the task functions queued at launch instead (default: ir.early_pushed, as
-    ETDIST_EARLY_PUSH=1; the kernel's host tables must agree). The next queue index is claimed
+    compile's early_push=1; the kernel's host tables must agree). The next queue index is claimed
     ahead. check_events: every notify checks its coordinates against its event's shape,
     and the last program checks that no counter went past its count (a debug mode: what validation
     cannot see, a map out of bounds at sizes it did not enumerate, is named instead of surfacing as

@@ -3,9 +3,9 @@
     kernel = et.compile(graph, schedule="static", target="cpu")
     outs = kernel.run([{"x": x0, "w": w0}, {"x": x1, "w": w1}])   # one dict per rank
 
-ETDIST_DEBUG=1 logs each pass and its counts (logger etdist.fusion.compile, to stderr). ETDIST_EARLY_PUSH picks the dynamic schedule's
-early push (ir.early_pushed): 0 off, 1 (the default) the tasks that wait on pinned work, 2 also the
-chains behind them.
+ETDIST_DEBUG=1 logs each pass and its counts (logger etdist.fusion.compile, to stderr). compile's
+early_push picks the dynamic schedule's early push (ir.early_pushed): 0 off, 1 (the default) the
+tasks that wait on pinned work, 2 also the chains behind them.
 """
 from __future__ import annotations
 
@@ -29,19 +29,6 @@ _LOG = logging.getLogger(__name__)
 EARLY_PUSH_LEVELS = (0, 1, 2)
 
 
-def _early_level(text: str) -> int:
-    if text not in {str(v) for v in EARLY_PUSH_LEVELS}:
-        raise ValueError("want 0, 1 or 2")
-    return int(text)
-
-
-def early_push_level(default: int = 1) -> int:
-    """ETDIST_EARLY_PUSH, read when a kernel compiles: 0 no early push, 1 the tasks that wait only on
-    pinned work, 2 also the tasks that wait only on those (ir.early_pushed's chains); unset, `default`
-    (1 for et.compile; a layer may pick another where it measured one, as nn.MoE does)."""
-    return knobs.now("ETDIST_EARLY_PUSH", _early_level, default)
-
-
 def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str = "cpu",
             programs: Optional[int] = None,
             samples: Optional[Sequence[Mapping[str, int]]] = None, trace: bool = False,
@@ -55,8 +42,7 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
         declarations, else small ragged sizes).
     trace: record every task's start/end (target "cuda": a compile-time switch, read with
         kernel.trace(mesh); target "cpu": the default of kernel.run(..., trace=)).
-    early_push: the dynamic schedule's early push, 0, 1 or 2 (ir.early_pushed; default: the
-        ETDIST_EARLY_PUSH knob, else 1).
+    early_push: the dynamic schedule's early push, 0, 1 or 2 (ir.early_pushed; default 1).
     check_events: (target "cuda") a debug build whose notifies check their coordinates and whose
         end checks that no counter went past its count, so a map wrong at sizes validation did not
         enumerate raises naming the event and element (the CPU runtime always checks both).
@@ -82,7 +68,7 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
         _LOG.debug(f"validate {ir.name}: {report.tasks} tasks over {len(report.samples)} samples; "
                    f"runtime-checked events: {list(report.dynamic_events)}")
     if early_push is None:
-        early_push = early_push_level()
+        early_push = 1
     elif early_push not in EARLY_PUSH_LEVELS or isinstance(early_push, bool):
         raise GraphError(f"early_push must be one of {EARLY_PUSH_LEVELS}, got {early_push!r}")
     if target == "cuda":

@@ -654,7 +654,7 @@ class CudaKernel:
         shared = mesh.comm.allgather((T, len(cols), len(seeded), queued, tuple(sorted(self.early)), (b.pinned, b.tail)))
         if len({row[4] for row in shared}) > 1:   # a walk one rank expects would never come from another
             raise GraphError(f"graph {self.ir.name!r}: the ranks disagree on which tasks are pushed early "
-                             f"({[list(row[4]) for row in shared]}); set ETDIST_EARLY_PUSH alike on every rank")
+                             f"({[list(row[4]) for row in shared]}); compile with the same early_push on every rank")
         if len({row[5] for row in shared}) > 1:   # likewise a notify one rank makes plain, another walks
             raise GraphError(f"graph {self.ir.name!r}: the ranks disagree on which tasks are pinned or the tail "
                              f"(first queued and first tail task ids {[row[5] for row in shared]}); build the graph "

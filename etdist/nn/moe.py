@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from .. import fusion, knobs
-from ..fusion.compile import early_push_level
 from ..collectives.custom_op import call_op, define_op
 from ..fusion.errors import InputError
 from ..ops.common import refusal_reaches_peers
@@ -110,7 +109,7 @@ HALF_TAILS_FROM, HALF_TAILS_MIN_EXPERTS = 128, 32
 GATE_UP_BLOCK = 128
 
 
-# Early push under the dynamic schedule (et.compile's early_push; ETDIST_EARLY_PUSH overrides it):
+# Early push under the dynamic schedule (et.compile's early_push):
 # 2, down tiles seeded behind the gate/up tiles (no act_ready walk, no queue hop before a down
 # tile): 2-9% faster on one H200 in both size classes (records moe_chain_ab).
 EARLY_PUSH = 2
@@ -313,7 +312,7 @@ class MoE(nn.Module):
                  if target == "cuda" else None)
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
         # down tiles early-pushed behind the gate/up tiles (EARLY_PUSH)
-        early = early_push_level(EARLY_PUSH) if self.schedule == "dynamic" else None
+        early = EARLY_PUSH if self.schedule == "dynamic" else None
         return tiles, align, early
 
     def _graph(self, target: str, tiles: Optional[GpuTiles], align: int, large: bool = False, **options):

@@ -1,4 +1,4 @@
-"""The ranks disagree on ETDIST_EARLY_PUSH (rank 1 turns it off): the MoE graph's dynamic kernel
+"""The ranks disagree on early push (rank 1 compiles with early_push=0): the MoE graph's dynamic kernel
 would walk `tiled` on one rank and not on the other. Every rank must refuse at the first call,
 before anything launches, naming the difference (not hang until the watchdog): the call agreement
 (mesh/calls.py) names the early-pushed tasks of each rank's kernel. Then they disagree on the tail
@@ -8,7 +8,6 @@ the other, and a queued combine never pushed: the kernels' sources differ.
     TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/early_disagree_worker.py
         -> 'OK early disagree rank r', 'OK tail disagree rank r'
 """
-import os
 
 import etdist as et
 from etdist.workloads import moe
@@ -17,16 +16,14 @@ from etdist.workloads import moe
 def main():
     mesh = et.init_mesh(backend="cpu", watchdog_s=20)
     R, r = mesh.world_size, mesh.rank
-    if r == 1:
-        os.environ["ETDIST_EARLY_PUSH"] = "0"
-    kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16), schedule="dynamic", target="cuda")
+    kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16), schedule="dynamic", target="cuda",
+                        early_push=0 if r == 1 else 1)
     ranks, _ = moe.make_inputs(R, 5, H=24, I=20, E=4 * R, seed=1)
     try:
         kernel(mesh, **ranks[r])
     except et.ShapeMismatchError as e:
         assert "early_push: ('gate_up',)" in str(e) and "early_push: ()" in str(e), e
         print(f"OK early disagree rank {r}", flush=True)
-    os.environ.pop("ETDIST_EARLY_PUSH", None)
     kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, tail=r == 0), schedule="dynamic",
                         target="cuda")
     try:

@@ -3,7 +3,8 @@ under Triton's interpreter, one process per rank, against the float64 reference:
 
     TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/moe_worker.py [--dynamic]
 
-ETDIST_MOE_TAIL=0 (this worker's own switch) queues the return and combine (moe_layer's tail=False).
+ETDIST_MOE_TAIL=0 queues the return and combine (moe_layer's tail=False); ETDIST_EARLY_PUSH=0/1/2 is
+compile's early_push (both this worker's own switches).
 """
 import os
 import sys
@@ -31,7 +32,7 @@ def main(args):
 
     one = R == 1   # one rank: the graph nn.MoE builds there, whose bodies move no rows (one_rank)
     kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, tail=tail, one_rank=one), schedule=schedule,
-                        target="cuda")
+                        target="cuda", early_push=int(os.environ.get("ETDIST_EARLY_PUSH", "1")))
     for T, skew, seed in ((5, 0.0, 1), (19, 4.0, 2), (3, 0.0, 3)):   # skew: most tokens to few experts
         mine, _, want = case(T, 24, 20, seed, skew)
         for _ in range(2):   # counts differ between calls and sizes: re-armed each launch
