@@ -39,6 +39,7 @@ def test_torchrun_sweep(tmp_path):
                   *ARGS], tmp_path), tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec (pip install mpi4py mpich)")
 def test_mpiexec_sweep(tmp_path):
     _check(*_run(["mpiexec", "-n", "2", sys.executable, "-m", "etdist.bench", *ARGS], tmp_path), tmp_path)

@@ -58,7 +58,7 @@ def _spawn(world, case, timeout=60):
     return out
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_peer_writes_are_seen(world):
     out = _spawn(world, "peer-writes")
     for rank, status, rows, nptrs, run_dir in out:

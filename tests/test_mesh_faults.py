@@ -31,7 +31,8 @@ LAUNCHERS = ["torchrun", pytest.param("mpiexec", marks=[pytest.mark.skipif(MPIEX
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-@pytest.mark.parametrize("case", ["exit", "term", "close", "kill"])
+@pytest.mark.parametrize("case", ["exit", pytest.param("term", marks=pytest.mark.slow),
+                                  pytest.param("close", marks=pytest.mark.slow), "kill"])
 def test_a_rank_that_goes_away_is_named_at_once(launcher, case, tmp_path):
     rc, out = launch(launcher, "fault_worker.py", case, shm=tmp_path)
     assert rc != 0, out[-3000:]
