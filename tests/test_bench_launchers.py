@@ -45,6 +45,7 @@ def test_mpiexec_sweep(tmp_path):
     _check(*_run(["mpiexec", "-n", "2", sys.executable, "-m", "etdist.bench", *ARGS], tmp_path), tmp_path)
 
 
+@pytest.mark.slow
 def test_launch_scripts_pass_overrides(tmp_path):
     """launch/torchrun.sh runs the main command with the overrides given to it."""
     env = dict(os.environ, NPROC="2", PYTHONPATH=str(ROOT), PYTHON=sys.executable)

@@ -297,7 +297,8 @@ def test_distributed_counts_read_from_tensors_are_refused_on_gpus():
         CudaKernel(MapTable.build(g.to_ir()), "static")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float32, marks=pytest.mark.slow)])
+@pytest.mark.slow   # the default set compiles nn.MoE's kernel in test_op_megakernels_do_not_spill[moe]
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_moe_graph_compiles_for_sm90(dtype):
     from etdist.workloads import moe
     ir = moe.moe_layer(top_k=8, block_m=64, dtype=dtype, block=64, block_n=128, align=16).to_ir()  # as nn.MoE
@@ -420,9 +421,9 @@ def test_op_megakernels_do_not_spill(name, build, warps, stages):
     assert _spill_bytes(kernel.asm["ptx"]) <= 64, name
 
 
-@pytest.mark.parametrize("top_k,I,large,pin", [(8, 768, False, True)] + [   # the rest (~15 s each): slow
-    pytest.param(*case, marks=pytest.mark.slow) for case in [(8, 768, False, False), (2, 14336, True, True),
-                                                              (8, 768, True, True), (8, 14336, True, True)]],
+@pytest.mark.slow   # ~10-20 s each, cold
+@pytest.mark.parametrize("top_k,I,large,pin", [(8, 768, False, True), (8, 768, False, False), (2, 14336, True, True),
+                                               (8, 768, True, True), (8, 14336, True, True)],
                          ids=["small-pinned", "small-queued", "large-pinned", "large-top8", "large-top8-long"])
 def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large, pin):
     """The ready queue's release walk (1024 consumers a block) is a call of its own: inlined, it
@@ -446,7 +447,8 @@ def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large, pin):
     assert kernel.metadata.shared <= 232448 and _spill_bytes(kernel.asm["ptx"]) <= bound
 
 
-@pytest.mark.parametrize("large", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["small", "large"])
+@pytest.mark.slow   # ~15-45 s each, cold
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
 def test_float32_moe_tiles_fit_in_shared_memory(large):
     """nn.MoE's float32 tiles drop to nn.moe.FLOAT32_STAGES: at the bf16 stages they would need
     246-328 KB of shared memory a program, and the launch would fail."""
