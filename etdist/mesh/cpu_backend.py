@@ -65,6 +65,14 @@ def _cleanup(paths: List[str], run_dir: str, liveness: List) -> None:
 
 def _remove(paths: List[str], run_dir: str, liveness: List) -> None:
     try:
+        # one rank's cleanup at a time (a lock on the directory itself): two ranks cleaning up at once
+        # each saw the other still there, neither removed the directory
+        held = os.open(run_dir, os.O_RDONLY)
+    except OSError:
+        held = None
+    try:
+        if held is not None:
+            fcntl.flock(held, fcntl.LOCK_EX)
         for p in paths:
             _unlink(p)
         paths.clear()
@@ -79,6 +87,9 @@ def _remove(paths: List[str], run_dir: str, liveness: List) -> None:
         os.rmdir(run_dir)
     except OSError:
         pass  # another rank still has files there; the last one removes it
+    finally:
+        if held is not None:
+            os.close(held)   # drops the lock
 
 
 _BACKENDS: "weakref.WeakSet[CpuBackend]" = weakref.WeakSet()

@@ -51,43 +51,38 @@ class Liveness:
     def path(self, rank: int) -> str:
         return os.path.join(self.run_dir, f"alive.r{rank}")
 
-    def alive(self, rank: int) -> bool:
-        """False once rank `rank` (on this host) has exited, died or closed its mesh."""
+    def _probe(self, rank: int) -> str:
+        """'held' (rank `rank` is there, or is never judged: ourselves, another host's rank, no rank
+        of this mesh), 'closed' (its lock file removed: it closed its mesh) or 'died' (the file
+        left, its lock free: it exited or was killed)."""
         if rank == self.rank or not 0 <= rank < len(self.local) or not self.local[rank]:
-            return True   # ourselves, another host's rank, or no rank of this mesh: never judged
-        if rank in self._dead:
-            return False
+            return "held"
         try:
             fd = os.open(self.path(rank), os.O_RDONLY)
-        except FileNotFoundError:   # it cleaned up: it closed its mesh
-            self._dead.add(rank)
-            return False
+        except FileNotFoundError:
+            return "closed"
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return True
+            return "held"
         finally:
             os.close(fd)   # drops our shared lock too
+        return "died"
+
+    def alive(self, rank: int) -> bool:
+        """False once rank `rank` (on this host) has exited, died or closed its mesh."""
+        if rank in self._dead:
+            return False
+        if self._probe(rank) == "held":
+            return True
         self._dead.add(rank)
         return False
 
     def died(self, rank: int) -> bool:
-        """True once rank `rank` (on this host) is gone without closing its mesh: its lock is free
-        and its lock file still there. A rank that closed its mesh removed the file first: it is in
-        (or through) the same collective close as we are, so our close must take part in it."""
-        if rank == self.rank or not 0 <= rank < len(self.local) or not self.local[rank]:
-            return False
-        try:
-            fd = os.open(self.path(rank), os.O_RDONLY)
-        except FileNotFoundError:   # it closed its mesh
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)
-        return True
+        """True once rank `rank` (on this host) is gone without closing its mesh. A rank that closed
+        its mesh removed its lock file first: it is in (or through) the same collective close as
+        we are, so our close must take part in it."""
+        return self._probe(rank) == "died"
 
     def dead(self) -> List[int]:
         """The ranks known gone (asking about every peer)."""

@@ -364,12 +364,10 @@ class Mesh:
             _CURRENT = None
         failed = self._failed is not None or (self._ctrl_np is not None and int(self._ctrl_np[0]) not in
                                               (0, int(ErrorKind.CALL)))
-        # peers gone (the cpu backend's cleanup then removes what they left too); a fault only if one
-        # died without closing, not if it is closing its mesh as we are: on GPUs close is collective,
-        # and judging such a peer gone left it waiting in the close's barrier
-        gone = [s for s in range(self.world_size) if not self._peer_alive(s)]
+        # a fault only where a peer died without closing, not where it is closing its mesh as we are:
+        # on GPUs close is collective, and judging such a peer gone left it waiting in the close
         live = getattr(self.impl, "liveness", None)
-        failed = failed or (live is not None and any(live.died(s) for s in gone))
+        failed = failed or (live is not None and any(live.died(s) for s in range(self.world_size)))
         try:
             if self.device.type == "cuda":
                 # kernels still running may store into host words the cache owns (a megakernel's

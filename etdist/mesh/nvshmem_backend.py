@@ -276,13 +276,12 @@ class NvshmemBackend:
     def close(self, failed: bool = False) -> None:
         """Collective: free this mesh's symmetric memory (newest first, the same order everywhere; a
         group's region over the whole world). NVSHMEM itself stays up until the process exits. After
-        a fault (failed) a peer may be gone: nothing collective is tried, and NVSHMEM is not finalized."""
+        a fault (failed: Mesh.close found a peer that died) nothing collective is tried, and NVSHMEM is
+        not finalized."""
         if self._closed:
             return
         self._closed = True
         self.process.open_meshes -= 1
-        # a peer gone without closing: nothing collective can finish (one closing too is in this close)
-        failed = failed or any(self.liveness.died(s) for s in range(self.world_size))
         self.liveness.close(remove_dir=True)
         if failed:
             self.process.healthy = False
