@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
-from etdist.bench.gpu import _chunk
+from etdist.bench.measure.ranks import chunk
 from etdist.fusion import trace as tr
 from etdist.bench.measure.timing import time_ranks
 from etdist.ops import ag_gemm as ag_op
@@ -26,7 +26,7 @@ dist.init_process_group("cpu:gloo,cuda:nccl")
 mesh = et.init_mesh()
 R, dev, bf16 = mesh.world_size, mesh.device, torch.bfloat16
 N = NF // R
-lo, hi = _chunk(M, R, mesh.rank)   # this rank's rows of x
+lo, hi = chunk(M, R, mesh.rank)   # this rank's rows of x
 x = torch.randn(hi - lo, K, device=dev, dtype=bf16)
 w = torch.randn(K, N, device=dev, dtype=bf16) / K ** 0.5
 xa = torch.randn(M, K, device=dev, dtype=bf16)

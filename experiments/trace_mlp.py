@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import etdist as et
-from etdist.bench.gpu import _chunk
+from etdist.bench.measure.ranks import chunk
 from etdist.fusion import trace as tr
 from etdist.bench.measure.timing import time_ranks
 from etdist.ops import mlp as mlp_op
@@ -23,7 +23,7 @@ dist.init_process_group("cpu:gloo,cuda:nccl")
 mesh = et.init_mesh()
 R, dev, bf16 = mesh.world_size, mesh.device, torch.bfloat16
 I = IF // R
-lo, hi = _chunk(M, R, mesh.rank)   # this rank's rows of x
+lo, hi = chunk(M, R, mesh.rank)   # this rank's rows of x
 x = torch.randn(hi - lo, H, device=dev, dtype=bf16)
 wgu = torch.randn(H, 2 * I, device=dev, dtype=bf16) / H ** 0.5
 wd = torch.randn(I, H, device=dev, dtype=bf16) / I ** 0.5

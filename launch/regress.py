@@ -41,8 +41,10 @@ import torch.distributed as dist
 import etdist as et
 from etdist.bench.measure import baselines as B
 from etdist.bench.measure import records
+from etdist.bench.measure.ranks import chunk, gather_rows, rel_err
 from etdist.bench.measure.shapes import MLP_SHAPES
 from etdist.bench.measure.timing import _per_call, slowest_rank, turns
+from etdist.bench.measure.timing import slowest_rank as max_over_ranks
 
 COPIES = 4
 # the dense M sweep: decode, ragged and round sizes, up to a long prefill
@@ -54,21 +56,6 @@ def variants(text: str) -> dict:
     """`base;whole_max_m=256` -> {"base": DEFAULT_PLAN, "whole_max_m=256": its PlanConfig}: every
     variant parsed (and a bad one refused) before anything runs."""
     return {v: et.ops.DEFAULT_PLAN.override(v) for v in text.split(";") if v}
-
-
-def chunk(M: int, world: int, rank: int) -> tuple[int, int]:
-    C = -(-M // world)
-    return min(M, rank * C), min(M, (rank + 1) * C)
-
-
-def gather_rows(x: torch.Tensor, M: int, world: int, group=None) -> torch.Tensor:
-    """float32 [M, K] of every rank's rows (chunks padded to cdiv(M, world) in transit)."""
-    C = -(-M // world)
-    padded = torch.zeros(C, x.shape[1], device=x.device, dtype=torch.float32)
-    padded[:x.shape[0]] = x.float()
-    full = torch.empty(C * world, x.shape[1], device=x.device, dtype=torch.float32)
-    dist.all_gather_into_tensor(full, padded, group=group)
-    return full[:M]
 
 
 def cell(op: str, mesh, H: int, I: int, M: int, group=None):
@@ -106,18 +93,6 @@ def cell(op: str, mesh, H: int, I: int, M: int, group=None):
         config=config)
     base = B.baseline_fns(op, M, H, I // R, group=group, copies=COPIES, device=dev, symm_mem=False, operands=ops)
     return step, (full[lo:hi] if seq else full), ((hi - lo) if seq else M, H), base, (M, H, I)
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    if not want.numel():
-        return 0.0
-    return ((got.float() - want).abs().max() / want.abs().max()).item()
-
-
-def max_over_ranks(v: float, dev) -> float:
-    t = torch.tensor([v], device=dev, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def timed(contenders: dict, dev, rounds: int, est_us: float) -> dict:
@@ -194,9 +169,9 @@ def main():
                     ours = functools.partial(step, config=configs[v])
                     out = torch.full(shape, float("nan"), device=dev, dtype=torch.bfloat16)
                     got = ours(0, out=out)
-                    errs[v] = max_over_ranks(rel_err(got, ref), dev)   # every rank sees the same
+                    errs[v] = max_over_ranks(rel_err(got, ref))   # every rank sees the same
                     replay = B.graphed(ours, COPIES, dev)
-                    g_err = max_over_ranks(rel_err(replay(), ours(0).float()), dev)
+                    g_err = max_over_ranks(rel_err(replay(), ours(0).float()))
                     if not (errs[v] < 2e-2 and g_err < 1e-3):   # reported and left out, never timed
                         if lead:
                             print(f"WRONG {op} {model} M={M} variant {v}: rel err {errs[v]:.1e}, "

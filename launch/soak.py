@@ -19,24 +19,11 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 import etdist as et
+from etdist.bench.measure.ranks import chunk, gather_rows, rel_err
 from etdist.bench.measure.shapes import MLP_SHAPES
+from etdist.bench.measure.timing import slowest_rank as max_over_ranks
 
 OPS = ("gemm_rs", "ag_gemm", "mlp", "mlp_replicated")
-
-
-def chunk(M: int, world: int, rank: int) -> tuple[int, int]:
-    C = -(-M // world)
-    return min(M, rank * C), min(M, (rank + 1) * C)
-
-
-def gather_rows(x: torch.Tensor, M: int, world: int) -> torch.Tensor:
-    """float32 [M, K] of every rank's rows (chunks of cdiv(M, world), padded in transit)."""
-    C = -(-M // world)
-    padded = torch.zeros(C, x.shape[1], device=x.device, dtype=torch.float32)
-    padded[:x.shape[0]] = x.float()
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    return torch.cat(parts)[:M]
 
 
 def summed(t: torch.Tensor) -> torch.Tensor:
@@ -100,12 +87,6 @@ class Op:
         return y[lo:hi] if self.name == "mlp" else y
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    if not want.numel():
-        return 0.0 if not got.numel() else float("inf")
-    return ((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", default=",".join(OPS))
@@ -143,10 +124,8 @@ def main() -> int:
             M = rng.randint(1, args.max_m)
             y = op(M)
             if i % args.check_every == 0 or i == args.launches:
-                err = rel_err(y, op.reference(M))
-                t = torch.tensor([err], dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)   # every rank counts the same
-                err, checks, worst = t.item(), checks + 1, max(worst, t.item())
+                err = max_over_ranks(rel_err(y, op.reference(M)))   # every rank counts the same
+                checks, worst = checks + 1, max(worst, err)
                 if not err < tol:
                     wrong.append((i, M, err))
             if lead and i % max(1, args.launches // 10) == 0:

@@ -27,7 +27,8 @@ import torch.distributed as dist
 import etdist as et
 
 from .measure import baselines as B
-from .measure.timing import time_alternated
+from .measure.ranks import chunk, gather_rows, rel_err
+from .measure.timing import slowest_rank as max_over_ranks, time_alternated
 from .report import best_baseline
 
 GPU_WORKLOADS = ("gemm_rs", "ag_gemm", "mlp", "mlp_replicated", "moe")
@@ -48,34 +49,6 @@ class CellResult:
         return extra or None
 
 
-def _chunk(M: int, world: int, rank: int) -> tuple[int, int]:
-    """This rank's rows [start, stop) of M split in chunks of cdiv(M, world), ragged at the end."""
-    C = -(-M // world)
-    return min(M, rank * C), min(M, (rank + 1) * C)
-
-
-def _max_over_ranks(value: float, device) -> float:
-    t = torch.tensor(value, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
-def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    if not want.numel():
-        return 0.0
-    return ((got.float() - want).abs().max() / want.abs().max()).item()
-
-
-def _gather_rows(x_mine: torch.Tensor, M: int, world: int) -> torch.Tensor:
-    """float32 [M, K] of every rank's row chunk (chunks padded to cdiv(M, world) in transit)."""
-    C = -(-M // world)
-    padded = torch.zeros(C, x_mine.shape[1], device=x_mine.device, dtype=torch.float32)
-    padded[:x_mine.shape[0]] = x_mine.float()
-    full = torch.empty(C * world, x_mine.shape[1], device=x_mine.device, dtype=torch.float32)
-    dist.all_gather_into_tensor(full, padded)
-    return full[:M]
-
-
 def _timed(fns: dict[str, Callable[[], object]], mesh, rounds: int) -> dict[str, float]:
     """Every contender of a cell (name -> zero-arg call), timed in `rounds` rounds of turning order
     (timing.turns), 2 batches of 20 calls each a round (slowest rank, us). rounds=1 is a fixed order,
@@ -89,7 +62,7 @@ def _graphed_checked(step: Callable[[int], object], mesh, copies: int = 4) -> Ca
     replay is checked against an eager call on the same operands before anything is timed."""
     replay = B.graphed(step, copies, mesh.device)
     got = replay().clone()          # graph 0: weight copy 0
-    err = _max_over_ranks(_rel_err(got, step(0).float()), mesh.device)
+    err = max_over_ranks(rel_err(got, step(0).float()))
     if not err < 1e-3:
         raise RuntimeError(f"our op replayed from a CUDA graph differs from the eager call (rel err {err:.1e})")
     return replay
@@ -114,11 +87,11 @@ def gemm_rs_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule
     K, N = I // R, H
     ops = B.gemm_rs_operands(M, K, N, copies=4, device=mesh.device)
     x = ops.x[:M].contiguous()  # the baselines pad M up to the world; we take it as it is
-    lo, hi = _chunk(M, R, mesh.rank)
+    lo, hi = chunk(M, R, mesh.rank)
     y = et.ops.gemm_reduce_scatter(x, ops.weights[0], mesh=mesh, out=_poisoned(hi - lo, N, x), schedule=schedule)
     part = x.float() @ ops.weights[0].float()
     dist.all_reduce(part)
-    err = _max_over_ranks(_rel_err(y, part[lo:hi]), mesh.device)
+    err = max_over_ranks(rel_err(y, part[lo:hi]))
 
     def ours(i):   # weight copy i
         return et.ops.gemm_reduce_scatter(x, ops.weights[i], mesh=mesh, schedule=schedule)
@@ -134,10 +107,10 @@ def ag_gemm_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule
     R, H, I = mesh.world_size, model.hidden, model.intermediate
     K, N = H, 2 * I // R
     ops = B.ag_gemm_operands(M, K, N, copies=4, device=mesh.device)
-    lo, hi = _chunk(M, R, mesh.rank)
+    lo, hi = chunk(M, R, mesh.rank)
     x = ops.x[:hi - lo].contiguous()  # the baselines pad every chunk; we take the ragged one
     y = et.ops.all_gather_gemm(x, ops.weights[0], mesh=mesh, total_rows=M, out=_poisoned(M, N, x), schedule=schedule)
-    err = _max_over_ranks(_rel_err(y, _gather_rows(x, M, R) @ ops.weights[0].float()), mesh.device)
+    err = max_over_ranks(rel_err(y, gather_rows(x, M, R) @ ops.weights[0].float()))
 
     def ours(i):
         return et.ops.all_gather_gemm(x, ops.weights[i], mesh=mesh, total_rows=M, schedule=schedule)
@@ -152,13 +125,13 @@ def mlp_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
              rounds: int = 4) -> CellResult:
     R, H, I = mesh.world_size, model.hidden, model.intermediate
     ops = B.mlp_operands(M, H, I // R, copies=4, device=mesh.device)
-    lo, hi = _chunk(M, R, mesh.rank)
+    lo, hi = chunk(M, R, mesh.rank)
     x = ops.x[:hi - lo].contiguous()
     y = et.ops.tensor_parallel_mlp(x, ops.gate_up[0], ops.down[0], mesh=mesh, total_rows=M,
                                    out=_poisoned(hi - lo, H, x), schedule=schedule)
-    full = B.swiglu(_gather_rows(x, M, R) @ ops.gate_up[0].float()) @ ops.down[0].float()
+    full = B.swiglu(gather_rows(x, M, R) @ ops.gate_up[0].float()) @ ops.down[0].float()
     dist.all_reduce(full)
-    err = _max_over_ranks(_rel_err(y, full[lo:hi]), mesh.device)
+    err = max_over_ranks(rel_err(y, full[lo:hi]))
 
     def ours(i):
         return et.ops.tensor_parallel_mlp(x, ops.gate_up[i], ops.down[i], mesh=mesh, total_rows=M, schedule=schedule)
@@ -185,7 +158,7 @@ def mlp_replicated_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, s
                                    out=_poisoned(M, H, x), schedule=schedule)
     full = B.swiglu(x.float() @ ops.gate_up[0].float()) @ ops.down[0].float()
     dist.all_reduce(full)
-    err = _max_over_ranks(_rel_err(y, full), mesh.device)
+    err = max_over_ranks(rel_err(y, full))
 
     def ours(i):
         return et.ops.tensor_parallel_mlp(x, ops.gate_up[i], ops.down[i], mesh=mesh, sequence_parallel=False,
@@ -236,26 +209,26 @@ def moe_cell(mesh, model, M: int, ceil: B.Ceilings, symm_mem: bool, schedule: st
         layers.append(layer)
     y = layers[0](x)
     want = torch_moe(x.float(), router.float(), wgu[0].float(), wd[0].float(), k, experts="loop")
-    err = _max_over_ranks(_rel_err(y, want), dev)
+    err = max_over_ranks(rel_err(y, want))
 
     def torch_layer(experts, dispatch="exact"):
         return lambda i: torch_moe(x, router, wgu[i], wd[i], k, experts=experts, dispatch=dispatch)
 
     grouped, padded = torch_layer("grouped"), torch_layer("grouped", "padded")
-    base_err = _max_over_ranks(max(_rel_err(grouped(0), want), _rel_err(padded(0), want)), dev)
+    base_err = max_over_ranks(max(rel_err(grouped(0), want), rel_err(padded(0), want)))
     if not base_err < REL_ERR_LIMIT["moe"]:
         raise RuntimeError(f"the grouped torch MoE baseline is off its float32 loop (rel err {base_err:.1e})")
     ours = lambda i: layers[i](x)  # noqa: E731
     fns = {"ours": B.rotating(ours, 2), "ours_graph": _graphed_checked(ours, mesh, copies=2),
            "eager": B.rotating(grouped, 2), "loop": B.rotating(torch_layer("loop"), 2)}
     fns["graph"] = B.graphed(padded, 2, dev)
-    graph_err = _max_over_ranks(_rel_err(fns["graph"](), want), dev)   # graph 0: weight copy 0
+    graph_err = max_over_ranks(rel_err(fns["graph"](), want))   # graph 0: weight copy 0
     if not graph_err < REL_ERR_LIMIT["moe"]:
         raise RuntimeError(f"the torch MoE baseline replayed from a CUDA graph is off (rel err {graph_err:.1e})")
     fns["fused"] = B.graphed(torch_layer("fused", "padded"), 2, dev)   # its warm-up tunes it, before the capture
     # the config it picked: one rank's slots, or expert-parallel the padded rows of every rank, one slot each
     picked = F.tuned(H, I, el, *((k, M * k) if R == 1 else (1, R * M * k)), bf16, dev)
-    fused_err = _max_over_ranks(_rel_err(fns["fused"](), want), dev)
+    fused_err = max_over_ranks(rel_err(fns["fused"](), want))
     if not fused_err < REL_ERR_LIMIT["moe"]:
         raise RuntimeError(f"the fused MoE baseline is off its float32 loop (rel err {fused_err:.1e})")
     floor = _moe_floor_us(x, router, k, el, H, I, ceil, dev)
