@@ -122,12 +122,14 @@ def _distinct(records: Sequence[Record], key: str) -> str:
     return ", ".join(sorted({str(getattr(r, key)) for r in records}))
 
 
-def _speedup_cell(s: Optional[float]) -> str:
+def _speedup_cell(s: Optional[float], short: bool = False) -> str:
+    """A speedup, bold where slower than the best baseline; short: the number alone (a grid cell)."""
     if s is None:
         return "-"
     if s < 1:       # rounded down, so that a slower cell never reads 1.00x
-        return f"**{math.floor(s * 100) / 100:.2f}x** (slower)"
-    return f"{s:.2f}x"
+        v = math.floor(s * 100) / 100
+        return f"**{v:.2f}**" if short else f"**{v:.2f}x** (slower)"
+    return f"{s:.2f}" if short else f"{s:.2f}x"
 
 
 def _date(rec: Record) -> str:
@@ -240,9 +242,9 @@ def pivot_table(workload: str, records: Sequence[Record]) -> str:
                 if r is None:
                     row.append("")
                     continue
-                text = _speedup_short(speedup(r))
+                text = _speedup_cell(speedup(r), short=True)
                 g = graph_speedup(r)
-                row.append(text if g is None else f"{text} ({_speedup_short(g)})")
+                row.append(text if g is None else f"{text} ({_speedup_cell(g, short=True)})")
             lines.append(f"| {model} | " + " | ".join(row) + " |")
         lines.append("")
         line = f"- geometric mean {geomean(speedup(r) for r in cells):.2f}x over {len(cells)} cells"
@@ -254,13 +256,6 @@ def pivot_table(workload: str, records: Sequence[Record]) -> str:
             line += f"; a kernel at the floor would reach {ceiling[0]:.2f}x, one as fast as the mm alone {ceiling[1]:.2f}x"
         lines += [line, ""]
     return "\n".join(lines)
-
-
-def _speedup_short(s: Optional[float]) -> str:
-    """A grid cell: bold where slower than the best baseline (rounded down, never 1.00)."""
-    if s is None:
-        return "-"
-    return f"**{math.floor(s * 100) / 100:.2f}**" if s < 1 else f"{s:.2f}"
 
 
 def render(records: Sequence[Record], plots: Optional[dict[tuple, pathlib.Path]] = None,

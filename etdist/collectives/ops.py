@@ -82,13 +82,12 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
     launched straight from a cache; the kernel itself checks the agreement at entry."""
     if mesh._failed is not None or mesh._closed:
         mesh._check_usable()
-    rendezvous = check
     direct = key[0] is Op.ALL_GATHER and mesh.is_symmetric(out)
     if mesh.backend == "nvshmem":
         capturing = stream_capturing(mesh.device)
         if not capturing:   # an earlier launch (of any op) the ranks disagreed on: raised here, at once
             mesh.calls.raise_pending()
-        full_key = key + (x.data_ptr(), out.data_ptr(), x.dtype, tuple(x.shape), out_given, rendezvous,
+        full_key = key + (x.data_ptr(), out.data_ptr(), x.dtype, tuple(x.shape), out_given, check,
                           mesh.fault_skip_notify_rank)
         cache = mesh.cache.setdefault("collectives.launches", {})
         launches = cache.get(full_key)
@@ -100,8 +99,8 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
                                     f"at mesh.check())")
                 ws = get_workspace(mesh)
                 plans_ = list(pieces(ws.slot_elems(x.dtype)))
-            word = _signature(key[0], sig_x, out_given, rendezvous).word
-            launches = [prepare_gpu(mesh, ws, x, out, p, rendezvous, direct, call_sig=word) for p in plans_]
+            word = _signature(key[0], sig_x, out_given, check).word
+            launches = [prepare_gpu(mesh, ws, x, out, p, check, direct, call_sig=word) for p in plans_]
             if len(cache) > 1024:   # launches in flight may still read their plans: let them finish
                 mesh.impl.synchronize()
                 cache.clear()
@@ -121,14 +120,14 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
     ws = get_workspace(mesh)
     with refusing(mesh):
         plans_ = list(pieces(ws.slot_elems(x.dtype)))
-    sig = _signature(key[0], sig_x, out_given, rendezvous)
+    sig = _signature(key[0], sig_x, out_given, check)
     # the cpu backend runs the GPU exchange kernel under Triton's interpreter (tests of the kernel)
     interpreted = knobs.now("ETDIST_CPU_EXCHANGE", knobs.choice("torch", "triton"), "torch") == "triton"
     if not interpreted:   # the interpreted kernel agrees at entry, as on GPUs
         mesh.calls.agree(sig)
     for plan in plans_:
         if interpreted:
-            exchange_interpreted(mesh, ws, x, out, plan, rendezvous, direct, call_sig=sig.word)
+            exchange_interpreted(mesh, ws, x, out, plan, check, direct, call_sig=sig.word)
         else:
             exchange_cpu(mesh, ws, x, out, plan, mesh.next_epoch("coll"))
     mesh.check(OP_NAMES)

@@ -28,7 +28,7 @@ from torch import nn
 from .. import fusion, knobs
 from ..collectives.custom_op import call_op, define_op
 from ..fusion.errors import InputError
-from ..ops.common import refusal_reaches_peers
+from ..ops.common import override_fields, refusal_reaches_peers
 from ..workloads import moe as moe_graph
 from ..ops import cpu_path
 from .checks import cpu_runtime, float_dtype, hidden_states, layer_mesh, positive_ints
@@ -149,13 +149,7 @@ class MoEConfig:
         """This config with the fields `text` names changed: "field=value+field=value" ("" or
         "base": none); tiles "block_m,block,block_n,warps,stages", the others an int (or None)."""
         changes = {}
-        for part in text.replace(" ", "").split("+"):
-            if part in ("", "base"):
-                continue
-            name, eq, value = part.partition("=")
-            if name not in {f.name for f in dataclasses.fields(self)} or not eq:
-                raise ValueError(f"MoEConfig: {part!r} is not field=value (fields: tiles, tiles_large, large_rows, "
-                                 "down_n)")
+        for name, value in override_fields("MoEConfig", [f.name for f in dataclasses.fields(self)], text):
             try:
                 if value == "None":
                     changes[name] = None
@@ -164,7 +158,7 @@ class MoEConfig:
                 else:
                     changes[name] = int(value)
             except (TypeError, ValueError) as e:
-                raise ValueError(f"MoEConfig: {part!r}: {e}") from None
+                raise ValueError(f"MoEConfig: {name}={value!r}: {e}") from None
         return dataclasses.replace(self, **changes)
 
 

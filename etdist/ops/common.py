@@ -108,18 +108,7 @@ class PlanConfig:
         """This config with the fields `text` names changed: "field=value+field=value" ("" or
         "base": none), each value as its field's type reads it (a tile: TileConfig.parse's
         "block_m,block_n,block_k,warps,stages[,swap][,2/sm]"; skinny_tasks_per_sm: a number or None)."""
-        changes = {}
-        for part in text.replace(" ", "").split("+"):
-            if part in ("", "base"):
-                continue
-            name, eq, value = part.partition("=")
-            if name not in _TYPES:
-                raise ValueError(f"PlanConfig has no field {name!r} (in {text!r}); fields: {', '.join(_TYPES)}")
-            if not eq:
-                raise ValueError(f"PlanConfig override {part!r}: want field=value")
-            if name in changes:
-                raise ValueError(f"PlanConfig override {text!r} sets {name} twice")
-            changes[name] = _parse(name, value)
+        changes = {name: _parse(name, value) for name, value in override_fields("PlanConfig", list(_TYPES), text)}
         return dataclasses.replace(self, **changes) if changes else self
 
     def changes(self) -> str:
@@ -131,6 +120,24 @@ class PlanConfig:
             if v != f.default:
                 parts.append(f"{f.name}={v.text() if isinstance(v, TileConfig) else v}")
         return "+".join(parts) or "base"
+
+
+def override_fields(config: str, fields: list, text: str) -> list:
+    """[(field, value text)] of an override "field=value+field=value" ("" or "base": none), each
+    field one of `fields` and named once (the parsing of PlanConfig's and nn.MoEConfig's)."""
+    pairs: dict = {}
+    for part in text.replace(" ", "").split("+"):
+        if part in ("", "base"):
+            continue
+        name, eq, value = part.partition("=")
+        if name not in fields:
+            raise ValueError(f"{config} has no field {name!r} (in {text!r}); fields: {', '.join(fields)}")
+        if not eq:
+            raise ValueError(f"{config} override {part!r}: want field=value")
+        if name in pairs:
+            raise ValueError(f"{config} override {text!r} sets {name} twice")
+        pairs[name] = value
+    return list(pairs.items())
 
 
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig, int or Optional[float]
