@@ -2,12 +2,14 @@
 GEMM tile bodies get to that with the math inside (issue 42: measure the ceiling first).
 
 For each of the 8 MLP shapes at TP=2 (gemm_rs: w_down shard [I/2, H]; ag_gemm: w_gate_up shard
-[H, I]), on bf16 weights in 4 rotated copies, timed as the bench times (20 calls back to back
-between two CUDA events, median of 5 batches; no L2 flush: a flush leaves L2 full of dirty lines
-whose write-back doubled a 50 MB read's time):
+[H, I]), on bf16 weights in 4 rotated copies, timed from a CUDA graph of 20 calls back to back
+(median of 5 replays between two CUDA events: no host launch cost in the figure, which eager
+launches of Triton kernels at ~20 us each would otherwise set; no L2 flush: a flush leaves L2 full
+of dirty lines whose write-back doubled a 50 MB read's time):
+  empty    a kernel of one program per SM that does nothing: the launch's own cost in a graph
   copy     torch copy of 1 GiB: (read + write) bytes / time; and of the weights themselves
-  stream   a persistent Triton kernel that only reads the weights (TMA boxes, pipelined, one
-           contiguous byte range per program) and adds them up: the stream ceiling for those bytes
+  stream   persistent Triton kernels that only read the weights and add them up: TMA boxes, one
+           contiguous box range per program; and plain vector loads, 1-4 programs per SM
   mm       torch.mm of [M, K] @ [K, N] (cuBLAS) at M = 16 and 128
   body     gemm_tiles.gemm_rs_skinny_matmul (the decode tile body of the fused ops) launched as a
            plain grid of split-K tasks with fp32 partials stored locally, for several tile configs
@@ -46,6 +48,23 @@ def stream_sum(w, out, K, N, BK: tl.constexpr, BN: tl.constexpr, P: tl.constexpr
 
 
 @triton.jit
+def stream_ptr(w, out, n, per, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    """Program p sums w[p * per, (p + 1) * per) (flat) with plain vector loads."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for i in tl.range(pid * per, tl.minimum(n, (pid + 1) * per), BLOCK, num_stages=STAGES):
+        acc += tl.load(w + i + offs, mask=i + offs < n, other=0.0).to(tl.float32)
+    tl.store(out + pid, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def empty(out):
+    """Nothing: what launching one program per SM costs."""
+    pass
+
+
+@triton.jit
 def skinny_grid(x, w, partial, table, M, K, N, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, USE_ASM: tl.constexpr = True):
     """One split-K task (s, j) of the fused ops' decode body per program, world 1."""
@@ -55,15 +74,23 @@ def skinny_grid(x, w, partial, table, M, K, N, SPLITS: tl.constexpr, BLOCK_M: tl
 
 
 def bench(fn, calls: int = 20, batches: int = 5) -> float:
-    """Median us per call of fn over batches of back-to-back calls between two events."""
-    for _ in range(3):
-        fn()
+    """Median us per call of fn over replays of a CUDA graph of `calls` back-to-back calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm-up (compiles, allocator) off the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
     times = []
     for _ in range(batches):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(calls):
-            fn()
+        graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
@@ -79,22 +106,31 @@ def main():
     copy_us = bench(lambda: dst.copy_(big), calls=5)
     copy_tbs = 2 * big.numel() * 2 / copy_us / 1e6
     del big, dst
-    print(f"{torch.cuda.get_device_name(dev)}, {sms} SMs: copy {copy_tbs:.2f} TB/s", flush=True)
+    flag = torch.zeros(sms, device=dev, dtype=torch.int32)
+    empty_us = bench(lambda: empty[(sms,)](flag))
+    print(f"{torch.cuda.get_device_name(dev)}, {sms} SMs: copy {copy_tbs:.2f} TB/s, empty launch {empty_us:.2f} us",
+          flush=True)
     shapes = os.environ.get("SHAPES", ",".join(MLP_SHAPES)).split(",")
     env = records.env_info()
     # (block_m, block_n, block_k, warps, stages, tasks per SM, swap): the op's 32-row class first
     configs = [(32, 128, 128, 4, 5, 1, True), (32, 64, 256, 4, 4, 1, True), (32, 256, 128, 8, 3, 1, True),
+               (32, 128, 128, 4, 3, 2, True), (32, 64, 128, 4, 8, 1, True), (32, 128, 64, 4, 8, 1, True),
+               (32, 64, 128, 4, 4, 2, True), (32, 128, 64, 4, 4, 2, True), (32, 128, 128, 4, 2, 2, True),
                (128, 128, 128, 8, 3, 1, True)]
+    whats = os.environ.get("WHAT", "gemm_rs,ag_gemm").split(",")
     rows, recs = [], []
     for name in shapes:
         H, I = MLP_SHAPES[name].hidden, MLP_SHAPES[name].intermediate
         for what, K, N in (("gemm_rs", I // 2, H), ("ag_gemm", H, I)):
+            if what not in whats:
+                continue
             ws = [torch.randn(K, N, device=dev, dtype=torch.bfloat16) / K ** 0.5 for _ in range(COPIES)]
             gb = K * N * 2 / 1e9
-            cells = {"floor": gb / copy_tbs * 1e3}
+            cells = {}
             dst = torch.empty_like(ws[0])
             it = iter(range(1 << 30))
             cells["copy"] = bench(lambda: dst.copy_(ws[next(it) % COPIES]))   # reads and writes the bytes once
+            cells["floor"] = cells["copy"] / 2   # reading the bytes once, at the copy's rate for this size
             del dst
             for BK, BN, warps, stages in ((64, 256, 8, 7), (32, 256, 8, 6), (64, 128, 8, 6)):
                 out = torch.empty(sms * BN, device=dev, dtype=torch.float32)
@@ -102,6 +138,14 @@ def main():
                 t = bench(lambda: stream_sum[(sms,)](ws[next(it) % COPIES], out, K, N, BK, BN, sms, stages,
                                                        num_warps=warps, num_stages=stages))
                 cells[f"stream{BK}x{BN}s{stages}"] = t
+            for progs, block, warps, stages in ((1, 4096, 8, 4), (2, 4096, 8, 3), (4, 2048, 4, 3), (2, 8192, 8, 2)):
+                P = progs * sms
+                out = torch.empty(P, device=dev, dtype=torch.float32)
+                per = -(-(-(-K * N // P)) // block) * block   # cdiv(K N, P) rounded up to a block
+                it = iter(range(1 << 30))
+                t = bench(lambda: stream_ptr[(P,)](ws[next(it) % COPIES], out, K * N, per, block, stages,
+                                                   num_warps=warps))
+                cells[f"streamp{progs}x{block}s{stages}"] = t
             cells["stream"] = min(v for k, v in cells.items() if k.startswith("stream"))
             for M in (16, 128):
                 x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
@@ -140,13 +184,14 @@ def main():
             line = "  ".join(f"{k} {v:.1f}" for k, v in cells.items())
             print(f"{name} {what} ({gb * 1e3:.0f} MB): {line}", flush=True)
             del ws
+    print(f"empty launch {empty_us:.2f} us")
     for r in recs:
         records.append(f"{os.environ.get('OUT', '/tmp')}/decode_ceiling.jsonl", r)
-    print("\nshape weights | floor | copy/2 | stream (TB/s) | mm16 | mm128 | best body16 (of stream) | best body128")
+    print("\nshape weights | at the 1 GiB copy rate | copy/2 (floor) | stream (TB/s) | mm16 | mm128 | best body16 (of stream) | best body128")
     for name, what, gb, c in rows:
         b16 = min((v, k) for k, v in c.items() if k.startswith("body16 "))
         b128 = min((v, k) for k, v in c.items() if k.startswith("body128 "))
-        print(f"{name} {what} | {c['floor']:.1f} | {c['copy'] / 2:.1f} | {c['stream']:.1f} ({gb / c['stream'] * 1e3:.2f}) | "
+        print(f"{name} {what} | {gb / copy_tbs * 1e3:.1f} | {c['copy'] / 2:.1f} | {c['stream']:.1f} ({gb / c['stream'] * 1e3:.2f}) | "
               f"{c['mm16']:.1f} | {c['mm128']:.1f} | {b16[0]:.1f} ({b16[0] / c['stream']:.2f}) {b16[1][7:]} | "
               f"{b128[0]:.1f} ({b128[0] / c['stream']:.2f}) {b128[1][8:]}")
     med = statistics.median(gb / c["stream"] * 1e3 for _, _, gb, c in rows)

@@ -6,7 +6,8 @@
 2. One traced launch queued behind replays of the same traced kernel, so both ranks start it as
    they do in a run (a lone launch after a sync starts up to ~30 us apart on the two ranks): per rank
    the span, busy share and per-kind statistics; the kernel's time minus the span is what program
-   start, the exit rendezvous and the launch cost. Chrome trace in $OUT (default /tmp).
+   start, the call agreement and the launch cost (each program's phases are rows of their own:
+   `agree`, entry to the call agreed; `finish`, its tasks done to its end). Chrome trace in $OUT.
 
     torchrun --nproc_per_node=2 experiments/trace_gemm_rs.py M N K_full    # e.g. 16 4096 12288
 """
@@ -90,7 +91,8 @@ if mesh.rank == 0:
           f"Chrome trace {path}")
     for rank in range(mesh.world_size):
         k_us = kerns[rank]
-        print(f"rank {rank}: kernel {k_us:.1f} us (profiler, traced build), task span {spans[rank]:.1f} us, "
-              f"outside tasks {k_us - spans[rank]:.1f} us (program start, exit rendezvous)")
+        print(f"rank {rank}: kernel {k_us:.1f} us (profiler, traced build), traced span {spans[rank]:.1f} us "
+              f"(first entry of any rank to this rank's last program end; rows agree: entry to the call "
+              f"agreed, finish: tasks done to the end), outside the programs {k_us - spans[rank]:.1f} us")
         print(tr.summary(trace_rows, rank), flush=True)
 mesh.close()

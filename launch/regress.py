@@ -95,10 +95,10 @@ def cell(op: str, mesh, H: int, I: int, M: int, group=None):
     return step, (full[lo:hi] if seq else full), ((hi - lo) if seq else M, H), base, (M, H, I)
 
 
-def timed(contenders: dict, dev, rounds: int, est_us: float) -> dict:
+def timed(contenders: dict, dev, rounds: int, est_us: float, calls: int = 0) -> dict:
     """us per call of each contender (name -> zero-arg call), rounds of turning order, each a
-    barrier, 2 warm-ups and 2 batches of ~2 ms; the slower rank's median."""
-    calls = max(3, min(20, round(2000 / max(est_us, 1.0))))
+    barrier, 2 warm-ups and 2 batches of `calls` calls (0: ~2 ms worth, 3 to 20); the slower rank's median."""
+    calls = calls or max(3, min(20, round(2000 / max(est_us, 1.0))))
     samples = {n: [] for n in contenders}
     for order in turns(list(contenders), rounds):
         for n in order:
@@ -134,6 +134,8 @@ def main():
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/regress"))
     ap.add_argument("--notes", default="")
+    ap.add_argument("--calls", type=int, default=0,
+                    help="calls per timed batch (default: ~2 ms worth, 3 to 20; more spread the ranks' start skew thinner)")
     ap.add_argument("--tp", type=int, default=0, help="tensor-parallel group size (default: every rank in one)")
     args = ap.parse_args()
     configs = variants(args.variants)
@@ -183,7 +185,7 @@ def main():
                 contenders.update(base.fns)
                 est = _per_call(contenders["eager"], calls=3, batches=1, warmup=1, barrier=dist.barrier,
                                 device=dev)[0]
-                t = timed(contenders, dev, args.rounds, slowest_rank(est))
+                t = timed(contenders, dev, args.rounds, slowest_rank(est), args.calls)
                 floor = B.floor_us(*fl, mesh.world_size, ceil.copy_TBps, ceil.mm_TFps, workload=op)
                 bl = {k: t[k] for k in base.fns}
                 for n, v in enumerate(names):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import etdist as et
-from etdist.fusion.codegen_triton import TRACE_WORDS, compile_ptx, generate, kernel_params
-from etdist.fusion.trace import chrome_events, clock_offset, first_start, gpu_rows, write_chrome
+from etdist.fusion.codegen_triton import PHASE_WORDS, TRACE_WORDS, compile_ptx, generate, kernel_params
+from etdist.fusion.trace import chrome_events, clock_offset, earliest, first_start, gpu_rows, summary, write_chrome
 from etdist.workloads import gemm_rs
 
 
@@ -20,7 +20,8 @@ def test_trace_is_a_compile_time_switch():
     off, on = generate(g), generate(g, trace=True)
     assert "trace_buf" not in off and "_et_clock" not in off and "trace_buf" not in kernel_params(g)
     assert kernel_params(g, trace=True)[-1] == "trace_buf"
-    assert on.count("_et_clock(") == 3 * len(g.tasks)              # start, waits done, end per task
+    # start, waits done, end per task; entry, call agreed, tasks done, end per program
+    assert on.count("_et_clock(") == 3 * len(g.tasks) + 4
     ptx_on = compile_ptx(g, trace=True)
     assert "%globaltimer" in ptx_on and "%smid" in ptx_on
     assert "%globaltimer" not in compile_ptx(g)
@@ -45,6 +46,28 @@ def test_gpu_rows_decode_task_coordinates():
     events = chrome_events(rows, track="SM")
     assert {e["args"]["name"] for e in events if e["name"] == "thread_name"} == {"SM 17", "SM 2"}
     assert [e["dur"] for e in events if e["ph"] == "X"] == [3.0, 4.0]
+
+
+def test_the_launch_phases_of_each_program_decode_after_the_tasks():
+    """Each program's entry, call agreed, tasks done and end follow the task records: rows `agree`
+    (entry to agreed) and `finish` (tasks done to end), the times from the earliest entry; a program
+    that recorded nothing shows none."""
+    g = ir()
+    sizes = {"M": 200, "K": 64, "N": 100, "RANK": 0, "WORLD": 2}
+    tasks, programs = 2 * 2 * 2 + 2 * 2, 3
+    buf = [0] * (tasks * TRACE_WORDS + programs * PHASE_WORDS)
+    buf[0:TRACE_WORDS] = [5000, 5000, 9000, 4 << 32]               # matmul task 0 on program 0
+    at = tasks * TRACE_WORDS
+    buf[at:at + PHASE_WORDS] = [1000, 4000, 9500, 10500, 4 << 32]    # program 0 on SM 4
+    at += 2 * PHASE_WORDS
+    buf[at:at + PHASE_WORDS] = [1200, 4100, 4200, 10000, 7 << 32 | 2]   # program 2 on SM 7; program 1: nothing
+    assert earliest(buf, tasks) == 1000 and first_start(buf, tasks) == 5000
+    rows = gpu_rows(g, sizes, buf, rank=0)
+    assert rows == [(0, 4, "matmul@(0, 0) program 0, waited 0.0 us", 4.0, 8.0),
+                    (0, 4, "agree@program 0", 0.0, 3.0), (0, 4, "finish@program 0", 8.5, 9.5),
+                    (0, 7, "agree@program 2", 0.2, 3.1), (0, 7, "finish@program 2", 3.2, 9.0)]
+    text = summary(rows, 0)
+    assert "agree" in text and "finish" in text and "span 9.5 us" in text
 
 
 def test_cpu_trace_by_default_when_compiled_with_trace(tmp_path):

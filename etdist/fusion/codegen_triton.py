@@ -32,7 +32,7 @@ from .errors import GraphError
 from .expr import Expr, as_expr, var
 from .ir import GraphIR, TaskSpec, early_pushed, pinned_prefix, tail_start
 from .loader import load_module
-from .trace import TRACE_WORDS
+from .trace import PHASE_WORDS, TRACE_WORDS
 
 ERR_WORDS = 8
 EVENT_CODE_BASE = 16
@@ -213,6 +213,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     out(f"def megakernel({', '.join(params)}, NUM_PROGRAMS: tl.constexpr, USE_ASM: tl.constexpr):")
     with out.indent():
         out("_et_pid = tl.program_id(0)")
+        if trace:   # the launch's own phases per program: entry, call agreed, tasks done, end
+            out("_et_p0, _et_psm = _et_clock(_et_pid)")
         # The epochs live in the arena and the kernel bumps them itself (the last program, below): the
         # arguments stay the same from call to call, so a launch replayed from a CUDA graph is correct.
         out(f"epoch = tl.load(arena + {ArenaLayout.in_kernel('finished')}, volatile=True) + 1")
@@ -244,6 +246,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         out(f"_et_seq, _et_agreed = _et_agree(mesh_ctrl, mesh_ctrl_peers, {ControlLayout.in_kernel('call')}, "
             f"{ControlLayout.in_kernel('call_seq')}, RANK, WORLD, call_sig, max_spins, arena, arena_peers, _et_pid, "
             f"USE_ASM)")
+        if trace:
+            out("_et_p1, _et_psm = _et_clock(_et_pid)")
         out("if _et_agreed != 0:")
         depth = out.depth
         out.depth += 1
@@ -276,6 +280,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
                 with out.indent():
                     _emit_dispatch(out, ir, tx, trace, released, range(tail, n), check=check_events)
         out.depth = depth
+        if trace:
+            out("_et_p2, _et_psm = _et_clock(_et_pid)")
         # No exit rendezvous: the next launch's call agreement holds every rank at entry until each
         # peer has started its next launch, i.e. finished this one (mesh/calls.py), which is what the
         # rendezvous guaranteed, for one cross-GPU hop per launch instead of two
@@ -312,6 +318,13 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
                     out("_et_zo = _et_z + tl.arange(0, 256)")
                     out(f"tl.store(arena + ev_{e.name}_off + _et_zo, tl.zeros((256,), tl.int32), "
                         f"mask=_et_zo < {size})")
+        if trace:   # after the tasks' records (trace.PHASE_WORDS per program)
+            out("_et_p3, _et_psm = _et_clock(_et_pid)")
+            out(f"_et_tr = trace_buf + (_et_pid * 0 + {ends[n - 1]}).to(tl.int64) * {TRACE_WORDS} "
+                f"+ _et_pid.to(tl.int64) * {PHASE_WORDS}")
+            for k, v in enumerate(("_et_p0", "_et_p1", "_et_p2", "_et_p3")):
+                out(f"tl.store(_et_tr + {k}, {v})")
+            out("tl.store(_et_tr + 4, (_et_psm.to(tl.int64) << 32) | _et_pid)")
     return "\n".join(out.lines) + "\n"
 
 

@@ -62,7 +62,7 @@ from .errors import GraphError, InputError, RuntimeFault
 from .expr import RANK_NAME, WORLD_NAME, evaluate
 from .ir import Role, early_at
 from .loader import load_module
-from .trace import TRACE_WORDS, first_start, gpu_rows, measure_offset
+from .trace import PHASE_WORDS, TRACE_WORDS, earliest, gpu_rows, measure_offset, task_count
 from .validate import LazyCheck
 
 INT32_MAX = 2**31 - 1
@@ -504,7 +504,9 @@ class CudaKernel:
         """The last launch's tasks as (rank, SM, label, start us, end us) rows, every rank's when
         gather=True (collective: call it on every rank). Each GPU's timer has its own origin (2x H200:
         ~0.24 s apart): every rank measures its own against the host clock (fusion/trace.py) and the
-        rows are on that clock, from the earliest task of any rank (gather=False: of this rank).
+        rows are on that clock, from the earliest program entry of any rank (gather=False: of this rank);
+        besides the tasks, each program's phases: `agree` (entry to the call agreed), `finish` (its tasks
+        done to its end).
         Needs compile(..., trace=True). Write them with et.fusion.trace.write_chrome(rows, path, track="SM")."""
         if not self.trace_on:
             raise GraphError(f"graph {self.ir.name!r} was compiled without trace=True: nothing was recorded")
@@ -515,7 +517,7 @@ class CudaKernel:
         env = {**st.shape.sizes, RANK_NAME: mesh.rank}
         buf = st.shape.fixed["trace_buf"].cpu().tolist()
         offset, _ = measure_offset(mesh.device)           # this GPU's timer less the host clock
-        mine = first_start(buf)
+        mine = earliest(buf, task_count(self.ir, env))
         start = None if mine is None else mine - offset   # on the host clock
         starts = [s for s in (mesh.comm.allgather(start) if gather else [start]) if s is not None]
         origin = min(starts, default=0) + offset          # the common origin, on this GPU's timer
@@ -617,7 +619,8 @@ class CudaKernel:
             self._prepare_queue(mesh, st, bound, offsets, event_shapes, at, fixed)
         if self.trace_on:
             tasks = sum(math.prod(evaluate(g, env) for g in t.grid) for t in self.ir.tasks)
-            fixed["trace_buf"] = empty_persistent(max(1, tasks) * TRACE_WORDS, torch.int64, mesh.device).zero_()
+            fixed["trace_buf"] = empty_persistent(max(1, tasks) * TRACE_WORDS + st.programs * PHASE_WORDS, torch.int64,
+                                                  mesh.device).zero_()
         st.shape = _Shape(dict(bound), event_shapes, outputs, fixed)
         st.shape.lay_out(self.params)
         mesh.barrier()  # every rank zeroed its counters before any rank notifies into them

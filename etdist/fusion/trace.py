@@ -12,7 +12,7 @@ The CPU runtime's clock is its scheduler step (deterministic for a seed), writte
 the GPU's is %globaltimer (ns). The timers of different GPUs have different origins (2x H200: ~0.24
 s apart), so each rank measures its own against the host's monotonic clock, which every process of
 a host shares (measure_offset: the tightest of several host brackets around a timer read), and every
-rank's times are put on that clock, then shifted so the earliest task of any rank starts at 0:
+rank's times are put on that clock, then shifted so the earliest program entry of any rank is 0:
 ranks that started a launch apart show apart. (Ranks on several hosts: each host's clock, hosts
 not aligned.)
 """
@@ -25,6 +25,11 @@ from typing import Iterable, Optional
 from .expr import evaluate
 
 TRACE_WORDS = 4   # per task in trace mode: start ns, waits done ns, end ns, SM << 32 | program
+# then per program, the launch's own phases: entry, call agreed, tasks done, end (ns), SM << 32 | program
+PHASE_WORDS = 5
+# what a launch does outside its tasks, as rows named like tasks: entry to the call agreed (the
+# launch's start and the cross-GPU agreement), tasks done to the program's end (the finish)
+PHASES = (("agree", 0, 1), ("finish", 2, 3))
 
 
 def clock_offset(samples) -> tuple[int, int]:
@@ -40,10 +45,37 @@ def clock_offset(samples) -> tuple[int, int]:
     return device - (before + after) // 2, (after - before + 1) // 2
 
 
-def first_start(buf) -> Optional[int]:
-    """The earliest start (device ns) among the tasks that ran, in a GPU trace buffer."""
+def first_start(buf, tasks: Optional[int] = None) -> Optional[int]:
+    """The earliest start (device ns) among the first `tasks` tasks (default: all the words) that ran,
+    in a GPU trace buffer."""
     words = [int(v) for v in buf]
-    return min((words[k] for k in range(0, len(words), TRACE_WORDS) if words[k + 2]), default=None)
+    n = len(words) if tasks is None else tasks * TRACE_WORDS
+    return min((words[k] for k in range(0, n, TRACE_WORDS) if words[k + 2]), default=None)
+
+
+def earliest(buf, tasks: int) -> Optional[int]:
+    """The earliest time (device ns) in a GPU trace buffer of `tasks` task records: a program's entry
+    where the phases were recorded, else the first task's start."""
+    words = [int(v) for v in buf]
+    entries = [words[at] for at in range(tasks * TRACE_WORDS, len(words) - PHASE_WORDS + 1, PHASE_WORDS)
+               if words[at + 3]]
+    first = first_start(words, tasks)
+    return min(entries + ([first] if first is not None else []), default=None)
+
+
+def phase_rows(buf, tasks: int, rank: int, origin_ns: int) -> list[tuple]:
+    """The per-program phase records after `tasks` task records -> rows as gpu_rows' ("agree@program
+    p", "finish@program p"), times from `origin_ns`; programs that recorded nothing are left out."""
+    words = [int(v) for v in buf]
+    rows = []
+    for at in range(tasks * TRACE_WORDS, len(words) - PHASE_WORDS + 1, PHASE_WORDS):
+        clocks, where = words[at:at + 4], words[at + 4]
+        if not clocks[3]:
+            continue
+        for name, a, b in PHASES:
+            rows.append((rank, where >> 32, f"{name}@program {where & 0xFFFFFFFF}",
+                         (clocks[a] - origin_ns) / 1e3, (clocks[b] - origin_ns) / 1e3))
+    return rows
 
 
 def gpu_rows(ir, sizes: dict, buf, rank: int, origin_ns: Optional[int] = None) -> list[tuple]:
@@ -52,8 +84,9 @@ def gpu_rows(ir, sizes: dict, buf, rank: int, origin_ns: Optional[int] = None) -
     that ran, times from `origin_ns` (on this rank's timer: the common origin less its clock offset),
     by default from this rank's earliest start. `sizes`: the bound sizes with RANK and WORLD."""
     words = [int(v) for v in buf]
+    tasks = task_count(ir, sizes)
     # the origin in integer ns first: %globaltimer values (~1e18) lose 256 ns as doubles
-    t0 = (first_start(words) or 0) if origin_ns is None else origin_ns
+    t0 = (earliest(words, tasks) or 0) if origin_ns is None else origin_ns
     rows, gid = [], 0
     for t in ir.tasks:
         grid = [evaluate(g, sizes) for g in t.grid]
@@ -71,7 +104,18 @@ def gpu_rows(ir, sizes: dict, buf, rank: int, origin_ns: Optional[int] = None) -
                          f"waited {(waited - start) / 1e3:.1f} us")
                 rows.append((rank, where >> 32, label, (start - t0) / 1e3, (end - t0) / 1e3))
         gid += n
-    return rows
+    return rows + phase_rows(words, tasks, rank, t0)
+
+
+def task_count(ir, sizes: dict) -> int:
+    """How many tasks a launch of `ir` at `sizes` has (the task records of its trace buffer)."""
+    total = 0
+    for t in ir.tasks:
+        n = 1
+        for g in t.grid:
+            n *= evaluate(g, sizes)
+        total += n
+    return total
 
 
 def measure_offset(device, samples: int = 32) -> tuple[int, int]:
