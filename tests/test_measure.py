@@ -26,31 +26,6 @@ def test_time_batched_structure_on_cpu():
     assert events == [2]                   # one barrier, after the warm-up, before any batch
 
 
-def test_a_gpu_batch_starts_after_one_untimed_call(monkeypatch):
-    """On a GPU a batch of several calls has one call queued before its start event (it lines the
-    ranks' GPUs up where fn waits for its peers); a single call is timed from idle."""
-    from etdist.bench.measure import timing
-    log = []
-
-    class Event:
-        def __init__(self, enable_timing):
-            pass
-        def record(self):   # how many calls were queued before it
-            log.append(("record", sum(1 for e in log if e == "call")))
-        def synchronize(self):
-            pass
-        def elapsed_time(self, other):
-            return 0.004   # ms
-
-    monkeypatch.setattr(timing.torch.cuda, "Event", Event)
-    fn = lambda: log.append("call")  # noqa: E731
-    assert timing._elapsed_us(fn, 3, cuda=True) == pytest.approx(4.0)
-    assert log == ["call", ("record", 1), "call", "call", "call", ("record", 4)]
-    log.clear()
-    timing._elapsed_us(fn, 1, cuda=True)
-    assert log == [("record", 0), "call", ("record", 1)]
-
-
 def test_time_single_and_bad_arguments():
     x = torch.randn(64, 64)
     assert time_single(lambda: x @ x, repeats=3, warmup=1) > 0

@@ -33,16 +33,10 @@ def _use_cuda(device) -> bool:
 
 
 def _elapsed_us(fn: Callable[[], object], calls: int, cuda: bool) -> float:
-    """Total microseconds of `calls` back-to-back calls of fn. On a GPU a batch of several calls
-    starts after one untimed call queued just before its start event: a call that waits for the
-    peers (ours, NCCL's) lines the ranks' GPUs up there, so the batch does not time how far apart
-    the hosts left the barrier (up to ~0.5 ms: 20-call batches of a 30 us call read 52 us eager
-    against 30 us over 200 calls; records gemm_rs calls20/calls200 at e16cc6e)."""
+    """Total microseconds of `calls` back-to-back calls of fn."""
     if cuda:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        if calls > 1:
-            fn()
         start.record()
         for _ in range(calls):
             fn()
@@ -77,8 +71,7 @@ def time_batched(fn: Callable[[], object], *, calls: int = 20, batches: int = 7,
                  barrier: Optional[Callable[[], object]] = None, device=None) -> float:
     """Microseconds per call of fn: median over `batches` batches of `calls` back-to-back calls.
 
-    fn is called warmup + calls * batches times, on a GPU once more per batch when calls > 1 (the
-    untimed call that lines the ranks up: _elapsed_us). `barrier` (e.g. `dist.barrier`) runs once, after
+    fn is called warmup + calls * batches times. `barrier` (e.g. `dist.barrier`) runs once, after
     the warm-up has finished on the device and before the first batch. `device`: a CUDA device to
     time on with events (default: the current one if CUDA is available), or "cpu" for perf_counter.
     """
