@@ -43,7 +43,7 @@ from etdist.bench.measure import baselines as B
 from etdist.bench.measure import records
 from etdist.bench.measure.ranks import chunk, gather_rows, rel_err
 from etdist.bench.measure.shapes import MLP_SHAPES
-from etdist.bench.measure.timing import _per_call, slowest_rank, turns
+from etdist.bench.measure.timing import _per_call, batch_calls, slowest_rank, turns
 from etdist.bench.measure.timing import slowest_rank as max_over_ranks
 
 COPIES = 4
@@ -97,8 +97,9 @@ def cell(op: str, mesh, H: int, I: int, M: int, group=None):
 
 def timed(contenders: dict, dev, rounds: int, est_us: float, calls: int = 0) -> dict:
     """us per call of each contender (name -> zero-arg call), rounds of turning order, each a
-    barrier, 2 warm-ups and 2 batches of `calls` calls (0: ~2 ms worth, 3 to 20); the slower rank's median."""
-    calls = calls or max(3, min(20, round(2000 / max(est_us, 1.0))))
+    barrier, 2 warm-ups and 2 batches of `calls` calls (0: timing.batch_calls, ~10 ms worth); the slower
+    rank's median."""
+    calls = calls or batch_calls(est_us)
     samples = {n: [] for n in contenders}
     for order in turns(list(contenders), rounds):
         for n in order:
@@ -135,7 +136,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/regress"))
     ap.add_argument("--notes", default="")
     ap.add_argument("--calls", type=int, default=0,
-                    help="calls per timed batch (default: ~2 ms worth, 3 to 20; more spread the ranks' start skew thinner)")
+                    help="calls per timed batch (default: timing.batch_calls, ~10 ms worth, 3 to 200)")
     ap.add_argument("--tp", type=int, default=0, help="tensor-parallel group size (default: every rank in one)")
     args = ap.parse_args()
     configs = variants(args.variants)

@@ -1,6 +1,7 @@
 """etdist.bench.measure on CPU: timing, records, shapes, floors, eager baselines (gloo, world 1)."""
 import json
 import pathlib
+import time
 
 import pytest
 import torch
@@ -24,6 +25,18 @@ def test_time_batched_structure_on_cpu():
     assert us > 0
     assert len(calls) == 2 + 4 * 3
     assert events == [2]                   # one barrier, after the warm-up, before any batch
+
+
+def test_batches_are_about_ten_ms_of_calls():
+    from etdist.bench.measure.timing import batch_calls
+    assert (batch_calls(30), batch_calls(100), batch_calls(1000), batch_calls(9000)) == (200, 100, 10, 3)
+    n = {"a": 0, "b": 0}
+    def call(name, s):
+        n[name] += 1
+        time.sleep(s)
+    fns = {"a": lambda: call("a", 0.0), "b": lambda: call("b", 0.004)}   # the slower one sizes the batches
+    time_alternated(fns, rounds=2, calls=None, batches=2, warmup=0, device="cpu")
+    assert n == {"a": 2 + 2 * 2 * 3, "b": 2 + 2 * 2 * 3}   # estimate (1 + 1), then 2 rounds x 2 batches x 3
 
 
 def test_time_single_and_bad_arguments():

@@ -51,9 +51,9 @@ class CellResult:
 
 def _timed(fns: dict[str, Callable[[], object]], mesh, rounds: int) -> dict[str, float]:
     """Every contender of a cell (name -> zero-arg call), timed in `rounds` rounds of turning order
-    (timing.turns), 2 batches of 20 calls each a round (slowest rank, us). rounds=1 is a fixed order,
-    ours first."""
-    return time_alternated(fns, rounds=rounds, device=mesh.device)
+    (timing.turns), 2 batches of ~10 ms each a round (timing.batch_calls; slowest rank, us). rounds=1
+    is a fixed order, ours first."""
+    return time_alternated(fns, rounds=rounds, calls=None, device=mesh.device)
 
 
 def _graphed_checked(step: Callable[[int], object], mesh, copies: int = 4) -> Callable[[], object]:

@@ -32,6 +32,15 @@ def _use_cuda(device) -> bool:
     return torch.device(device).type == "cuda"
 
 
+BATCH_US = 10_000   # a batch's length: eager decode calls read ~2x slower in 20-call batches than in 200-call
+MOST_CALLS = 200    # ones (gemm_rs qwen3_8b M=16: 52-59 against 30 us; NCCL eager 80-150 against 50; 2x H200)
+
+
+def batch_calls(est_us: float) -> int:
+    """Calls per batch for a call of about `est_us`: BATCH_US worth, 3 to MOST_CALLS."""
+    return max(3, min(MOST_CALLS, round(BATCH_US / max(est_us, 1.0))))
+
+
 def _elapsed_us(fn: Callable[[], object], calls: int, cuda: bool) -> float:
     """Total microseconds of `calls` back-to-back calls of fn."""
     if cuda:
@@ -123,12 +132,12 @@ def turns(names: list, rounds: int) -> list[list]:
 
 
 def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 4, group=None,
-                    single: bool = False, calls: int = 20, batches: int = 2, repeats: int = 2,
+                    single: bool = False, calls: Optional[int] = 20, batches: int = 2, repeats: int = 2,
                     warmup: int = 5, device=None) -> dict[str, float]:
     """Microseconds per call of each of `fns` (name -> fn), timed alternately: every round times each
     fn once (warm-up, a barrier over `group` when torch.distributed is initialised, then `batches`
-    batches of `calls` calls, or `repeats` single calls if single=True), in the orders of `turns`.
-    Per name: the median over all its rounds' batches, then the slowest rank. Collective: the ranks
+    batches of `calls` calls (None: batch_calls of the slowest contender), or `repeats` single calls
+    if single=True), in the orders of `turns`. Per name: the median over all its rounds' batches, then the slowest rank. Collective: the ranks
     of `group` must pass the same names in the same order (checked).
 
     Why alternate: timed in a fixed order, the later of two identical kernels measured 2-3% faster,
@@ -148,6 +157,9 @@ def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 4, gr
     if not names:
         return {}
     barrier = (lambda: dist.barrier(group=group)) if distributed else None
+    if calls is None and not single:   # batch_calls of the slowest contender on the slowest rank
+        est = max(_per_call(fns[n], calls=1, batches=1, warmup=1, barrier=barrier, device=device)[0] for n in names)
+        calls = batch_calls(slowest_rank(est, group))
     samples: dict[str, list[float]] = {n: [] for n in names}
     for order in turns(names, rounds):
         for n in order:
