@@ -1212,3 +1212,19 @@ def test_graph_checks_run_at_the_sizes_calls_use():
     k.run([{"x": torch.ones(12)}])
     with pytest.raises(et.GraphError, match=r"notifies done\[16\], outside the event's shape \[16\] \(sizes \{'WORLD': 1, 'M': 63"):
         k.run([{"x": torch.ones(40)}])   # its class's top, M = 63: 16 tiles
+
+
+def test_a_launch_held_at_its_entry_names_the_rank_and_the_call(kernel):
+    """A watchdog in the call agreement (a peer never made the call) says which rank and which call,
+    not an event code; a wait on a graph event names the event."""
+    from etdist.mesh.control import ErrorKind, Event
+    mesh = FakeMesh([])
+    mesh.watchdog_s = 3
+    st = type("State", (), {"shape": None})()
+    words = [int(ErrorKind.TIMEOUT), 0, Event.encode(Event.CALL, 3), 2, 3, 1, 3, 0]
+    with pytest.raises(et.RuntimeFault, match=r"rank 0 waited at the launch's entry for rank 1 to make call 3 "
+                                              r".*its last was 2.*watchdog expired after ~3 s"):
+        kernel._raise_if_failed(mesh, st, words)
+    words[2] = (16 << 20) | 5   # the graph's first event, element 5
+    with pytest.raises(et.RuntimeFault, match=r"waited on event code"):
+        kernel._raise_if_failed(mesh, st, words)

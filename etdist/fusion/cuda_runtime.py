@@ -51,7 +51,7 @@ from triton.runtime import _allocation as triton_allocation
 from .. import knobs, log
 from ..kernels.launch_hooks import hooks_active
 from ..mesh.calls import Signature, describe_word
-from ..mesh.control import ControlLayout, ErrorKind
+from ..mesh.control import ControlLayout, ErrorKind, Event
 from ..mesh.errors import CallMismatchError
 from ..mesh.persistent import empty_persistent
 from ..mesh.stream_order import capturing as stream_capturing, capturing_current
@@ -755,6 +755,13 @@ class CudaKernel:
                 what = "the exit rendezvous" if linear == 0 else "its ready queue (a claimed entry never arrived)"
         alive = getattr(mesh, "_peer_alive", None)
         gone = [s for s in range(mesh.world_size) if alive is not None and not alive(s)]
+        if Event.decode(code)[0] == Event.CALL:   # the launch's entry: a peer never made this call
+            raise RuntimeFault(
+                f"graph {self.ir.name!r}: rank {rank} waited at the launch's entry for rank {peer} to make call "
+                f"{expected} (every rank makes the same calls in the same order; its last was {observed}); the "
+                f"watchdog expired after ~{mesh.watchdog_s:g} s. " + (
+                    f"Ranks {gone} have exited or died (their liveness locks are free)" if gone else
+                    f"Rank {peer} skipped a call, is stuck before it, or failed"))
         raise RuntimeFault(f"graph {self.ir.name!r}: rank {rank} waited on {what} (launch {epoch}): counter "
                            f"{observed}, needed {expected}; the watchdog expired after ~{mesh.watchdog_s:g} s. "
                            + (f"Ranks {gone} have exited or died (their liveness locks are free)" if gone else

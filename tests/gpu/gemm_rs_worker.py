@@ -130,7 +130,8 @@ def check_idle_threads(mesh):
 
 
 def check_peer_skips(mesh):
-    """Rank 1 skips a call: rank 0's reduce never completes; the watchdog must raise, no hang."""
+    """Rank 1 skips a call: rank 0's launch waits at its entry for rank 1's call (the call
+    agreement); the watchdog must raise, naming the call and the rank, no hang."""
     K, N, M = 256, 256, 64
     x = torch.randn(M, K, device=mesh.device, dtype=torch.bfloat16)
     w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16)
@@ -151,8 +152,8 @@ def check_peer_skips(mesh):
             raise AssertionError("the next call did not see the failed launch's error word")
         try:
             kernel.check(mesh)
-        except et.RuntimeFault as e:
-            assert "arrived" in str(e) and "watchdog" in str(e), str(e)
+        except et.RuntimeFault as e:   # held at the launch's entry: rank 1 never made the call
+            assert "rank 1 to make call" in str(e) and "watchdog" in str(e), str(e)
             print(f"OK watchdog rank 0: {e}", flush=True)
         else:
             raise AssertionError("rank 0 did not notice the missing peer")
