@@ -1,5 +1,6 @@
 """The GPU backend's code generation, checked without a GPU: Triton compiles the generated
 megakernel for sm_90 on the host, and the PTX carries the memory orderings we intend."""
+import dataclasses
 import functools
 import re
 
@@ -64,7 +65,8 @@ def test_aligned_sizes_vectorise_and_M_stays_unspecialised():
     assert "st.global.b16" not in ptx, "a store of the GEMM or the reduce is not vectorised"
 
 
-@pytest.mark.parametrize("build", ["ag_gemm", "mlp", "mlp_whole", "gemm_rs_skinny", "gemm_rs_tail"])
+@pytest.mark.parametrize("build", ["ag_gemm", "mlp", "mlp_whole", "gemm_rs_skinny", "gemm_rs_skinny_local",
+                                   "gemm_rs_tail"])
 def test_aligned_gemm_tiles_load_through_tma(build):
     """Every GEMM body of an aligned graph loads its operands with TMA (no cp.async pointer loads
     left in its main loop), and a tile whose rows were written in the same launch fences the async
@@ -73,6 +75,8 @@ def test_aligned_gemm_tiles_load_through_tma(build):
           "mlp": lambda: mlp.tp_mlp(128, 128, torch.bfloat16, 64, align=16),
           "mlp_whole": lambda: mlp.tp_mlp_whole(64, 128, torch.bfloat16, 64, align=16),
           "gemm_rs_skinny": lambda: gemm_rs.gemm_reduce_scatter_skinny(dtype=torch.bfloat16, splits=4, align=16),
+          "gemm_rs_skinny_local": lambda: gemm_rs.gemm_reduce_scatter_skinny(128, 128, torch.bfloat16, 128, 4, 16,
+                                                                             swap_ab=True, reduce_n=32, local_sums=True),
           "gemm_rs_tail": lambda: gemm_rs.gemm_reduce_scatter(128, 256, torch.bfloat16, 64, align=16, splits=4,
                                                               wave=132)}[build]()
     ptx = compile_ptx(ir.to_ir(), num_warps=8)
@@ -336,6 +340,10 @@ def _op_kernels():
     for M in (16, 64, 128, 129, 256, 8192):
         cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132, 2, P)
         yield f"gemm_rs M={M}", build, cfg.num_warps, cfg.num_stages
+    # the 128-row class with each rank's slices summed before they cross the links (local_sums_min_m)
+    cfg, _, _, build = rs_op.kernel_plan(128, 6144, 4096, bf, 132, 2, dataclasses.replace(P, local_sums_min_m=65))
+    assert build.keywords["local_sums"]
+    yield "gemm_rs M=128 local sums", build, cfg.num_warps, cfg.num_stages
     # a decode candidate (a 16-row skinny class, swapped)
     yield "gemm_rs skinny swap 16x128x128", \
         lambda: gemm_rs.gemm_reduce_scatter_skinny(16, 128, bf, 128, 4, 16, swap_ab=True), 4, 6

@@ -77,12 +77,15 @@ def test_gemm_reduce_scatter_with_the_owners_tiles_side_by_side(schedule, world,
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [16, 5, 1])
 @pytest.mark.parametrize("reduce_n", [None, 2])
-def test_gemm_reduce_scatter_skinny(schedule, world, M, reduce_n):
+@pytest.mark.parametrize("local_sums", [False, True])
+def test_gemm_reduce_scatter_skinny(schedule, world, M, reduce_n, local_sums):
     """The decode variant: every row in one tile, split-K, each tile notifying every owner; the
     owner sums whole column tiles or quarter-width ones (reduce_n=2: N=19 leaves a ragged last one,
-    and one past N)."""
+    and one past N). local_sums: each rank sums its slices per owner first (M=1 on 2+ ranks: an
+    owner without rows still gets its notifies)."""
     kernel = et.compile(gemm_rs.gemm_reduce_scatter_skinny(block_m=16, block_n=8, block_k=4, splits=3,
-                                                           reduce_n=reduce_n), schedule=schedule, programs=3)
+                                                           reduce_n=reduce_n, local_sums=local_sums),
+                        schedule=schedule, programs=3)
     inputs = gemm_rs.make_inputs(world, M, 21, 19, seed=world * 10 + M)
     want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
     for seed in SEEDS:

@@ -241,6 +241,44 @@ def gemm_rs_skinny_matmul(s, j, x, w, partial, partial_peers, M, K, N, RANK, WOR
     64): the x stage shrinks to BLOCK_M x BLOCK_K and the shared memory goes to deeper weight
     stages (16x128x128 takes 6 stages, 160 KiB of weights in flight, against 48 KiB for 64x64x128
     at 4 stages). gemm_rs's 32- and 128-row classes use it (records gemm_rs_skinny_ab.jsonl)."""
+    acc, offs_m, offs_n = skinny_slice(s, j, x, w, M, K, N, SPLITS, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM,
+                                       SWAP_AB)
+    store_to_owners(acc, offs_m, offs_n, partial, partial_peers, RANK * SPLITS + s, M, N, WORLD)
+
+
+@triton.jit
+def gemm_rs_skinny_matmul_local(s, j, x, w, slices, M, K, N, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
+                                USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):
+    """gemm_rs_skinny_matmul's tile, kept on this GPU: every row into slices[s] (fp32), which
+    gemm_rs_skinny_combine sums per owner before anything crosses the links."""
+    acc, offs_m, offs_n = skinny_slice(s, j, x, w, M, K, N, SPLITS, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM,
+                                       SWAP_AB)
+    ok = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(slices + s * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=ok)
+
+
+@triton.jit
+def gemm_rs_skinny_combine(d, j, slices, partial, partial_peers, M, N, RANK, WORLD, SPLITS: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Owner d's rows of columns tile j summed over this rank's SPLITS slices, into d's
+    partial[RANK] (fp32, a peer store): one partial per source crosses the links, not SPLITS."""
+    C = (M + WORLD - 1) // WORLD
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = (offs_m[:, None] < owned_rows(M, WORLD, d)) & (offs_n[None, :] < N)
+    at = (d * C + offs_m[:, None]) * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(0, SPLITS):
+        acc += tl.load(slices + s * M * N + at, mask=ok, other=0.0)
+    out = aligned_peer(partial, partial_peers, d) + RANK * C * N
+    tl.store(out + offs_m[:, None] * N + offs_n[None, :], acc, mask=ok)
+
+
+@triton.jit
+def skinny_slice(s, j, x, w, M, K, N, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr):
+    """x[:, slice s] @ w[slice s, column tile j] for all M (<= BLOCK_M) rows: (acc fp32, rows, columns)."""
     KB = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K) * BLOCK_K
     k_end = tl.minimum(K, (s + 1) * KB)
     offs_m = tl.arange(0, BLOCK_M)
@@ -263,7 +301,7 @@ def gemm_rs_skinny_matmul(s, j, x, w, partial, partial_peers, M, K, N, RANK, WOR
             acc = tl.dot(a_t, b_t, acc)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K * N
-    store_to_owners(acc, offs_m, offs_n, partial, partial_peers, RANK * SPLITS + s, M, N, WORLD)
+    return acc, offs_m, offs_n
 
 
 @triton.jit

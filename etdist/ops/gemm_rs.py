@@ -158,8 +158,10 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
                                                      interleave=interleave)
     splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
     reduce_n = skinny_reduce_n(cfg.block_n, -(-N // cfg.block_n), sms)
+    local = 0 < config.local_sums_min_m <= M and splits > 1 and world > 1   # the class's M all alike: one binary
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,
-                                                 cfg.block_k, splits, align, cfg.swap_ab, reduce_n=reduce_n)
+                                                 cfg.block_k, splits, align, cfg.swap_ab, reduce_n=reduce_n,
+                                                 **({"local_sums": True} if local else {}))
 
 
 def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, *, mesh=None, schedule: str = "static",

@@ -128,7 +128,8 @@ def make_inputs(world: int, M: int, K: int, N: int, seed: int = 0, dtype=torch.f
 
 def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                                block_k: int = 128, splits: int = 4, align: int = 1,
-                               swap_ab: bool = False, reduce_n: int | None = None) -> et.Graph:
+                               swap_ab: bool = False, reduce_n: int | None = None,
+                               local_sums: bool = False) -> et.Graph:
     """The decode-sized variant (M <= block_m): one tile holds every row, so each rank reads its
     weights once (the graph above reads them once per destination rank). The contraction is
     split in `splits` slices to give every SM work; fp32 partials, summed by the owner.
@@ -136,7 +137,10 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
     where the operands load through TMA: gemm_tiles.gemm_rs_skinny_matmul).
     reduce_n: the owner sums column tiles of that width (default block_n; a divisor of it): a
     reduce task reads R x splits fp32 partials of every row, so narrower ones end sooner after the
-    matmuls (ops.gemm_rs.skinny_reduce_n; records gemm_rs_w1_ab.jsonl)."""
+    matmuls (ops.gemm_rs.skinny_reduce_n; records gemm_rs_w1_ab.jsonl).
+    local_sums: the slices stay on their GPU and a combine task per owner and column tile sums
+    them before one partial goes to the owner: R partials per tile cross the links instead of
+    R x splits (at 128 rows, 4 slices of qwen3_8b put 4 MB on the links per rank)."""
     reduce_n = reduce_n or block_n
     if isinstance(reduce_n, bool) or not isinstance(reduce_n, int) or reduce_n < 1 or block_n % reduce_n:
         raise et.GraphError(f"gemm_reduce_scatter_skinny: reduce_n must divide block_n={block_n}, got {reduce_n!r}")
@@ -149,25 +153,45 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
     KB = et.cdiv(et.cdiv(K, splits), block_k) * block_k   # contraction per slice
     n_tiles = et.cdiv(N, block_n)
     consts = dict(SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n)
+    mm = dict(consts, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SWAP_AB=swap_ab)
+    per_owner = 1 if local_sums else splits   # partials from each source, on the owner
 
     g.input("x", (M, K), dtype)
     g.input("w", (K, N), dtype)
-    g.scratch("partial", (R * splits, C, N), torch.float32, symmetric=True)  # on the owner: [src, slice]
+    g.scratch("partial", (R * per_owner, C, N), torch.float32, symmetric=True)  # on the owner: [src, slice]
     g.output("y", (owned(me), N), dtype)
-    arrived = g.event("arrived", (R, n_tiles), count=R * splits, distributed=True)
+    if not local_sums:
+        arrived = g.event("arrived", (R, n_tiles), count=R * splits, distributed=True)
+        ready = lambda j: arrived[me, j // sub]   # noqa: E731  (the reduce's columns j: part of tile j // sub)
 
-    @g.task(grid=(splits, n_tiles), notify=lambda s, j: arrived[et.every(0, R), j],
-            triton=gemm_tiles.gemm_rs_skinny_matmul,
-            constexprs=dict(consts, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SWAP_AB=swap_ab))
-    def matmul(t, s, j):                                 # every owner's rows of slice s, tile j
-        cols, ks = et.block(j, block_n, t.N), et.block(s, t(KB), t.K)
-        part = t.x[:, ks].float() @ t.w[ks, cols].float()
-        for d in range(t.world):
-            rows = et.block(d, t(C), t.M)
-            t.peer(d).partial[t.rank * splits + s, :rows.stop - rows.start, cols] = part[rows]
+        @g.task(grid=(splits, n_tiles), notify=lambda s, j: arrived[et.every(0, R), j],
+                triton=gemm_tiles.gemm_rs_skinny_matmul, constexprs=mm)
+        def matmul(t, s, j):                                 # every owner's rows of slice s, tile j
+            cols, ks = et.block(j, block_n, t.N), et.block(s, t(KB), t.K)
+            part = t.x[:, ks].float() @ t.w[ks, cols].float()
+            for d in range(t.world):
+                rows = et.block(d, t(C), t.M)
+                t.peer(d).partial[t.rank * splits + s, :rows.stop - rows.start, cols] = part[rows]
+    else:
+        g.scratch("slices", (splits, M, N), torch.float32)   # this rank's slices, every row
+        sliced = g.event("sliced", (n_tiles,), count=splits)
+        arrived = g.event("arrived", (R, n_tiles * sub), count=R, distributed=True)
+        ready = lambda j: arrived[me, j]   # noqa: E731
 
-    @g.task(grid=(n_tiles * sub,), wait=lambda j: arrived[me, j // sub],
-            triton=gemm_tiles.gemm_rs_skinny_reduce, constexprs=dict(consts, BLOCK_N=reduce_n))
+        @g.task(grid=(splits, n_tiles), notify=lambda s, j: sliced[j],
+                triton=gemm_tiles.gemm_rs_skinny_matmul_local, constexprs=mm)
+        def matmul(t, s, j):                                 # slice s of tile j, every row, kept here
+            cols, ks = et.block(j, block_n, t.N), et.block(s, t(KB), t.K)
+            t.slices[s, :, cols] = t.x[:, ks].float() @ t.w[ks, cols].float()
+
+        @g.task(grid=(R, n_tiles * sub), wait=lambda d, j: sliced[j // sub], notify=lambda d, j: arrived[d, j],
+                triton=gemm_tiles.gemm_rs_skinny_combine, constexprs=dict(consts, BLOCK_N=reduce_n))
+        def combine(t, d, j):                                # owner d's rows of columns j, summed over slices
+            cols, rows = et.block(j, reduce_n, t.N), et.block(d, t(C), t.M)
+            t.peer(d).partial[t.rank, :rows.stop - rows.start, cols] = t.slices[:, rows, cols].sum(0)
+
+    @g.task(grid=(n_tiles * sub,), wait=ready,
+            triton=gemm_tiles.gemm_rs_skinny_reduce, constexprs=dict(consts, SPLITS=per_owner, BLOCK_N=reduce_n))
     def reduce(t, j):                                    # columns j of reduce_n: part of tile j // sub
         cols, rows = et.block(j, reduce_n, t.N), t(owned(me))
         t.y[:, cols] = t.partial[:, :rows, cols].sum(0).to(t.y.dtype)

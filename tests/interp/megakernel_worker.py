@@ -60,6 +60,10 @@ def cases():
     yield "gemm_rs_skinny_swap_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float32, T, splits=2,
                                                                         align=16, swap_ab=True, reduce_n=T), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M), gemm_rs.reference, ("x", "w")
+    yield "gemm_rs_skinny_local_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float32, T, splits=3,
+                                                                         align=16, swap_ab=True, reduce_n=T,
+                                                                         local_sums=True), \
+        lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "mlp_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T, own_from_x=True), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
     yield "mlp_tail_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T, tail_splits=2,
