@@ -341,9 +341,9 @@ def _op_kernels():
         cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132, 2, P)
         yield f"gemm_rs M={M}", build, cfg.num_warps, cfg.num_stages
     # the 128-row class with each rank's slices summed before they cross the links (local_sums_min_m)
-    cfg, _, _, build = rs_op.kernel_plan(128, 6144, 4096, bf, 132, 2, dataclasses.replace(P, local_sums_min_m=65))
-    assert build.keywords["local_sums"]
-    yield "gemm_rs M=128 local sums", build, cfg.num_warps, cfg.num_stages
+    cfg, _, _, build = rs_op.kernel_plan(128, 6144, 4096, bf, 132, 2, dataclasses.replace(P, local_sums_min_m=0))
+    assert "local_sums" not in build.keywords
+    yield "gemm_rs M=128 slices to the owners", build, cfg.num_warps, cfg.num_stages
     # a decode candidate (a 16-row skinny class, swapped)
     yield "gemm_rs skinny swap 16x128x128", \
         lambda: gemm_rs.gemm_reduce_scatter_skinny(16, 128, bf, 128, 4, 16, swap_ab=True), 4, 6

@@ -197,11 +197,11 @@ def test_local_sums_from_a_row_count_on():
     """local_sums_min_m: the skinny classes from that many rows sum each rank's slices before they
     cross the links; below it, with one rank or with one slice, the slices go to the owners."""
     from etdist.ops import gemm_rs as rs_op
-    cfg = DEFAULT_PLAN.override("local_sums_min_m=65")
-    assert cfg.local_sums_min_m == 65 and cfg.changes() == "local_sums_min_m=65"
+    cfg = DEFAULT_PLAN
+    assert cfg.local_sums_min_m == 65 and cfg.override("local_sums_min_m=0").changes() == "local_sums_min_m=0"
     bf = torch.bfloat16
     local = lambda M, world=2, config=cfg: rs_op.kernel_plan(M, 6144, 4096, bf, 132, world, config)[3].keywords.get(  # noqa: E731
         "local_sums", False)
     assert [local(M) for M in (16, 64, 65, 128)] == [False, False, True, True]
-    assert not local(128, world=1) and not local(128, config=DEFAULT_PLAN)
+    assert not local(128, world=1) and not local(128, config=DEFAULT_PLAN.override("local_sums_min_m=0"))
     assert rs_op.kernel_plan(129, 6144, 4096, bf, 132, 2, cfg)[3].func.__name__ == "gemm_reduce_scatter"   # large

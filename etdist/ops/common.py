@@ -69,7 +69,7 @@ class PlanConfig:
     large: TileConfig = TileConfig(128, 256, 64, 8, 4)   # above, all_gather_gemm's too: gemm_rs_narrow_ab.jsonl
     max_splits: int = 4                                  # slices of a large tile: gemm_rs_split_ab.jsonl
     skinny_tasks_per_sm: Optional[float] = None          # the skinny split-K's aim (None: the tile's per_sm)
-    local_sums_min_m: int = 0       # from this many rows the skinny slices are summed on their GPU (0: never)
+    local_sums_min_m: int = 65      # from this many rows the skinny slices are summed on their GPU (0: never): gemm_rs_ab.jsonl
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
     # every row, the weights read once), a tile class per bound; above, per-source tiles
     whole_max_m: int = 128          # ag_gemm_ab.jsonl / mlp_ab.jsonl, variant WHOLE_MAX_M=256 at 7f55834
