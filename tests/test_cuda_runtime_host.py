@@ -405,31 +405,27 @@ def test_a_kernel_called_at_two_shapes_in_turn_prepares_each_once(monkeypatch):
     assert len(mesh.comm.seen) == 2 and len(rec.direct) == 10
 
 
-def test_skinny_split_k_aims_at_the_tasks_per_sm_asked():
-    """slices x column tiles ~ tasks_per_sm x SMs, at least 1 slice and at most 8; the op's plan
-    takes the size class by M and the config's tasks per SM."""
+def test_skinny_split_k_aims_at_one_task_per_sm():
+    """slices x column tiles <= SMs, at least 1 slice and at most 8; the op's plan takes the size
+    class by M."""
     from etdist.ops.common import fp32_config
-    from etdist.ops.gemm_rs import kernel_plan, skinny_splits, skinny_tasks_per_sm
-    assert skinny_splits(4096, 132, 64, 2) == 4            # 64 column tiles x 4 = 256 tasks on 132 SMs
-    assert skinny_splits(4096, 132, 128, 1) == 4           # 32 x 4 = 128 tasks: one per SM
-    assert skinny_splits(8192, 132, 128, 1) == 2
-    assert skinny_splits(4608, 132, 128, 1) == 3           # 36 x 3 = 108: 4 would make 144, two waves
-    assert skinny_splits(128, 132, 64, 2) == 8 and skinny_splits(1 << 20, 132, 64, 2) == 1
+    from etdist.ops.gemm_rs import kernel_plan, skinny_splits
+    assert skinny_splits(4096, 132, 64) == 2              # 64 column tiles x 2 = 128 tasks on 132 SMs
+    assert skinny_splits(4096, 132, 128) == 4             # 32 x 4 = 128 tasks: one per SM
+    assert skinny_splits(8192, 132, 128) == 2
+    assert skinny_splits(4608, 132, 128) == 3             # 36 x 3 = 108: 4 would make 144, two waves
+    assert skinny_splits(128, 132, 64) == 8 and skinny_splits(1 << 20, 132, 64) == 1
     for M, want in ((1, P.skinny_32), (32, P.skinny_32), (33, P.skinny_64), (64, P.skinny_64), (65, P.skinny_128),
                     (128, P.skinny_128)):
         cfg, splits, align, _ = kernel_plan(M, 6144, 4096, torch.bfloat16, 132, 2, P)
         assert cfg is want and align == 16
-        assert splits == skinny_splits(4096, 132, want.block_n, skinny_tasks_per_sm(want, P))
-    # fp32 halves the contraction step but keeps its class's tasks per SM
+        assert splits == skinny_splits(4096, 132, want.block_n)
+    # fp32 halves the contraction step but keeps its class's slices
     cfg, splits, _, build = kernel_plan(16, 6144, 4096, torch.float32, 132, 2, P)
-    assert cfg == fp32_config(P.skinny_32) and cfg.swap_ab and \
-        splits == skinny_splits(4096, 132, 128, skinny_tasks_per_sm(P.skinny_32, P))
+    assert cfg == fp32_config(P.skinny_32) and cfg.swap_ab and splits == skinny_splits(4096, 132, 128)
     assert build().name.startswith("gemm_rs")
     cfg, splits, align, build = kernel_plan(8192, 6000, 4095, torch.float32, 132, 2, P)
     assert cfg == fp32_config(P.large) and splits == 1 and align == 1 and build().name == "gemm_rs"
-    # the config's aim replaces one task per program for every class
-    two = P.override("skinny_tasks_per_sm=2")
-    assert kernel_plan(16, 6144, 4096, torch.bfloat16, 132, 2, two)[1] == skinny_splits(4096, 132, 128, 2)
 
 
 def test_large_graph_plans_split_k_by_waves_and_weight_traffic():
@@ -657,19 +653,10 @@ def _skinny_plans(config):
     return plans
 
 
-def test_two_programs_per_sm_aim_at_two_tasks_per_sm():
-    """A skinny tile with ',2/sm' runs two persistent programs per SM, so its split-K aims at two
-    tasks per SM (one per program); the kernel launches that many programs."""
-    from etdist.ops import gemm_rs as op
-    two = op.TileConfig.parse("32,128,64,4,4,swap,2/sm")
-    assert op.skinny_tasks_per_sm(two, P) == 2.0 and op.skinny_tasks_per_sm(P.skinny_32, P) == 1.0
-    assert op.skinny_splits(4096, 132, 128, op.skinny_tasks_per_sm(two, P)) == 8
-
-
 def test_a_class_config_changes_only_its_own_class():
-    """From a review: the tasks per SM were keyed by tile, so giving the 128-row class the 64-row
-    class's tile made M <= 64 aim at 2 tasks per SM (8 slices instead of 4). And a class out of
-    size order still gives each M the smallest class that holds it."""
+    """Giving the 128-row class the 64-row class's tile leaves M <= 64 as it was (a review once found
+    a class's plan keyed by its tile), and a class out of size order still gives each M the smallest
+    class that holds it."""
     default = _skinny_plans(P)
     assert default == {16: (32, 128, 1, 4), 32: (32, 128, 1, 4), 64: (64, 128, 0, 4), 128: (128, 128, 1, 4)}
     same_tile = _skinny_plans(P.override("skinny_128=64,128,128,4,4"))

@@ -16,29 +16,27 @@ P = DEFAULT_PLAN
 bf, f32 = torch.bfloat16, torch.float32
 
 
-def test_tile_configs_may_ask_for_two_programs_per_sm():
-    """"bm,bn,bk,warps,stages[,swap][,2/sm]": the kernel then runs two co-resident persistent
-    programs per SM (its cooperative launch refuses if they do not fit); anything but 1 or 2 per SM
-    is refused with the format named. text() writes what parse reads."""
-    assert TileConfig.parse("32,128,64,4,4,swap,2/sm") == TileConfig(32, 128, 64, 4, 4, swap_ab=True, per_sm=2)
-    assert TileConfig.parse("128,128,64,8,3,2/sm") == TileConfig(128, 128, 64, 8, 3, per_sm=2)
-    assert TileConfig.parse("32,128,128,4,5,swap").per_sm == 1
-    for bad in ("32,128,64,4,4,3/sm", "32,128,64,4,4,x/sm", "32,128,64,4"):
-        with pytest.raises(ValueError, match=r"2/sm"):
+def test_tile_configs_parse_and_write_one_form():
+    """"bm,bn,bk,warps,stages[,swap]"; a bad one is refused with the format named; text() writes
+    what parse reads."""
+    assert TileConfig.parse("32,128,64,4,4,swap") == TileConfig(32, 128, 64, 4, 4, swap_ab=True)
+    assert TileConfig.parse("128,128,64,8,3") == TileConfig(128, 128, 64, 8, 3)
+    for bad in ("32,128,64,4,4,2/sm", "32,128,64,4"):
+        with pytest.raises(ValueError, match=r"stages\[,swap\]"):
             TileConfig.parse(bad)
-    for cfg in (TileConfig(32, 128, 64, 4, 4, swap_ab=True, per_sm=2), P.large, P.whole_32):
+    for cfg in (TileConfig(32, 128, 64, 4, 4, swap_ab=True), P.large, P.whole_32):
         assert TileConfig.parse(cfg.text()) == cfg
 
 
 def test_override_reads_each_field_by_its_type():
-    c = P.override("whole_max_m=256+large=128,128,64,8,3+skinny_tasks_per_sm=2+whole_32=32,64,64,4,4,swap")
-    assert (c.whole_max_m, c.large, c.skinny_tasks_per_sm, c.whole_32) == \
-        (256, TileConfig(128, 128, 64, 8, 3), 2.0, TileConfig(32, 64, 64, 4, 4, swap_ab=True))
-    assert dataclasses.replace(c, whole_max_m=128, large=P.large, skinny_tasks_per_sm=None, whole_32=P.whole_32) == P
+    c = P.override("whole_max_m=256+large=128,128,64,8,3+local_sums_min_m=0+whole_32=32,64,64,4,4,swap")
+    assert (c.whole_max_m, c.large, c.local_sums_min_m, c.whole_32) == \
+        (256, TileConfig(128, 128, 64, 8, 3), 0, TileConfig(32, 64, 64, 4, 4, swap_ab=True))
+    assert dataclasses.replace(c, whole_max_m=128, large=P.large, local_sums_min_m=65, whole_32=P.whole_32) == P
     assert P.override("base") is P and P.override("") is P
-    assert P.override("skinny_tasks_per_sm=2").override("skinny_tasks_per_sm=none") == P
+    assert P.override("local_sums_min_m=0").override("local_sums_min_m=65") == P
     assert P.changes() == "base"
-    assert c.changes() == "large=128,128,64,8,3+skinny_tasks_per_sm=2.0+whole_max_m=256+whole_32=32,64,64,4,4,swap"
+    assert c.changes() == "large=128,128,64,8,3+local_sums_min_m=0+whole_max_m=256+whole_32=32,64,64,4,4,swap"
     assert P.override(c.changes()) == c and hash(P.override(c.changes())) == hash(c)
     with pytest.raises(dataclasses.FrozenInstanceError):
         P.max_splits = 2
@@ -52,8 +50,6 @@ def test_override_reads_each_field_by_its_type():
     ("whole_max_m=-5", r"whole_max_m='-5': want an int >= 0"),
     ("mlp_down_n=96", r"mlp_down_n must be a power of two >= 16, got 96"),
     ("mlp_tail_splits=0", r"mlp_tail_splits must be an int >= 1"),
-    ("skinny_tasks_per_sm=nan", r"skinny_tasks_per_sm must be None or a finite number > 0"),
-    ("skinny_tasks_per_sm=x", r"skinny_tasks_per_sm='x': want a number > 0 or None"),
     ("large=128,256", r"PlanConfig.large: tile config '128,256': want block_m,block_n,block_k,warps,stages"),
     ("whole_128=48,128,64,8,4", r"PlanConfig.whole_128: tile config"),
     ("max_splits=2+max_splits=3", r"sets max_splits twice"),

@@ -231,7 +231,6 @@ class CudaKernel:
                                  "for the largest rank, e.g. with the chunk size)")
         self.table, self.ir, self.schedule = table, table.ir, schedule
         self.programs, self.num_warps, self.num_stages = programs, num_warps, num_stages
-        self.programs_per_sm = 1   # co-resident programs per SM (the cooperative launch checks they fit)
         self.trace_on, self.check_events = trace, check_events
         # TRITON_INTERPRET=1: the same generated kernel runs on CPU tensors over a cpu-backend
         # mesh (one program per rank, atomic polls instead of inline asm): CI checks codegen
@@ -479,7 +478,7 @@ class CudaKernel:
     def _new_state(self, mesh) -> _MeshState:
         if self.interpreted:  # the interpreter runs programs one after another: one per rank
             return _MeshState(programs=1, device=mesh.device)
-        slots = torch.cuda.get_device_properties(mesh.device).multi_processor_count * self.programs_per_sm
+        slots = torch.cuda.get_device_properties(mesh.device).multi_processor_count
         word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         return _MeshState(programs=min(self.programs or slots, slots), error_word=word, error_np=word.numpy(),
                           device=mesh.device)

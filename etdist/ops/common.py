@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import typing
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -26,31 +24,22 @@ class TileConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool = False   # the tile multiplies transposed, the weights on the MMA's M side (gemm_tiles)
-    per_sm: int = 1         # the kernel's persistent programs per SM (2: two co-resident, each half the stages)
 
     @classmethod
     def parse(cls, text: str) -> "TileConfig":
-        """"block_m,block_n,block_k,warps,stages[,swap][,2/sm]" (knobs.tile's rules for the numbers)."""
+        """"block_m,block_n,block_k,warps,stages[,swap]" (knobs.tile's rules for the numbers)."""
         parts = text.replace(" ", "").split(",")
-        per_sm = 1
-        if parts and parts[-1].endswith("/sm"):
-            try:
-                per_sm = int(parts.pop()[:-3])
-            except ValueError:
-                per_sm = 0
-            if per_sm not in (1, 2):
-                raise ValueError(f"tile config {text!r}: programs per SM must be '1/sm' or '2/sm'")
         swap = bool(parts) and parts[-1] == "swap"
         try:
             values = knobs.tile(",".join(parts[:-1] if swap else parts))
         except ValueError as e:
-            raise ValueError(f"tile config {text!r}: {str(e).replace('stages', 'stages[,swap][,2/sm]', 1)}") from None
-        return cls(*values, swap_ab=swap, per_sm=per_sm)
+            raise ValueError(f"tile config {text!r}: {str(e).replace('stages', 'stages[,swap]', 1)}") from None
+        return cls(*values, swap_ab=swap)
 
     def text(self) -> str:
         """The form parse reads: parse(cfg.text()) == cfg."""
         return ",".join(map(str, (self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages))) + \
-            (",swap" if self.swap_ab else "") + (f",{self.per_sm}/sm" if self.per_sm != 1 else "")
+            (",swap" if self.swap_ab else "")
 
 
 @dataclass(frozen=True)
@@ -68,7 +57,6 @@ class PlanConfig:
     skinny_128: TileConfig = TileConfig(128, 128, 128, 8, 3, swap_ab=True)  # M <= 128: the same
     large: TileConfig = TileConfig(128, 256, 64, 8, 4)   # above, all_gather_gemm's too: gemm_rs_narrow_ab.jsonl
     max_splits: int = 4                                  # slices of a large tile: gemm_rs_split_ab.jsonl
-    skinny_tasks_per_sm: Optional[float] = None          # the skinny split-K's aim (None: the tile's per_sm)
     local_sums_min_m: int = 65      # from this many rows the skinny slices are summed on their GPU (0: never): gemm_rs_ab.jsonl
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
     # every row, the weights read once), a tile class per bound; above, per-source tiles
@@ -91,10 +79,6 @@ class PlanConfig:
             if _TYPES[f.name] is TileConfig:
                 if not isinstance(v, TileConfig):
                     raise ValueError(f"PlanConfig.{f.name} must be a TileConfig, got {v!r}")
-            elif f.name == "skinny_tasks_per_sm":
-                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                                      or not math.isfinite(v) or v <= 0):
-                    raise ValueError(f"PlanConfig.skinny_tasks_per_sm must be None or a finite number > 0, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int) or v < _LEAST[f.name]:
                 raise ValueError(f"PlanConfig.{f.name} must be an int >= {_LEAST[f.name]}, got {v!r}")
         if self.mlp_down_n < 16 or self.mlp_down_n & (self.mlp_down_n - 1):
@@ -108,7 +92,7 @@ class PlanConfig:
     def override(self, text: str) -> "PlanConfig":
         """This config with the fields `text` names changed: "field=value+field=value" ("" or
         "base": none), each value as its field's type reads it (a tile: TileConfig.parse's
-        "block_m,block_n,block_k,warps,stages[,swap][,2/sm]"; skinny_tasks_per_sm: a number or None)."""
+        "block_m,block_n,block_k,warps,stages[,swap]")."""
         changes = {name: _parse(name, value) for name, value in override_fields("PlanConfig", list(_TYPES), text)}
         return dataclasses.replace(self, **changes) if changes else self
 
@@ -141,7 +125,7 @@ def override_fields(config: str, fields: list, text: str) -> list:
     return list(pairs.items())
 
 
-_TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig, int or Optional[float]
+_TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
 _LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0}
 
 
@@ -152,16 +136,9 @@ def _parse(name: str, text: str):
             return TileConfig.parse(text)
         except ValueError as e:
             raise ValueError(f"PlanConfig.{name}: {e}") from None
-    if kind is int:
-        if not text.isdigit():
-            raise ValueError(f"PlanConfig.{name}={text!r}: want an int >= {_LEAST[name]}")
-        return int(text)
-    if text.lower() == "none":   # Optional[float]
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"PlanConfig.{name}={text!r}: want a number > 0 or None") from None
+    if not text.isdigit():   # the other fields are ints
+        raise ValueError(f"PlanConfig.{name}={text!r}: want an int >= {_LEAST[name]}")
+    return int(text)
 
 
 DEFAULT_PLAN = PlanConfig()
@@ -268,7 +245,6 @@ def cached_kernel(cache: dict, config: PlanConfig, cfg: TileConfig, schedule: st
     if kernel is None:
         kernel = cache[key] = et_compile(build(), schedule=schedule, target="cuda")
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
-        kernel.programs_per_sm = cfg.per_sm
     memo[schedule] = (cache, kernel)
     return kernel
 

@@ -36,12 +36,6 @@ def skinny_classes(config: PlanConfig) -> tuple:
     return tuple(sorted((config.skinny_32, config.skinny_64, config.skinny_128), key=lambda cfg: cfg.block_m))
 
 
-def skinny_tasks_per_sm(cfg: TileConfig, config: PlanConfig) -> float:
-    """The split-K aim of a skinny tile: one task per persistent program (every task drains and
-    refills its load pipeline, so one long task each ran best), or config.skinny_tasks_per_sm."""
-    return config.skinny_tasks_per_sm or float(cfg.per_sm)
-
-
 def skinny_class(M: int, config: PlanConfig) -> Optional[TileConfig]:
     """The smallest skinny class that holds M rows (None above 128: the large graph's tiles)."""
     return next((cfg for cfg in skinny_classes(config) if M <= cfg.block_m), None)
@@ -128,11 +122,13 @@ def skinny_reduce_n(block_n: int, n_tiles: int, sms: int) -> int:
     return block_n // sub
 
 
-def skinny_splits(N: int, sms: int, block_n: int, tasks_per_sm: float) -> int:
-    """Contraction slices so that slices x column tiles gives every SM at most `tasks_per_sm` tasks:
-    rounded down, as a few tasks over the aim make a whole extra wave (gemma2_27b at M=128, 36 column
-    tiles: 4 slices put 144 tasks on 132 SMs, 12 of them in a second wave after the first)."""
-    return max(1, min(8, int(tasks_per_sm * sms / -(-N // block_n))))
+def skinny_splits(N: int, sms: int, block_n: int) -> int:
+    """Contraction slices so that slices x column tiles gives every SM at most one task (every task
+    drains and refills its load pipeline, so one long task each ran best; two programs per SM ran
+    1-5% slower, records gemm_rs_ab at e16cc6e): rounded down, as a few tasks over make a whole extra
+    wave (gemma2_27b at M=128, 36 column tiles: 4 slices put 144 tasks on 132 SMs, 12 of them in a
+    second wave after the first)."""
+    return max(1, min(8, sms // -(-N // block_n)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -143,7 +139,6 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     cfg = skinny_class(M, config)
     skinny = cfg is not None
     cfg = cfg or config.large
-    tasks_per_sm = skinny_tasks_per_sm(cfg, config)
     if dtype == torch.float32:
         cfg = fp32_config(cfg)
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1  # aligned rows vectorise
@@ -156,7 +151,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
                                                      cfg.block_k, align, splits=splits, wave=wave,
                                                      row_pointers=row_pointers(rows, cfg.block_m),
                                                      interleave=interleave)
-    splits = skinny_splits(N, sms, cfg.block_n, tasks_per_sm)
+    splits = skinny_splits(N, sms, cfg.block_n)
     reduce_n = skinny_reduce_n(cfg.block_n, -(-N // cfg.block_n), sms)
     local = 0 < config.local_sums_min_m <= M and splits > 1 and world > 1   # the class's M all alike: one binary
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,
