@@ -75,13 +75,6 @@ def _pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
 
 
-def power_of_two(text: str) -> int:
-    v = int(text) if text.strip().isdigit() else 0
-    if not _pow2(v):
-        raise ValueError("want a power of two")
-    return v
-
-
 def positive_float(text: str) -> float:
     try:
         v = float(text)

@@ -157,35 +157,6 @@ def peer_copy_gbps(mesh, nbytes=128 << 20) -> float:
     return nbytes / t / 1e3
 
 
-KNOBS = ("ETDIST_PROGRAMS_PER_SM", "ETDIST_CHUNKS_PER_PROGRAM", "ETDIST_BLOCK", "ETDIST_NUM_WARPS")
-
-
-def sweep(mesh, stream, sizes=("16M", "128M")) -> None:
-    """Tuning knobs (read when a call is first prepared): programs per SM, chunks per program, block
-    size, warps. Printed only; the defaults in collectives/gpu_exchange.py come from here."""
-    grid = [(p, c, b, nw) for p in (2, 4) for c in (4, 8, 16) for b in (4096, 8192) for nw in (4, 8)]
-    for op in ("reduce_scatter", "all_gather", "all_reduce"):
-        for label in sizes:
-            x, out, ref, ours, nccl, link, bus = make_ops(mesh, op, SIZES[label], torch.bfloat16)
-            x.copy_(torch.randn(x.shape, device=x.device))
-            res = []
-            for knobs in grid:
-                os.environ.update(dict(zip(KNOBS, map(str, knobs))))
-                mesh.cache.pop("collectives.launches", None)
-                for _ in range(3):
-                    ours()
-                res.append((time_batch(ours, stream), knobs))
-                mesh.check()
-            for k in KNOBS:
-                os.environ.pop(k)
-            mesh.cache.pop("collectives.launches", None)
-            if mesh.rank == 0:
-                print(f"sweep {op:15s} {label:>5s} " + " ".join(
-                    f"[pps{k[0]} cpp{k[1]} b{k[2]} w{k[3]}: {t:.1f}us {bus / t / 1e3:.0f}]" for t, k in sorted(res)[:5]),
-                    flush=True)
-    mesh.barrier()
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="4K,64K,1M,16M,128M")
@@ -193,7 +164,6 @@ def main(argv=None):
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--no-symmetric", action="store_true", help="skip all_gather into a symmetric out (*)")
-    ap.add_argument("--sweep", action="store_true", help="also time the tuning knobs (printed only)")
     args = ap.parse_args(argv)
     mesh = init_mesh()
     if why := timing_refused():   # its own CUDA-event timing, not etdist.bench.measure's (and NCCL refuses shared GPUs)
@@ -201,8 +171,6 @@ def main(argv=None):
     r, w = mesh.rank, mesh.world_size
     stream = torch.cuda.current_stream()
     ce = peer_copy_gbps(mesh)
-    if args.sweep:
-        sweep(mesh, stream)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
                 commit=_commit(), date=datetime.date.today().isoformat())
     rows = []

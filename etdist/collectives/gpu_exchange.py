@@ -11,7 +11,6 @@ from typing import Dict
 import torch
 from triton import knobs as triton_knobs
 
-from .. import knobs
 from ..kernels.exchange import exchange_kernel
 from ..kernels.interpret import patch_interpreter
 from ..kernels.launch_hooks import hooks_active
@@ -21,11 +20,12 @@ from ..mesh.control import signature_dtype
 from .plan import Op, Plan
 from .workspace import MAX_CHUNKS, Workspace
 
-# Defaults from the sweep on 2x H200 (docs/benchmarks.md); each can be overridden by ETDIST_<NAME>.
-BLOCK = 8192
+# From a sweep of these four on 2x H200 (16 and 128 MiB, the three reducing/gathering ops; the
+# sweep and its knobs are in git's history before 2026-11-28)
+BLOCK = 8192              # tl.arange's size
 NUM_WARPS = 4
-PROGRAMS_PER_SM = 4
-CHUNKS_PER_PROGRAM = 16
+PROGRAMS_PER_SM = 4       # at most, where they fit
+CHUNKS_PER_PROGRAM = 16   # so that pushes and combines pipeline
 
 
 def interpreting() -> bool:
@@ -33,11 +33,10 @@ def interpreting() -> bool:
 
 
 def choose_chunk(max_count: int, programs: int, align: int, block: int) -> int:
-    """Chunk size in elements: about ETDIST_CHUNKS_PER_PROGRAM (16) chunks per program so pushes and
-    combines pipeline, never below one BLOCK (small messages: one program, one chunk), a multiple
-    of `align`, and at most MAX_CHUNKS chunks."""
-    per_program = _knob("ETDIST_CHUNKS_PER_PROGRAM", CHUNKS_PER_PROGRAM)
-    chunk = max(-(-max_count // (per_program * programs)), -(-max_count // MAX_CHUNKS), min(block, max_count), 1)
+    """Chunk size in elements: about CHUNKS_PER_PROGRAM chunks per program so pushes and combines
+    pipeline, never below one BLOCK (small messages: one program, one chunk), a multiple of
+    `align`, and at most MAX_CHUNKS chunks."""
+    chunk = max(-(-max_count // (CHUNKS_PER_PROGRAM * programs)), -(-max_count // MAX_CHUNKS), min(block, max_count), 1)
     step = block if chunk >= block else align
     return -(-chunk // step) * step
 
@@ -48,10 +47,6 @@ def plan_chunk(plan: Plan, slot_elems: int, programs: int, align: int, block: in
     segments differ, so its chunks are sized for the slot, the most any rank may send."""
     basis = slot_elems if plan.op is Op.ALL_TO_ALL else plan.max_count
     return choose_chunk(max(basis, 1), programs, align, block)
-
-
-def _knob(name: str, default: int, parse=knobs.positive_int) -> int:
-    return knobs.now(name, parse, default)
 
 
 def _compiled(mesh: Mesh, args: dict, constexprs: dict, num_warps: int):
@@ -78,7 +73,7 @@ def _resident_programs(mesh: Mesh, kernel, num_warps: int) -> int:
                  getattr(props, "regs_per_multiprocessor", 65536) // max(1, kernel.n_regs * threads), 32)
     if kernel.metadata.shared:
         per_sm = min(per_sm, getattr(props, "shared_memory_per_multiprocessor", 228 << 10) // kernel.metadata.shared)
-    return max(1, props.multi_processor_count * min(per_sm, _knob("ETDIST_PROGRAMS_PER_SM", PROGRAMS_PER_SM)))
+    return max(1, props.multi_processor_count * min(per_sm, PROGRAMS_PER_SM))
 
 
 def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, plan: Plan, rendezvous: bool,
@@ -93,8 +88,7 @@ def prepare_gpu(mesh: Mesh, ws: Workspace, x: torch.Tensor, out: torch.Tensor, p
     if not (plan.aligned(align) and x.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0
             and ws.slot_elems(x.dtype) % align == 0):
         align = 1
-    block = _knob("ETDIST_BLOCK", BLOCK, knobs.power_of_two)            # tl.arange's size
-    num_warps = _knob("ETDIST_NUM_WARPS", NUM_WARPS, knobs.power_of_two)
+    block, num_warps = BLOCK, NUM_WARPS
     lay = mesh.layout
     packed = empty_persistent(4 * w + 3, torch.int64, mesh.device).zero_()   # kept by the launcher
     args = dict(x_ptr=x, out_ptr=out, plan_ptr=packed, scratch_ptr=ws.scratch.view(x.dtype),
