@@ -1,6 +1,6 @@
 """The library's logger: `logging.getLogger("etdist")`, each module's a child of it
 (`etdist.fusion.compile`). Silent unless the application configures logging (a NullHandler), or
-ETDIST_DEBUG=1 (each compiler pass) / ETDIST_DUMP=1 (the generated kernel) ask to see records."""
+ETDIST_DEBUG=1 (each compiler pass and each generated GPU kernel) asks to see records."""
 from __future__ import annotations
 
 import logging

@@ -19,7 +19,7 @@ Event counters live in one int32 arena (symmetric memory: peers notify into it):
 Waits spin until `counter >= launch epoch x count` (counters re-arm by growing, never reset
 while shapes stay the same), bounded by the watchdog in etdist.kernels.sync. A wait's error
 code is (16 + event index) << 20 | element, which the host decodes back to a coordinate.
-ETDIST_DUMP=1 logs the generated source (logger etdist.fusion.cuda_runtime, to stderr).
+ETDIST_DEBUG=1 logs the generated source (logger etdist.fusion.cuda_runtime, to stderr).
 """
 from __future__ import annotations
 

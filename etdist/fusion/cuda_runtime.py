@@ -73,7 +73,7 @@ _KERNEL_IDS = itertools.count()
 # Error record kinds in a kernel's arena (mesh.control.ErrorKind): a wait timed out, or the ranks'
 # calls differed at entry (recorded by each rank in its own arena: nothing ran)
 ERR_CALL = int(ErrorKind.CALL)
-_LOG = logging.getLogger(__name__)   # ETDIST_DUMP=1: the generated kernel, at debug level
+_LOG = logging.getLogger(__name__)   # ETDIST_DEBUG=1: the generated kernel, at debug level
 
 
 def _sync(mesh) -> None:
@@ -241,7 +241,7 @@ class CudaKernel:
             from ..kernels.interpret import patch_interpreter
             patch_interpreter()
         self.source = generate(self.ir, trace, self.dynamic, self.early, check_events)
-        if knobs.now("ETDIST_DUMP", knobs.flag, False):
+        if knobs.now("ETDIST_DEBUG", knobs.flag, False):
             log.show_debug(_LOG)
         _LOG.debug("generated kernel of graph %r:\n%s", self.ir.name, self.source)
         self.module = load_module(self.ir, self.source)
