@@ -211,16 +211,23 @@ def check_trace(mesh):
     w = torch.randn(K, N, device=mesh.device, dtype=torch.bfloat16) / K ** 0.5
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(128, 128, torch.bfloat16, 64, 16), target="cuda", trace=True)
     y = kernel(mesh, x=x, w=w)["y"]
-    rows = kernel.trace(mesh)
+    everything = kernel.trace(mesh)
+    phases = [r for r in everything if r[2].startswith(("agree@", "finish@"))]
+    rows = [r for r in everything if r not in phases]
     R, C = mesh.world_size, -(-M // mesh.world_size)
     tasks = R * (R * -(-C // 128) * -(-N // 128) + -(-C // 128) * -(-N // 128))   # matmul + reduce, all ranks
     assert len(rows) == tasks, (len(rows), tasks)
     sms = torch.cuda.get_device_properties(mesh.device).multi_processor_count
-    assert all(0 <= sm < sms and 0 <= start <= end for _, sm, _, start, end in rows)
+    assert len(phases) == 2 * R * sms, (len(phases), R, sms)   # every program's agree and finish, every rank
+    assert all(0 <= sm < sms and 0 <= start <= end for _, sm, _, start, end in everything)
     assert {r for r, *_ in rows} == set(range(R))
-    # every rank's timer on the host clock (fusion/trace.py: measured offsets), from the first task of any
-    assert min(r[3] for r in rows) == 0.0
-    span = max(r[4] for r in rows)
+    # every rank's timer on the host clock (fusion/trace.py: measured offsets), from the first entry of any
+    assert min(r[3] for r in everything) == 0.0
+    # no task starts before its program agreed on the call (the ranks' launch skew is in `agree`)
+    agreed = {(r, label.split()[-1]): end for r, _, label, _, end in phases if label.startswith("agree@")}
+    assert all(start >= agreed[(r, label.split(" program ")[1].split(",")[0])] - 1e-3
+               for r, _, label, start, _ in rows), "a task started before its program's call agreement"
+    span = max(r[4] for r in rows) - min(r[3] for r in rows)
     # ranks sharing a GPU take turns on it (time slices of milliseconds): a launch may span several
     assert span < 1e5 or mesh.shares_gpu, \
         f"a launch of {len(rows)} tasks spans {span:.0f} us: clocks not aligned per rank?"
