@@ -89,7 +89,7 @@ def test_summary_of_one_rank():
             (0, 2, "matmul@(0, 1) program 2, waited 1.5 us", 0.0, 10.0),
             (1, 3, "matmul@(1, 0) program 3, waited 9.0 us", 0.0, 99.0)]     # another rank: ignored
     text = summary(rows, rank=0)
-    assert "span 20.0 us over 2 programs, busy 70%" in text           # 28 us busy of 2 x 20
+    assert "span 20.0 us over 2 programs, busy in tasks 70%" in text           # 28 us busy of 2 x 20
     matmul = next(l for l in text.splitlines() if l.strip().startswith("matmul"))
     assert matmul.split()[1:] == ["2", "0.0", "10.0", "10.0", "10.0", "1.0", "nan"]   # first on their programs
     reduce = next(l for l in text.splitlines() if l.strip().startswith("reduce"))

@@ -174,9 +174,11 @@ def summary(trace: Iterable[tuple], rank: int = 0) -> str:
     span = max(r[4] for r in mine)
     by_program: dict = {}
     kinds: dict = {}
+    phases = {name for name, _, _ in PHASES}
     for _, program, label, start, end in mine:
         kind = label.split("@")[0]
-        by_program.setdefault(program, []).append((start, end, kind))
+        if kind not in phases:   # busy share and gaps: the tasks'
+            by_program.setdefault(program, []).append((start, end, kind))
         kinds.setdefault(kind, []).append((start, end, _waited(label)))
     gaps, gaps_before = [], {}
     for v in by_program.values():
@@ -186,7 +188,8 @@ def summary(trace: Iterable[tuple], rank: int = 0) -> str:
             gaps_before.setdefault(b[2], []).append(b[0] - a[1])
     gaps.sort()
     busy = sum(e - s for v in by_program.values() for s, e, _ in v)
-    lines = [f"rank {rank}: span {span:.1f} us over {len(by_program)} programs, busy {busy / (span * len(by_program)):.0%}",
+    lines = [f"rank {rank}: span {span:.1f} us over {len(by_program)} programs, busy in tasks "
+             f"{busy / (span * max(1, len(by_program))):.0%}",
              f"  {'task':12} {'n':>6} {'first':>8} {'last end':>9} {'mean us':>8} {'p90 us':>7} {'mean wait':>9} "
              f"{'gap before':>10}"]
     for name, v in kinds.items():
