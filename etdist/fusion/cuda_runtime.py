@@ -617,9 +617,8 @@ class CudaKernel:
         if self.dynamic:
             self._prepare_queue(mesh, st, bound, offsets, event_shapes, at, fixed)
         if self.trace_on:
-            tasks = sum(math.prod(evaluate(g, env) for g in t.grid) for t in self.ir.tasks)
-            fixed["trace_buf"] = empty_persistent(max(1, tasks) * TRACE_WORDS + st.programs * PHASE_WORDS, torch.int64,
-                                                  mesh.device).zero_()
+            fixed["trace_buf"] = empty_persistent(max(1, task_count(self.ir, env)) * TRACE_WORDS
+                                                  + st.programs * PHASE_WORDS, torch.int64, mesh.device).zero_()
         st.shape = _Shape(dict(bound), event_shapes, outputs, fixed)
         st.shape.lay_out(self.params)
         mesh.barrier()  # every rank zeroed its counters before any rank notifies into them
@@ -744,24 +743,23 @@ class CudaKernel:
             raise RuntimeFault(f"graph {self.ir.name!r}: {ev.name}{[int(c) for c in coord]} on rank {rank} was "
                                f"notified past its count: counter {observed}, at most {expected} after launch "
                                f"{epoch} (compiled with check_events=True): more notifies than the count says")
+        alive = getattr(mesh, "_peer_alive", None)
+        gone = [s for s in range(mesh.world_size) if alive is not None and not alive(s)]
+        gone = f"Ranks {gone} have exited or died (their liveness locks are free)" if gone else None
+        if Event.decode(code)[0] == Event.CALL:   # the launch's entry: a peer never made this call
+            raise RuntimeFault(
+                f"graph {self.ir.name!r}: rank {rank} waited at the launch's entry for rank {peer} to make call "
+                f"{expected} (every rank makes the same calls in the same order; its last was {observed}); the "
+                f"watchdog expired after ~{mesh.watchdog_s:g} s. "
+                + (gone or f"Rank {peer} skipped a call, is stuck before it, or failed"))
         if dec is not None and st.shape is not None:
             e, linear = dec
             if e < len(self.ir.events):
                 ev = self.ir.events[e]
                 coord = np.unravel_index(linear, st.shape.event_shapes[ev.name])
                 what = f"{ev.name}{[int(c) for c in coord]}"
-            else:
-                what = "the exit rendezvous" if linear == 0 else "its ready queue (a claimed entry never arrived)"
-        alive = getattr(mesh, "_peer_alive", None)
-        gone = [s for s in range(mesh.world_size) if alive is not None and not alive(s)]
-        if Event.decode(code)[0] == Event.CALL:   # the launch's entry: a peer never made this call
-            raise RuntimeFault(
-                f"graph {self.ir.name!r}: rank {rank} waited at the launch's entry for rank {peer} to make call "
-                f"{expected} (every rank makes the same calls in the same order; its last was {observed}); the "
-                f"watchdog expired after ~{mesh.watchdog_s:g} s. " + (
-                    f"Ranks {gone} have exited or died (their liveness locks are free)" if gone else
-                    f"Rank {peer} skipped a call, is stuck before it, or failed"))
+            else:   # the one code past the events a megakernel waits on (no exit rendezvous: d48c809)
+                what = "its ready queue (a claimed entry never arrived)"
         raise RuntimeFault(f"graph {self.ir.name!r}: rank {rank} waited on {what} (launch {epoch}): counter "
                            f"{observed}, needed {expected}; the watchdog expired after ~{mesh.watchdog_s:g} s. "
-                           + (f"Ranks {gone} have exited or died (their liveness locks are free)" if gone else
-                              "A task that should notify it did not run (a peer failed, or the graph is wrong)"))
+                           + (gone or "A task that should notify it did not run (a peer failed, or the graph is wrong)"))

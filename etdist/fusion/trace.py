@@ -19,6 +19,7 @@ not aligned.)
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 from typing import Iterable, Optional
 
@@ -53,29 +54,29 @@ def first_start(buf, tasks: Optional[int] = None) -> Optional[int]:
     return min((words[k] for k in range(0, n, TRACE_WORDS) if words[k + 2]), default=None)
 
 
+def _phase_records(words: list, tasks: int):
+    """(entry, agreed, tasks done, end) clocks and SM << 32 | program of each program that recorded
+    its phases, after `tasks` task records."""
+    for at in range(tasks * TRACE_WORDS, len(words) - PHASE_WORDS + 1, PHASE_WORDS):
+        if words[at + 3]:
+            yield words[at:at + 4], words[at + 4]
+
+
 def earliest(buf, tasks: int) -> Optional[int]:
     """The earliest time (device ns) in a GPU trace buffer of `tasks` task records: a program's entry
     where the phases were recorded, else the first task's start."""
     words = [int(v) for v in buf]
-    entries = [words[at] for at in range(tasks * TRACE_WORDS, len(words) - PHASE_WORDS + 1, PHASE_WORDS)
-               if words[at + 3]]
     first = first_start(words, tasks)
-    return min(entries + ([first] if first is not None else []), default=None)
+    return min([clocks[0] for clocks, _ in _phase_records(words, tasks)] + ([first] if first is not None else []),
+               default=None)
 
 
 def phase_rows(buf, tasks: int, rank: int, origin_ns: int) -> list[tuple]:
     """The per-program phase records after `tasks` task records -> rows as gpu_rows' ("agree@program
     p", "finish@program p"), times from `origin_ns`; programs that recorded nothing are left out."""
-    words = [int(v) for v in buf]
-    rows = []
-    for at in range(tasks * TRACE_WORDS, len(words) - PHASE_WORDS + 1, PHASE_WORDS):
-        clocks, where = words[at:at + 4], words[at + 4]
-        if not clocks[3]:
-            continue
-        for name, a, b in PHASES:
-            rows.append((rank, where >> 32, f"{name}@program {where & 0xFFFFFFFF}",
-                         (clocks[a] - origin_ns) / 1e3, (clocks[b] - origin_ns) / 1e3))
-    return rows
+    return [(rank, where >> 32, f"{name}@program {where & 0xFFFFFFFF}",
+             (clocks[a] - origin_ns) / 1e3, (clocks[b] - origin_ns) / 1e3)
+            for clocks, where in _phase_records([int(v) for v in buf], tasks) for name, a, b in PHASES]
 
 
 def gpu_rows(ir, sizes: dict, buf, rank: int, origin_ns: Optional[int] = None) -> list[tuple]:
@@ -90,9 +91,7 @@ def gpu_rows(ir, sizes: dict, buf, rank: int, origin_ns: Optional[int] = None) -
     rows, gid = [], 0
     for t in ir.tasks:
         grid = [evaluate(g, sizes) for g in t.grid]
-        n = 1
-        for g in grid:
-            n *= g
+        n = math.prod(grid)
         for local in range(n):
             start, waited, end, where = words[(gid + local) * TRACE_WORDS:(gid + local + 1) * TRACE_WORDS]
             if end:
@@ -109,13 +108,7 @@ def gpu_rows(ir, sizes: dict, buf, rank: int, origin_ns: Optional[int] = None) -
 
 def task_count(ir, sizes: dict) -> int:
     """How many tasks a launch of `ir` at `sizes` has (the task records of its trace buffer)."""
-    total = 0
-    for t in ir.tasks:
-        n = 1
-        for g in t.grid:
-            n *= evaluate(g, sizes)
-        total += n
-    return total
+    return sum(math.prod(evaluate(g, sizes) for g in t.grid) for t in ir.tasks)
 
 
 def measure_offset(device, samples: int = 32) -> tuple[int, int]:

@@ -212,8 +212,10 @@ def check_trace(mesh):
     kernel = et.compile(gemm_rs.gemm_reduce_scatter(128, 128, torch.bfloat16, 64, 16), target="cuda", trace=True)
     y = kernel(mesh, x=x, w=w)["y"]
     everything = kernel.trace(mesh)
-    phases = [r for r in everything if r[2].startswith(("agree@", "finish@"))]
-    rows = [r for r in everything if r not in phases]
+    names = {name for name, _, _ in et.fusion.trace.PHASES}
+    is_phase = [r[2].split("@")[0] in names for r in everything]
+    phases = [r for r, p in zip(everything, is_phase) if p]
+    rows = [r for r, p in zip(everything, is_phase) if not p]
     R, C = mesh.world_size, -(-M // mesh.world_size)
     tasks = R * (R * -(-C // 128) * -(-N // 128) + -(-C // 128) * -(-N // 128))   # matmul + reduce, all ranks
     assert len(rows) == tasks, (len(rows), tasks)
