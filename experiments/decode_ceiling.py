@@ -141,7 +141,7 @@ def main():
             for progs, block, warps, stages in ((1, 4096, 8, 4), (2, 4096, 8, 3), (4, 2048, 4, 3), (2, 8192, 8, 2)):
                 P = progs * sms
                 out = torch.empty(P, device=dev, dtype=torch.float32)
-                per = -(-(-(-K * N // P)) // block) * block   # cdiv(K N, P) rounded up to a block
+                per = triton.cdiv(triton.cdiv(K * N, P), block) * block   # cdiv(K N, P) rounded up to a block
                 it = iter(range(1 << 30))
                 t = bench(lambda: stream_ptr[(P,)](ws[next(it) % COPIES], out, K * N, per, block, stages,
                                                    num_warps=warps))

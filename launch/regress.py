@@ -33,7 +33,6 @@ import argparse
 import functools
 import math
 import os
-import statistics
 
 import torch
 import torch.distributed as dist
@@ -43,7 +42,7 @@ from etdist.bench.measure import baselines as B
 from etdist.bench.measure import records
 from etdist.bench.measure.ranks import chunk, gather_rows, rel_err
 from etdist.bench.measure.shapes import MLP_SHAPES
-from etdist.bench.measure.timing import _per_call, batch_calls, slowest_rank, turns
+from etdist.bench.measure.timing import _per_call, batch_calls, slowest_rank, time_alternated
 from etdist.bench.measure.timing import slowest_rank as max_over_ranks
 
 COPIES = 4
@@ -96,15 +95,11 @@ def cell(op: str, mesh, H: int, I: int, M: int, group=None):
 
 
 def timed(contenders: dict, dev, rounds: int, est_us: float, calls: int = 0) -> dict:
-    """us per call of each contender (name -> zero-arg call), rounds of turning order, each a
-    barrier, 2 warm-ups and 2 batches of `calls` calls (0: timing.batch_calls, ~10 ms worth); the slower
-    rank's median."""
-    calls = calls or batch_calls(est_us)
-    samples = {n: [] for n in contenders}
-    for order in turns(list(contenders), rounds):
-        for n in order:
-            samples[n] += _per_call(contenders[n], calls=calls, batches=2, warmup=2, barrier=dist.barrier, device=dev)
-    return {n: slowest_rank(statistics.median(s)) for n, s in samples.items()}
+    """us per call of each contender (name -> zero-arg call): timing.time_alternated's rounds of
+    turning order, each a barrier, 2 warm-ups and 2 batches of `calls` calls (0: timing.batch_calls,
+    ~10 ms worth); the slower rank's median."""
+    return time_alternated(contenders, rounds=rounds, calls=calls or batch_calls(est_us), batches=2, warmup=2,
+                           device=dev)
 
 
 def newest(folder: str) -> dict:
