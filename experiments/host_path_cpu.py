@@ -30,11 +30,20 @@ class FakeMesh:
     def watchdog_spins(self): return 1 << 30
     def barrier(self): pass
 
+class FakeLauncher:   # Triton's CudaLauncher: the Python wrapper and the C launch, both stubbed
+    global_scratch_size = profile_scratch_size = 0
+    global_scratch_align, launch_cooperative_grid, launch_pdl = 1, True, False
+    def __call__(self, *args): pass
+    def launch(self, *args): pass
+
 class FakeCompiled:
     function, packed_metadata = 0, None
-    def run(self, *args): pass
+    run = FakeLauncher()
 
 torch._C._cuda_getCurrentRawStream = lambda i: 0
+# the kernels' states as a GPU's: "device" -1 (a CPU tensor's get_device()), never capturing
+torch._C._cuda_getDevice = lambda: -1
+cr.capturing_current = lambda: False
 mesh = FakeMesh()
 rs_op.sm_count = mlp_op.sm_count = ag_op.sm_count = lambda i: 132   # the plans ask for the SM count
 def new_state(self, mesh):
@@ -49,11 +58,17 @@ calls = {"gemm_rs": lambda: et.ops.gemm_reduce_scatter(x, w, mesh=mesh),
          "ag_gemm": lambda: et.ops.all_gather_gemm(xa, wa, mesh=mesh),
          "mlp": lambda: et.ops.tensor_parallel_mlp(xa, wa, w, mesh=mesh)}
 for name, f in calls.items():
+    f()
+    for states in mesh.cache.values():
+        if isinstance(states, cr._KernelStates):
+            states.gpu = -1
     f(); f()
-    n = 2000
-    t0 = time.perf_counter()
-    for _ in range(n): f()
-    print(f"{name:8} M={M}: {(time.perf_counter() - t0) / n * 1e6:6.1f} us per call (Python host path, launch stubbed)")
+    best = 1e9   # the best of 7 runs of 1000: this machine's other work only adds
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(1000): f()
+        best = min(best, (time.perf_counter() - t0) / 1000 * 1e6)
+    print(f"{name:8} M={M}: {best:6.1f} us per call (Python host path, launch stubbed; best of 7 x 1000)")
 if "--profile" in sys.argv:
     pr = cProfile.Profile(); pr.enable()
     for _ in range(2000): calls["mlp"]()

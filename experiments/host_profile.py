@@ -1,11 +1,14 @@
-"""Where an eager decode call's host time goes, on the GPU machine, at world 2: wall time per call of
-the op, of its CudaKernel call alone, and of Triton's launch alone (back to back, synchronised at
-the end), then cProfile of the op's calls (rank 0 prints).
+"""Where an eager decode call's host time goes, on the GPU machine, at world 2: host time per call
+(300 calls back to back, fewer than the launch queue holds, so the GPU never pushes back; median of
+7 runs) of the op, of its CudaKernel call alone, of Triton's launch alone (its Python wrapper, then
+the C launcher called directly, cooperative and not), of the output's torch.empty and of a torch.mm
+launch for scale; then cProfile of the op's calls (rank 0 prints).
 
     torchrun --nproc_per_node=2 experiments/host_profile.py [M] [N] [K_full]   # default 16 4096 12288
 """
 import cProfile
 import pstats
+import statistics
 import sys
 import time
 
@@ -33,37 +36,55 @@ y = torch.empty(-(-M // mesh.world_size), N, device=mesh.device, dtype=x.dtype)
 flat = st.shape.direct_args({"x": x, "w": w, "y": y, "call_sig": st.word})
 stream = torch.cuda.current_stream().cuda_stream
 k = st.compiled
+launcher = k.run            # Triton's CudaLauncher: a Python __call__ around the C launch
+c_launch = launcher.launch  # the C function itself
+scratch = st.allocate_scratch(max(1, k.run.global_scratch_size * st.programs), 128, stream).data_ptr() \
+    if k.run.global_scratch_size else None
 launch = lambda: k.run(st.programs, 1, 1, stream, k.function, k.packed_metadata, None, None, None,  # noqa: E731
                        *flat, st.programs, True)
+c_coop = lambda: c_launch(st.programs, 1, 1, stream, k.function, 1, 0, scratch, None,  # noqa: E731
+                          k.packed_metadata, None, None, None, *flat, st.programs, True)
+c_plain = lambda: c_launch(st.programs, 1, 1, stream, k.function, 0, 0, scratch, None,  # noqa: E731
+                           k.packed_metadata, None, None, None, *flat, st.programs, True)
+empty = lambda: torch.empty(y.shape, dtype=y.dtype, device=mesh.device)  # noqa: E731
+ws = torch.randn(K, 256, device=mesh.device, dtype=torch.bfloat16)
+mm = lambda: torch.mm(x, ws)  # noqa: E731
 
 
-def per_call(fn, n=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    total = (time.perf_counter() - t0) / n * 1e6
-    return host, total
+def per_call(fn, n=300, runs=7):
+    hosts, totals = [], []
+    for _ in range(runs):
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        hosts.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+        totals.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(hosts), statistics.median(totals)
 
 
 triton_allocation._allocator.set(st.allocate_scratch)   # as the runtime sets it around its launches
-for name, fn in (("op", call), ("kernel", inner), ("launch", launch)):
+rows = []
+for name, fn in (("op", call), ("kernel", inner), ("k.run", launch), ("C coop", c_coop), ("C plain", c_plain),
+                 ("empty", empty), ("mm", mm), ("op", call)):
     host, total = per_call(fn)
-    if mesh.rank == 0:
-        print(f"{name:8} host {host:6.1f} us per call (until the last launch was queued), {total:6.1f} with the GPU",
-              flush=True)
+    rows.append((name, host, total))
+if mesh.rank == 0:
+    print(f"gemm_rs M={M} N={N} K={K}: host us per call (300 back to back, median of 7) | with the GPU")
+    for name, host, total in rows:
+        print(f"  {name:8} {host:6.1f} | {total:6.1f}", flush=True)
 dist.barrier()
 pr = cProfile.Profile()
-pr.enable()
-for _ in range(2000):
-    call()
-pr.disable()
-torch.cuda.synchronize()
+for _ in range(5):
+    pr.enable()
+    for _ in range(300):
+        call()
+    pr.disable()
+    torch.cuda.synchronize()
 if mesh.rank == 0:
     pstats.Stats(pr).sort_stats("tottime").print_stats(22)
 mesh.close()

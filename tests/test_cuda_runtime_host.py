@@ -10,7 +10,7 @@ import etdist as et
 from etdist.fusion.bind import MapTable
 from etdist.fusion.cuda_runtime import CudaKernel
 from etdist.mesh.stream_order import StreamOrder
-from etdist.ops.common import DEFAULT_PLAN
+from etdist.ops.common import DEFAULT_PLAN, RepeatedCall
 from etdist.workloads import gemm_rs
 
 P = DEFAULT_PLAN   # the plans' config, as the ops take it by default
@@ -342,6 +342,177 @@ def test_argument_layout_is_built_once_per_shape(monkeypatch):
         assert got is values[p] if isinstance(values[p], torch.Tensor) else got == values[p], p
     kernel(mesh, x=x, w=w, out={"y": y_odd})
     assert all(a is b or a == b for a, b in zip(rec.jit[-1], rec.jit[-2]))   # the same arguments again
+
+
+class HotRecorder(LaunchRecorder):
+    """A LaunchRecorder whose `run` is Triton's CudaLauncher as the repeat launch uses it: the C
+    launcher (`launch`, recorded in `hot`) and the attributes the runtime reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.hot, owner = [], self
+
+        class Run:
+            global_scratch_size = profile_scratch_size = 0
+            global_scratch_align, launch_cooperative_grid, launch_pdl, num_ctas = 1, True, False, 1
+
+            def __call__(self, *args):
+                owner.direct.append(list(args[9:-2]))
+
+            def launch(self, *args):
+                owner.hot.append(list(args[13:-2]))   # past grid, stream, function, scratch, metadata, hooks
+
+        self.run = Run()
+
+
+def _hot_gemm_rs(monkeypatch):
+    """_recorded_gemm_rs with a HotRecorder, on a stand-in for GPU -1 (a CPU tensor's get_device())
+    that never captures: (kernel, recorder, mesh)."""
+    from etdist.fusion import cuda_runtime as cr
+    kernel, _ = _recorded_gemm_rs(monkeypatch)
+    rec = HotRecorder()
+    monkeypatch.setattr(kernel, "module", rec)
+    word = torch.zeros(1, dtype=torch.int32)
+    monkeypatch.setattr(kernel, "_new_state", lambda mesh: cr._MeshState(
+        programs=4, error_word=word, error_np=word.numpy(), compiled=rec))
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
+    monkeypatch.setattr(cr, "capturing_current", lambda: False)
+    mesh = PreparingMesh()
+    mesh.cache[kernel._key] = cr._KernelStates(gpu=-1)
+    return kernel, rec, mesh
+
+
+def test_a_repeated_call_launches_what_the_general_path_would(monkeypatch):
+    """A decode step's repeat (same shapes and dtypes as the kernel's last call, no out=) goes
+    straight to Triton's C launcher with the arguments the general path passes (fresh outputs, this
+    call's inputs); anything else takes the general path: another shape, out=, a capture, an error
+    word set, a profiler hook, another stream, a non-contiguous or misaligned input."""
+    from etdist.fusion import cuda_runtime as cr
+    kernel, rec, mesh = _hot_gemm_rs(monkeypatch)
+    w = torch.randn(32, 48, dtype=torch.bfloat16)
+    kernel(mesh, x=torch.randn(24, 32, dtype=torch.bfloat16), w=w)
+    assert len(rec.direct) == 1 and not rec.hot
+    st = kernel.state(mesh)
+    for call in range(3):
+        x = torch.randn(24, 32, dtype=torch.bfloat16)
+        y = kernel(mesh, x=x, w=w)["y"]
+        assert y.shape == (24, 48) and y.dtype == torch.bfloat16   # one rank: every row
+        values = {**st.shape.fixed, "x": x, "w": w, "y": y, "call_sig": st.word}
+        assert rec.hot[-1] == [values[p].data_ptr() if isinstance(values[p], torch.Tensor) else values[p]
+                               for p in kernel.params]
+    assert len(rec.hot) == 3 and len(rec.direct) == 1
+    general = len(rec.direct)
+
+    def declines(**call):
+        nonlocal general
+        hot = len(rec.hot)
+        kernel(mesh, **{"x": x, "w": w, **call})
+        general += 1
+        return len(rec.direct) == general and len(rec.hot) == hot
+
+    assert declines(out={"y": y})
+    assert declines(x=torch.randn(40, 32, dtype=torch.bfloat16))   # another shape (a new state)
+    assert declines()                                              # back: the last call was another state's
+    kernel(mesh, x=x, w=w)
+    assert len(rec.hot) == 4
+    st.error_np[0] = 1   # a finished launch failed: the general path reads (and raises) it
+    assert declines()
+    st.error_np[0] = 0
+    monkeypatch.setattr(cr, "capturing_current", lambda: True)
+    assert declines()
+    monkeypatch.setattr(cr, "capturing_current", lambda: False)
+    monkeypatch.setattr(cr, "hooks_active", lambda: True)
+    assert kernel._launch_hot(mesh, None, {"x": x, "w": w}) is None
+    monkeypatch.setattr(cr, "hooks_active", lambda: False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 7, raising=False)
+    assert kernel._launch_hot(mesh, None, {"x": x, "w": w}) is None
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
+    odd = torch.empty(24 * 32 + 1, dtype=torch.bfloat16)[1:].view(24, 32)
+    assert kernel._launch_hot(mesh, None, {"x": odd, "w": w}) is None
+    assert kernel._launch_hot(mesh, None, {"x": x, "w": w.float()}) is None
+    assert kernel._launch_hot(mesh, None, {"w": w, "x": x}) is None   # not the order it was made with
+    with pytest.raises(et.InputError, match="not contiguous"):
+        kernel(mesh, x=torch.randn(32, 24, dtype=torch.bfloat16).t(), w=w)
+    assert kernel._launch_hot(mesh, None, {"x": x, "w": w}) is not None and len(rec.hot) == 5
+
+
+def test_an_op_repeat_skips_its_checks_and_plan_only_for_the_last_calls_shapes(monkeypatch):
+    """et.ops.* hand a repeat (same mesh, schedule, config, M and operand shapes) to the kernel's repeat
+    launch without their checks and plan; other operands go through both (and their errors)."""
+    import etdist.ops.gemm_rs as rs_op
+    from etdist.fusion import cuda_runtime as cr
+    rec = HotRecorder()
+    word = torch.zeros(1, dtype=torch.int32)
+    monkeypatch.setattr(cr.CudaKernel, "_new_state", lambda self, mesh: cr._MeshState(
+        programs=4, error_word=word, error_np=word.numpy(), compiled=rec))
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
+    monkeypatch.setattr(cr, "capturing_current", lambda: False)
+    monkeypatch.setattr(cr, "hooks_active", lambda: False)
+    monkeypatch.setattr(rs_op, "sm_count", lambda index: 132)
+    monkeypatch.setattr(rs_op, "_REPEAT", RepeatedCall())
+    mesh = PreparingMesh()
+    mesh.world_size = 2
+    x, w = torch.randn(16, 64, dtype=torch.bfloat16), torch.randn(64, 128, dtype=torch.bfloat16)
+    et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+    for states in mesh.cache.values():
+        if isinstance(states, cr._KernelStates):
+            states.gpu = -1   # the stand-in GPU, from here on
+    checks = []
+    real = rs_op.check_operands
+    monkeypatch.setattr(rs_op, "check_operands", lambda *a: checks.append(a) or real(*a))
+    y = et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
+    assert y.shape == (8, 128) and len(rec.hot) == 1 and not checks
+    et.ops.gemm_reduce_scatter(x, w, mesh=mesh, schedule="dynamic")   # another key: its own path
+    assert len(checks) == 1
+    with pytest.raises(et.InputError, match="must share a dtype"):
+        et.ops.gemm_reduce_scatter(x, w.float(), mesh=mesh)
+    other = PreparingMesh()
+    other.world_size = 2
+    assert rs_op._REPEAT.launch(("static", None), other, None, {"x": x, "w": w}) is None   # another mesh
+    assert rs_op._REPEAT.launch(("static", None), mesh, 5, {"x": x, "w": w}) is None       # another M
+    assert rs_op._REPEAT.launch(("static", None), mesh, None, {"x": x[:8], "w": w}) is None  # another shape
+    assert rs_op._REPEAT.launch(("static", None), mesh, None, {"x": x, "w": w}) is not None
+
+
+def test_all_gather_gemm_and_mlp_repeats_take_the_repeat_launch(monkeypatch):
+    """The same for all_gather_gemm and both MLP forms: a repeat (same total_rows too) launches with
+    no checks; total_rows given where it was not, or of another type, goes through them."""
+    import etdist.ops.ag_gemm as ag_op
+    import etdist.ops.mlp as mlp_op
+    from etdist.fusion import cuda_runtime as cr
+    rec = HotRecorder()
+    word = torch.zeros(1, dtype=torch.int32)
+    monkeypatch.setattr(cr.CudaKernel, "_new_state", lambda self, mesh: cr._MeshState(
+        programs=4, error_word=word, error_np=word.numpy(), compiled=rec))
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
+    monkeypatch.setattr(cr, "capturing_current", lambda: False)
+    monkeypatch.setattr(cr, "hooks_active", lambda: False)
+    mesh = PreparingMesh()
+    bf = torch.bfloat16
+    x, w, wd = torch.randn(8, 64, dtype=bf), torch.randn(64, 128, dtype=bf), torch.randn(64, 64, dtype=bf)
+    calls = [(ag_op, lambda **kw: et.ops.all_gather_gemm(x, w, mesh=mesh, **kw)),
+             (mlp_op, lambda **kw: et.ops.tensor_parallel_mlp(x, w, wd, mesh=mesh, **kw)),
+             (mlp_op, lambda **kw: et.ops.tensor_parallel_mlp(x, w, wd, mesh=mesh, sequence_parallel=False, **kw))]
+    for mod, call in calls:
+        monkeypatch.setattr(mod, "sm_count", lambda index: 132)
+        monkeypatch.setattr(mod, "_REPEAT", RepeatedCall())
+        checks = []
+        monkeypatch.setattr(mod, "check_operands",
+                            lambda *a, seen=checks, real=mod.check_operands: seen.append(a) or real(*a))
+        call()
+        for states in mesh.cache.values():
+            if isinstance(states, cr._KernelStates):
+                states.gpu = -1
+        hot = len(rec.hot)
+        assert call().shape[0] == 8 and len(rec.hot) == hot + 1 and len(checks) == 1
+        call(total_rows=8)   # M the same, but given: the op's checks, then the kernel's repeat launch
+        assert len(checks) == 2 and len(rec.hot) == hot + 2
+        call(total_rows=8)   # remembered with it
+        assert len(rec.hot) == hot + 3 and len(checks) == 2
+        with pytest.raises(et.InputError, match="total_rows must be a non-negative int"):
+            call(total_rows=8.0)
 
 
 def test_a_shape_captured_in_a_cuda_graph_keeps_its_state(monkeypatch):

@@ -126,6 +126,21 @@ class _Shape:
 
 
 @dataclass
+class _HotLaunch:
+    """The launch a decode step repeats eagerly, laid out once per state: the inputs' names, shapes
+    and dtypes and the sizes it was made for, the outputs, and Triton's C launcher with its whole
+    argument list (only the inputs' and outputs' addresses change from call to call). Its calls skip
+    the general path's checks of a new shape and Triton's Python dispatch (CudaKernel._launch_hot)."""
+
+    launch: object        # the C launcher (Triton's CudaLauncher.launch)
+    args: list            # its arguments: grid, stream, function, scratch, metadata, hooks, kernel args
+    inputs: tuple         # ((name, shape, dtype, position in args), ...) in call order
+    outputs: tuple        # ((name, shape, dtype, position in args, an input of its dtype or None), ...)
+    sizes: Optional[dict]
+    stream: int
+
+
+@dataclass
 class _MeshState:
     serial: int = -1                 # creation order on this mesh, the same on every rank
     captured: bool = False           # this rank captured a launch of it in a CUDA graph
@@ -149,6 +164,7 @@ class _MeshState:
     rq_peers: Optional[torch.Tensor] = None
     scratch: Optional[torch.Tensor] = None   # Triton's per-program global scratch (TMA descriptors)
     device: Optional[torch.device] = None
+    hot: Optional[_HotLaunch] = None          # the eager repeat's launch at this shape, once laid out
 
     def allocate_scratch(self, size: int, alignment: int, stream) -> torch.Tensor:
         """Triton's allocator hook: one buffer per mesh state, grown never shrunk. Launches of one
@@ -271,6 +287,10 @@ class CudaKernel:
         unknown = set(out) - self.output_names if out else None
         if unknown:
             raise InputError(f"graph {self.ir.name!r}: out= names {sorted(unknown)}, which are no outputs")
+        if out is None:   # a decode step's repeat: the same shape as the last call, eagerly
+            outs = self._launch_hot(mesh, sizes, inputs)
+            if outs is not None:
+                return outs
         # state lives in the mesh (closing it drops the state with the memory it points into)
         states = mesh.cache.get(self._key)
         if states is None:
@@ -350,11 +370,14 @@ class CudaKernel:
                 self._raise_if_this_call_failed(mesh, st)
                 return outs
             if not self._launch_direct(mesh, st, values, stream):
+                st.hot = None
                 st.compiled = self.module.megakernel[(st.programs,)](
                     *st.shape.args(values), NUM_PROGRAMS=st.programs, USE_ASM=True, num_warps=self.num_warps,
                     num_stages=self.num_stages, launch_cooperative_grid=True)
             if not capturing and order.event is not None:
                 order.after()
+            if st.hot is None and not capturing and not out and not self.trace_on:
+                st.hot = self._hot_launch(st, inputs, sizes, stream)
         finally:
             triton_allocation._allocator.reset(scratch)
         return outs
@@ -460,6 +483,74 @@ class CudaKernel:
         """The state of this kernel's last call on `mesh` (its buffers, its compiled binary), or None."""
         states = mesh.cache.get(self._key)
         return states.last if states is not None else None
+
+    def _hot_launch(self, st: _MeshState, inputs: dict, sizes, stream: int) -> Optional[_HotLaunch]:
+        """The state's repeat launch, laid out after a call of the general path (None where the binary
+        is not known yet, a pointer was not 16-byte aligned, an input is no tensor, or Triton asks
+        for profiler scratch: those calls stay on the general path)."""
+        k, shape = st.compiled, st.shape
+        run = getattr(k, "run", None)
+        if (k is None or shape.addresses is None or getattr(run, "profile_scratch_size", 1)
+                or not all(isinstance(t, torch.Tensor) for t in inputs.values())):
+            return None
+        scratch = None
+        if run.global_scratch_size:   # Triton's per-program scratch: st.scratch, sized at the first launch
+            scratch = st.allocate_scratch(run.global_scratch_size * st.programs * getattr(run, "num_ctas", 1),
+                                          run.global_scratch_align, stream).data_ptr()
+        head = [st.programs, 1, 1, stream, k.function, run.launch_cooperative_grid, run.launch_pdl, scratch, None,
+                k.packed_metadata, None, None, None]
+        args = head + shape.addresses + [st.programs, True]   # NUM_PROGRAMS, USE_ASM
+        at = {name: len(head) + i for i, name in shape.per_call}
+        args[at["call_sig"]] = st.word
+        # an output is made like an input of its dtype (Tensor.new_empty: ~1 us less than torch.empty's
+        # keyword parsing, on the GPU machine's host: experiments/host_pieces.py)
+        like = {t.dtype: n for n, t in reversed(inputs.items())}
+        return _HotLaunch(run.launch, args, tuple((n, t.shape, t.dtype, at[n]) for n, t in inputs.items()),
+                          tuple((n, sh, dt, at[n], like.get(dt)) for n, (sh, dt) in shape.outputs.items()),
+                          None if sizes is None else dict(sizes), stream)
+
+    def _launch_hot(self, mesh, sizes, inputs: dict) -> Optional[dict]:
+        """A call at the shape of this kernel's last call on `mesh`, eagerly, on the stream of the
+        last launch, with no out=, no error pending and no profiler hook: the checks a known shape
+        needs (device, contiguity, alignment, shapes and dtypes as before), fresh outputs, and
+        Triton's C launcher (the host time is a decode call's eager time: records host_path).
+        Returns its outputs, or None: the general path then handles the call (and any error)."""
+        states = mesh.cache.get(self._key)
+        st = states.last if states is not None else None
+        hot = st.hot if st is not None else None
+        if hot is None or sizes != hot.sizes or len(inputs) != len(hot.inputs):
+            return None
+        gpu = states.gpu
+        if gpu is None or torch._C._cuda_getDevice() != gpu or capturing_current() or st.error_np[0] != 0:
+            return None
+        calls = getattr(mesh, "calls", None)
+        if calls is not None:
+            if calls.owed:
+                return None
+            calls.raise_pending()   # an earlier launch (of any kernel) the ranks disagreed on
+        for seen in states.watched:
+            if seen.error_np[0] != 0:
+                return None
+        order = mesh.stream_order
+        stream = torch._C._cuda_getCurrentRawStream(gpu)
+        if stream != hot.stream or order.last != stream or order.event is not None or hooks_active():
+            return None
+        args = hot.args.copy()
+        for (name, t), (want, shape, dtype, at) in zip(inputs.items(), hot.inputs):
+            if (name != want or not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != dtype
+                    or t.get_device() != gpu or not t.is_contiguous()):
+                return None
+            ptr = t.data_ptr()
+            if ptr % 16:
+                return None
+            args[at] = ptr
+        outs = {}
+        for name, shape, dtype, at, like in hot.outputs:
+            t = outs[name] = (inputs[like].new_empty(shape) if like is not None
+                              else torch.empty(shape, dtype=dtype, device=mesh.device))
+            args[at] = t.data_ptr()
+        hot.launch(*args)
+        return outs
 
     def _launch_direct(self, mesh, st: _MeshState, values: dict, stream: int) -> bool:
         """Launch the already compiled kernel without Triton's per-call dispatch (which costs tens
@@ -577,7 +668,7 @@ class CudaKernel:
         """New sizes (agreed by every rank): (re)allocate, zero the counters, barrier."""
         # No layout until this completes: growing frees buffers first, and if an allocation then
         # fails (heap exhausted) a call at the old sizes would launch over the freed ones
-        st.shape = st.bind_key = None
+        st.shape = st.bind_key = st.hot = None
         world = mesh.world_size
         scratch = {}
         for s in self.ir.tensors:

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -247,6 +248,43 @@ def cached_kernel(cache: dict, config: PlanConfig, cfg: TileConfig, schedule: st
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
     memo[schedule] = (cache, kernel)
     return kernel
+
+
+class RepeatedCall:
+    """An op's last GPU launch per (schedule, config and the op's own options): a decode step calls
+    an op again and again with operands of the same shapes, and such a repeat needs neither the op's
+    checks nor its plan again. `launch` hands the operands to that kernel's repeat launch
+    (CudaKernel._launch_hot) if the mesh and M are the last call's, and the kernel takes them only
+    if they match its last call on the mesh (shapes, dtypes, sizes, device, contiguity): then the
+    op's checks passed on those shapes before, and its plan, a function of them, the config and the
+    mesh, names the same kernel. Anything else (another shape or mesh, out=, an error pending)
+    returns None: the op's own path runs. An eager decode call's time is its host time: records
+    host_path."""
+
+    __slots__ = ("last",)
+
+    def __init__(self):
+        self.last: dict = {}   # key -> (mesh, M, kernel, sizes)
+
+    def launch(self, key, mesh, M, inputs: dict) -> Optional[torch.Tensor]:
+        try:
+            hit = self.last.get(key)
+        except TypeError:   # an unhashable config or schedule: the op's checks name it
+            return None
+        if hit is None:
+            return None
+        if mesh is None:
+            try:
+                mesh = current_mesh()
+            except MeshError:
+                return None   # the op's path raises it
+        if hit[0] is not mesh or hit[1] != M:
+            return None
+        outs = hit[2]._launch_hot(mesh, hit[3], inputs)
+        return None if outs is None else outs["y"]
+
+    def remember(self, key, mesh, M, kernel, sizes) -> None:
+        self.last[key] = (mesh, M, kernel, sizes)
 
 
 class refusal_reaches_peers:

@@ -15,9 +15,9 @@ from ..collectives.custom_op import call_op
 from ..workloads import mlp as mlp_graph
 from . import cpu_path
 from .ag_gemm import whole_tile, whole_width
-from .common import (SCRATCH_BYTES, SPLIT_COST, PlanConfig, TileConfig, cached_kernel, check_operands, fp32_config,
-                     interleave_sources, no_rows, plan_config, refusal_reaches_peers, row_pointers, slices_that_fit,
-                     sm_count, tile_us, total_rows_of, wave_splits)
+from .common import (SCRATCH_BYTES, SPLIT_COST, PlanConfig, RepeatedCall, TileConfig, cached_kernel, check_operands,
+                     fp32_config, interleave_sources, no_rows, plan_config, refusal_reaches_peers, row_pointers,
+                     slices_that_fit, sm_count, tile_us, total_rows_of, wave_splits)
 
 # The plan above PlanConfig.whole_max_m rows (kernel_plan): gate/up tiles of PlanConfig.mlp_tiles
 # (two accumulators each), down tiles PlanConfig.mlp_down_n wide (one accumulator: records
@@ -36,6 +36,7 @@ WHOLE_DOWN_SPLITS = 4
 SEND_US, REDUCE_US = 1.0, 3.0   # least_busy_tail's guesses for a gathered row tile's copy and an owner's sum
 MIN_GAIN = 0.03   # least_busy_tail slices nothing for less: its model ignores the waits, and slices cost traffic
 _KERNELS: dict = {}
+_REPEAT = RepeatedCall()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -219,6 +220,11 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
         plan_config("tensor_parallel_mlp", config, compiling=True)
         return call_op("tensor_parallel_mlp", x, w_gate_up, w_down, total_rows, schedule, sequence_parallel,
                        mesh=mesh, out=out)
+    key = (schedule, config, sequence_parallel)
+    if out is None and (total_rows is None or type(total_rows) is int):   # a decode step's repeat (RepeatedCall)
+        y = _REPEAT.launch(key, mesh, total_rows, {"x": x, "w_gate_up": w_gate_up, "w_down": w_down})
+        if y is not None:
+            return y
     with refusal_reaches_peers(mesh, _KERNELS):
         config = plan_config("tensor_parallel_mlp", config)
         mesh = check_operands("tensor_parallel_mlp", "etdist.workloads.mlp", x, w_gate_up, mesh)
@@ -254,12 +260,13 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
         cpu_path.agree_no_rows(mesh, "tensor_parallel_mlp", x, w_gate_up, out)
         return empty
     sms = sm_count(mesh.device.index)
-    if sequence_parallel:
-        return _launch(config, kernel_plan(M, H, I, x.dtype, sms, mesh.world_size, config), schedule, mesh, x,
-                       w_gate_up, w_down, out)
-    if M <= rows:
-        return _launch(config, replicated_plan(M, H, I, x.dtype, sms, mesh.world_size, config), schedule, mesh, x,
-                       w_gate_up, w_down, out)
+    if sequence_parallel or M <= rows:   # one launch
+        plan = (kernel_plan if sequence_parallel else replicated_plan)(M, H, I, x.dtype, sms, mesh.world_size, config)
+        kernel = cached_kernel(_KERNELS, config, plan[0], schedule, plan[1])
+        y = kernel(mesh, x=x, w_gate_up=w_gate_up, w_down=w_down, sizes=plan[2],
+                   out=None if out is None else {"y": out})["y"]
+        _REPEAT.remember(key, mesh, total_rows, kernel, plan[2])   # x's rows and total_rows give M
+        return y
     y = out if out is not None else x.new_empty(M, H)
     for lo in range(0, M, rows):   # every rank the same launches: x is the same everywhere
         hi = min(M, lo + rows)
