@@ -427,13 +427,19 @@ def test_a_repeated_call_launches_what_the_general_path_would(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 7, raising=False)
     assert kernel._launch_hot(mesh, None, {"x": x, "w": w}) is None
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
+    # made on a side stream (a warm-up before a CUDA graph capture), then called on the main one: laid
+    # out again there (it stayed on the side stream's, and every call took the general path: 2x H200)
+    st.hot.stream = 7
+    assert declines() and st.hot.stream == 0
+    kernel(mesh, x=x, w=w)
+    assert len(rec.hot) == 5
     odd = torch.empty(24 * 32 + 1, dtype=torch.bfloat16)[1:].view(24, 32)
     assert kernel._launch_hot(mesh, None, {"x": odd, "w": w}) is None
     assert kernel._launch_hot(mesh, None, {"x": x, "w": w.float()}) is None
     assert kernel._launch_hot(mesh, None, {"w": w, "x": x}) is None   # not the order it was made with
     with pytest.raises(et.InputError, match="not contiguous"):
         kernel(mesh, x=torch.randn(32, 24, dtype=torch.bfloat16).t(), w=w)
-    assert kernel._launch_hot(mesh, None, {"x": x, "w": w}) is not None and len(rec.hot) == 5
+    assert kernel._launch_hot(mesh, None, {"x": x, "w": w}) is not None and len(rec.hot) == 6
 
 
 def test_an_op_repeat_skips_its_checks_and_plan_only_for_the_last_calls_shapes(monkeypatch):

@@ -376,7 +376,8 @@ class CudaKernel:
                     num_stages=self.num_stages, launch_cooperative_grid=True)
             if not capturing and order.event is not None:
                 order.after()
-            if st.hot is None and not capturing and not out and not self.trace_on:
+            # laid out again on another stream (a warm-up on a side stream, then calls on the main one)
+            if not capturing and not out and not self.trace_on and (st.hot is None or st.hot.stream != stream):
                 st.hot = self._hot_launch(st, inputs, sizes, stream)
         finally:
             triton_allocation._allocator.reset(scratch)
