@@ -42,7 +42,7 @@ from etdist.bench.measure import baselines as B
 from etdist.bench.measure import records
 from etdist.bench.measure.ranks import chunk, gather_rows, rel_err
 from etdist.bench.measure.shapes import MLP_SHAPES
-from etdist.bench.measure.timing import _per_call, batch_calls, slowest_rank, time_alternated
+from etdist.bench.measure.timing import slowest_rank, time_alternated
 from etdist.bench.measure.timing import slowest_rank as max_over_ranks
 
 COPIES = 4
@@ -94,12 +94,11 @@ def cell(op: str, mesh, H: int, I: int, M: int, group=None):
     return step, (full[lo:hi] if seq else full), ((hi - lo) if seq else M, H), base, (M, H, I)
 
 
-def timed(contenders: dict, dev, rounds: int, est_us: float, calls: int = 0) -> dict:
+def timed(contenders: dict, dev, rounds: int, calls: int = 0) -> dict:
     """us per call of each contender (name -> zero-arg call): timing.time_alternated's rounds of
-    turning order, each a barrier, 2 warm-ups and 2 batches of `calls` calls (0: timing.batch_calls,
-    ~10 ms worth); the slower rank's median."""
-    return time_alternated(contenders, rounds=rounds, calls=calls or batch_calls(est_us), batches=2, warmup=2,
-                           device=dev)
+    turning order, each a barrier, 2 warm-ups and 2 batches of `calls` calls (0: each contender's
+    timing.batch_calls, ~10 ms of it); the slower rank's median."""
+    return time_alternated(contenders, rounds=rounds, calls=calls or None, batches=2, warmup=2, device=dev)
 
 
 def newest(folder: str) -> dict:
@@ -179,9 +178,7 @@ def main():
                     contenders[f"ours[{v}]"] = B.rotating(ours, COPIES)
                     contenders[f"graph[{v}]"] = replay
                 contenders.update(base.fns)
-                est = _per_call(contenders["eager"], calls=3, batches=1, warmup=1, barrier=dist.barrier,
-                                device=dev)[0]
-                t = timed(contenders, dev, args.rounds, slowest_rank(est), args.calls)
+                t = timed(contenders, dev, args.rounds, args.calls)
                 floor = B.floor_us(*fl, mesh.world_size, ceil.copy_TBps, ceil.mm_TFps, workload=op)
                 bl = {k: t[k] for k in base.fns}
                 for n, v in enumerate(names):

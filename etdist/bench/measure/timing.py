@@ -136,7 +136,7 @@ def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 4, gr
                     warmup: int = 5, device=None) -> dict[str, float]:
     """Microseconds per call of each of `fns` (name -> fn), timed alternately: every round times each
     fn once (warm-up, a barrier over `group` when torch.distributed is initialised, then `batches`
-    batches of `calls` calls (None: batch_calls of the slowest contender), or `repeats` single calls
+    batches of `calls` calls (None: each fn's own batch_calls, ~10 ms of it), or `repeats` single calls
     if single=True), in the orders of `turns`. Per name: the median over all its rounds' batches, then the slowest rank. Collective: the ranks
     of `group` must pass the same names in the same order (checked).
 
@@ -157,13 +157,18 @@ def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 4, gr
     if not names:
         return {}
     barrier = (lambda: dist.barrier(group=group)) if distributed else None
-    if calls is None and not single:   # batch_calls of the slowest contender on the slowest rank
-        est = max(_per_call(fns[n], calls=1, batches=1, warmup=1, barrier=barrier, device=device)[0] for n in names)
-        calls = batch_calls(slowest_rank(est, group))
+    if single:
+        per = {n: 1 for n in names}
+    elif calls is None:   # each contender's own batch_calls, from its time on the slowest rank
+        # (sized by the slowest contender, a 2 ms MoE baseline gave nn.MoE's 75 us calls batches
+        # of 5, whose start dominated: eager read 30-50% slow against its CUDA graph, 2x H200)
+        per = {n: batch_calls(slowest_rank(_per_call(fns[n], calls=1, batches=1, warmup=1, barrier=barrier,
+                                                     device=device)[0], group)) for n in names}
+    else:
+        per = {n: calls for n in names}
     samples: dict[str, list[float]] = {n: [] for n in names}
     for order in turns(names, rounds):
         for n in order:
-            samples[n] += _per_call(fns[n], calls=1 if single else calls,
-                                    batches=repeats if single else batches, warmup=warmup,
+            samples[n] += _per_call(fns[n], calls=per[n], batches=repeats if single else batches, warmup=warmup,
                                     barrier=barrier, device=device)
     return {n: slowest_rank(statistics.median(samples[n]), group) for n in names}
