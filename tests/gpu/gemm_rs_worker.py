@@ -70,6 +70,11 @@ def check_ok(mesh):
             # the same call again: counters re-armed, no recompilation, same answer
             y2 = et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
             assert torch.equal(y, y2), f"M={M}: second launch differs"
+            # a repeat with new operands (the repeat launch, ops/common.RepeatedCall): their own answer
+            x3, w3 = torch.randn_like(x), torch.randn_like(w) / K ** 0.5
+            y3, ref3 = et.ops.gemm_reduce_scatter(x3, w3, mesh=mesh), reference(x3, w3, mesh)
+            err = ((y3.float() - ref3).abs().max() / ref3.abs().max().clamp_min(1e-6)).item() if ref3.numel() else 0.0
+            assert err < tol, f"M={M} {dtype}, a repeat with new operands: rel err {err:.2e}"
     print(f"OK correctness rank {mesh.rank}", flush=True)
     # another PlanConfig: its own plans and kernels beside the default's (whole large tiles; the
     # 128-row class's slices sent to their owners unsummed), the same answers
