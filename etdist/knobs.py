@@ -1,4 +1,5 @@
-"""Tuning knobs: environment variables read once at import, checked, and reported where they are used.
+"""The library's environment variables: every ETDIST_* variable is named in VARIABLES and read here
+(`now`, `read`, `text`), nowhere else (tests/test_knobs.py checks the package for other reads).
 
 A bad value must not break `import etdist` (a CPU-only user never reaches the GPU ops it tunes),
 nor be replaced silently: `read` records it and returns the default, and the op that reads the
@@ -17,7 +18,24 @@ class KnobError(ValueError):
     """An ETDIST_* environment variable that an op reads has a value it cannot use."""
 
 
+# Every variable, what it sets and the argument that sets it in code where there is one
+VARIABLES = {
+    "ETDIST_WATCHDOG_S": "seconds any wait may spin before every rank raises (init_mesh(watchdog_s=...); 30)",
+    "ETDIST_DEBUG": "1: log each compiler pass and each generated GPU kernel (logger etdist)",
+    "ETDIST_CACHE": "where generated kernels are written (~/.cache/etdist)",
+    "ETDIST_SHARE_GPU": "1: more ranks than GPUs, correctness checks only (init_mesh(share_gpu=True))",
+    "ETDIST_WORKSPACE_MB": "the collectives' symmetric scratch per mesh (1024 on GPUs, 64 on the CPU)",
+    "ETDIST_GROUP_HEAP_MB": "a group mesh's share of the symmetric heap (1024; alike in every process)",
+    "ETDIST_SHM_DIR": "where the cpu backend and the liveness locks keep their files (/dev/shm)",
+    "ETDIST_CPU_EXCHANGE": "triton: the cpu backend runs the GPU exchange kernel, interpreted (tests)",
+    "ETDIST_COMMIT": "the commit a benchmark record names where the tree's .git is stale (a GPU machine's copy)",
+}
 _BAD: dict[str, str] = {}   # variable -> what is wrong with its value
+
+
+def text(name: str, default: str = "") -> str:
+    """The raw value of `name` (a path, a commit), or `default` when it is unset or empty."""
+    return os.environ.get(name, "") or default
 
 
 def now(name: str, parse: Callable[[str], T], default):

@@ -39,3 +39,20 @@ def test_parsers(parse, good, bad):
     for text in bad:
         with pytest.raises(ValueError):
             parse(text)
+
+
+def test_every_variable_is_listed_and_read_in_knobs_alone():
+    """The package names no ETDIST_* variable that knobs.VARIABLES does not list, and no module but
+    knobs reads the environment for one (they were read in seven modules, some straight from os.environ)."""
+    import pathlib
+    import re
+    root = pathlib.Path(knobs.__file__).parent
+    named, readers = set(), []
+    for path in root.rglob("*.py"):
+        src = path.read_text()
+        named |= set(re.findall(r"ETDIST_[A-Z0-9_]+", src))
+        if path.name != "knobs.py" and re.search(r"(environ|getenv)[^\n]*ETDIST_", src):
+            readers.append(str(path.relative_to(root)))
+    assert named <= set(knobs.VARIABLES), named - set(knobs.VARIABLES)
+    assert not readers, readers
+    assert len(knobs.VARIABLES) <= 9

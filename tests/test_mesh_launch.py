@@ -75,7 +75,7 @@ def test_nvshmem_settings_default_to_one_node_without_the_proxy_thread():
     env_defaults(env, one_node=True)
     assert env["NVSHMEM_REMOTE_TRANSPORT"] == "none" and env["NVSHMEM_DISABLE_LOCAL_ONLY_PROXY"] == "1"
     assert env["NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"] == "lo" and env["NVSHMEM_DISABLE_NVLS"] == "1"
-    env = {"NVSHMEM_REMOTE_TRANSPORT": "ibrc", "ETDIST_SYMMETRIC_SIZE": "8G"}
+    env = {"NVSHMEM_REMOTE_TRANSPORT": "ibrc", "NVSHMEM_SYMMETRIC_SIZE": "8G"}
     env_defaults(env, one_node=True)
     assert env["NVSHMEM_REMOTE_TRANSPORT"] == "ibrc" and env["NVSHMEM_SYMMETRIC_SIZE"] == "8G"   # the user's win
     env = {}

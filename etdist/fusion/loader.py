@@ -9,7 +9,9 @@ import os
 import pathlib
 import sys
 
-CACHE = pathlib.Path(os.environ.get("ETDIST_CACHE", pathlib.Path.home() / ".cache" / "etdist"))
+from .. import knobs
+
+CACHE = pathlib.Path(knobs.text("ETDIST_CACHE") or pathlib.Path.home() / ".cache" / "etdist")
 
 
 def _body_key(fn) -> str:

@@ -16,10 +16,12 @@ import tempfile
 import uuid
 from typing import List, Optional
 
+from .. import knobs
+
 
 def shm_root() -> str:
     """Where run dirs live: ETDIST_SHM_DIR, else /dev/shm where writable, else the temp dir."""
-    root = os.environ.get("ETDIST_SHM_DIR")
+    root = knobs.text("ETDIST_SHM_DIR")
     if root:
         return root
     if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):

@@ -525,7 +525,7 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
 
         import_nvshmem()  # fail before any rank talks to another
     if watchdog_s is None:
-        text = os.environ.get("ETDIST_WATCHDOG_S", "30")
+        text = knobs.text("ETDIST_WATCHDOG_S", "30")
         try:
             watchdog_s = float(text)
         except ValueError:

@@ -72,7 +72,7 @@ def env_defaults(env, *, one_node: bool) -> None:
         env.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
         env.setdefault("NVSHMEM_DISABLE_LOCAL_ONLY_PROXY", "1")
     env.setdefault("NVSHMEM_DISABLE_NVLS", "1")  # no NVLink multicast on our machines
-    env.setdefault("NVSHMEM_SYMMETRIC_SIZE", env.get("ETDIST_SYMMETRIC_SIZE", "4G"))
+    env.setdefault("NVSHMEM_SYMMETRIC_SIZE", "4G")   # NVSHMEM's own variable sets it
 
 
 class SubHeap:

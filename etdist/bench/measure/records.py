@@ -19,6 +19,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from ... import knobs
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # Paths whose changes do not make a measured tree "dirty": the records themselves, report output.
 _NOT_CODE = ("bench/results", "bench/plots", "docs/benchmarks.md")
@@ -122,8 +124,8 @@ def _git(*args: str) -> Optional[str]:
 def git_commit() -> str:
     """`git rev-parse --short HEAD`, "+dirty" appended when code differs from it (tracked changes
     or untracked files, except the records and report outputs); "uncommitted" without a commit."""
-    if os.environ.get("ETDIST_COMMIT"):  # a copy of the tree without .git (e.g. a GPU machine)
-        return os.environ["ETDIST_COMMIT"]
+    if knobs.text("ETDIST_COMMIT"):  # a copy of the tree without .git (e.g. a GPU machine)
+        return knobs.text("ETDIST_COMMIT")
     head = _git("rev-parse", "--short", "HEAD")
     if not head:
         return "uncommitted"
