@@ -442,6 +442,27 @@ def test_a_repeated_call_launches_what_the_general_path_would(monkeypatch):
     assert kernel._launch_hot(mesh, None, {"x": x, "w": w}) is not None and len(rec.hot) == 6
 
 
+def test_a_state_kept_under_another_key_makes_its_repeat_again(monkeypatch):
+    """The least recently used state is kept without re-laying where a new call binds the same
+    sizes under another key (sizes given, not given): its repeat record went with it, and a call
+    under the old key (no longer prepared) launched through it without the new shape's agreement
+    (found in review). The record is now made again, under the key the state holds."""
+    kernel, rec, mesh = _hot_gemm_rs(monkeypatch)
+    agreed = []
+    real = kernel._agree
+    monkeypatch.setattr(kernel, "_agree", lambda *a, **k: agreed.append(1) or real(*a, **k))
+    w, x = torch.randn(32, 48, dtype=torch.bfloat16), torch.randn(24, 32, dtype=torch.bfloat16)
+    kernel(mesh, x=x, w=w)
+    kernel(mesh, x=torch.randn(40, 32, dtype=torch.bfloat16), w=w)
+    kernel(mesh, sizes={"M": 24}, x=x, w=w)        # the 24-row state again, under another key
+    assert len(agreed) == 3
+    hot = len(rec.hot)
+    kernel(mesh, sizes={"M": 24}, x=x, w=w)
+    assert len(rec.hot) == hot + 1                  # its repeat, under the key it now holds
+    kernel(mesh, x=x, w=w)                          # the old key: a new shape to the runtime, agreed
+    assert len(agreed) == 4 and len(rec.hot) == hot + 1
+
+
 def test_an_op_repeat_skips_its_checks_and_plan_only_for_the_last_calls_shapes(monkeypatch):
     """et.ops.* hand a repeat (same mesh, schedule, config, M and operand shapes) to the kernel's repeat
     launch without their checks and plan; other operands go through both (and their errors)."""
@@ -479,6 +500,13 @@ def test_an_op_repeat_skips_its_checks_and_plan_only_for_the_last_calls_shapes(m
     assert rs_op._REPEAT.launch(("static", None), mesh, 5, {"x": x, "w": w}) is None       # another M
     assert rs_op._REPEAT.launch(("static", None), mesh, None, {"x": x[:8], "w": w}) is None  # another shape
     assert rs_op._REPEAT.launch(("static", None), mesh, None, {"x": x, "w": w}) is not None
+    import gc
+    import weakref
+    gone = weakref.ref(other)
+    rs_op._REPEAT.remember(("static", "other"), other, None, None, None)
+    del other
+    gc.collect()
+    assert gone() is None   # the repeat does not keep a mesh alive
 
 
 def test_all_gather_gemm_and_mlp_repeats_take_the_repeat_launch(monkeypatch):
@@ -519,6 +547,8 @@ def test_all_gather_gemm_and_mlp_repeats_take_the_repeat_launch(monkeypatch):
         assert len(rec.hot) == hot + 3 and len(checks) == 2
         with pytest.raises(et.InputError, match="total_rows must be a non-negative int"):
             call(total_rows=8.0)
+    with pytest.raises(et.InputError, match="sequence_parallel must be True or False, got 1"):
+        et.ops.tensor_parallel_mlp(x, w, wd, mesh=mesh, sequence_parallel=1)   # equal to True, still refused
 
 
 def test_a_shape_captured_in_a_cuda_graph_keeps_its_state(monkeypatch):

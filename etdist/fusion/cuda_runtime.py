@@ -412,7 +412,7 @@ class CudaKernel:
                 states.by_key[spare] = st
                 states.by_key.move_to_end(spare, last=False)
                 raise
-        st.bind_key = key
+        st.bind_key, st.hot = key, None   # a state kept at equal sizes under another key: its repeat made again
         st.signature, st.words = sig, {}
         st.word = self._word(st, None)
         states.by_key[key] = st

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -264,7 +265,7 @@ class RepeatedCall:
     __slots__ = ("last",)
 
     def __init__(self):
-        self.last: dict = {}   # key -> (mesh, M, kernel, sizes)
+        self.last: dict = {}   # key -> (weak reference to the mesh, M, kernel, sizes)
 
     def launch(self, key, mesh, M, inputs: dict) -> Optional[torch.Tensor]:
         try:
@@ -278,13 +279,13 @@ class RepeatedCall:
                 mesh = current_mesh()
             except MeshError:
                 return None   # the op's path raises it
-        if hit[0] is not mesh or hit[1] != M:
+        if hit[0]() is not mesh or hit[1] != M:
             return None
         outs = hit[2]._launch_hot(mesh, hit[3], inputs)
         return None if outs is None else outs["y"]
 
     def remember(self, key, mesh, M, kernel, sizes) -> None:
-        self.last[key] = (mesh, M, kernel, sizes)
+        self.last[key] = (weakref.ref(mesh), M, kernel, sizes)   # a closed mesh is not kept alive
 
 
 class refusal_reaches_peers:

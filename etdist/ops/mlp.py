@@ -221,7 +221,8 @@ def tensor_parallel_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
         return call_op("tensor_parallel_mlp", x, w_gate_up, w_down, total_rows, schedule, sequence_parallel,
                        mesh=mesh, out=out)
     key = (schedule, config, sequence_parallel)
-    if out is None and (total_rows is None or type(total_rows) is int):   # a decode step's repeat (RepeatedCall)
+    if out is None and type(sequence_parallel) is bool and (total_rows is None or type(total_rows) is int):
+        # a decode step's repeat (RepeatedCall); sequence_parallel=1 is refused by the op's checks
         y = _REPEAT.launch(key, mesh, total_rows, {"x": x, "w_gate_up": w_gate_up, "w_down": w_down})
         if y is not None:
             return y
