@@ -2,7 +2,8 @@
 (300 calls back to back, fewer than the launch queue holds, so the GPU never pushes back; median of
 7 runs) of the op, of its CudaKernel call alone, of Triton's launch alone (its Python wrapper, then
 the C launcher called directly, cooperative and not), of the output's torch.empty and of a torch.mm
-launch for scale; then cProfile of the op's calls (rank 0 prints).
+launch for scale; then each step of the op's path alone on each rank (best of 7 x 300); then
+cProfile of the op's calls (rank 0 prints).
 
     torchrun --nproc_per_node=2 experiments/host_profile.py [M] [N] [K_full]   # default 16 4096 12288
 """
@@ -17,6 +18,7 @@ import torch.distributed as dist
 
 import etdist as et
 from triton.runtime import _allocation as triton_allocation
+from etdist.ops import common
 from etdist.ops import gemm_rs as op
 
 M, N, KF = (int(a) for a in (sys.argv[1:4] if len(sys.argv) > 3 else (16, 4096, 12288)))
@@ -77,6 +79,41 @@ if mesh.rank == 0:
     print(f"gemm_rs M={M} N={N} K={K}: host us per call (300 back to back, median of 7) | with the GPU")
     for name, host, total in rows:
         print(f"  {name:8} {host:6.1f} | {total:6.1f}", flush=True)
+
+
+def ctx():
+    with common.refusal_reaches_peers(mesh, op._KERNELS):
+        pass
+
+
+plan = et.ops.DEFAULT_PLAN
+steps = [
+    ("op (launches)", call),
+    ("kernel() (launches)", inner),
+    ("is_compiling", torch.compiler.is_compiling),
+    ("plan_config", lambda: common.plan_config("g", None)),
+    ("check_operands", lambda: common.check_operands("g", "h", x, w, mesh)),
+    ("kernel_plan", lambda: op.kernel_plan(M, K, N, x.dtype, 132, mesh.world_size, plan)),
+    ("sm_count", lambda: op.sm_count(mesh.device.index)),
+    ("cached_kernel", lambda: op.cached_kernel(op._KERNELS, plan, cfg, "static", build)),
+    ("refusal ctx", ctx),
+    ("torch.empty", empty),
+    ("x.new_empty", lambda: x.new_empty(y.shape)),
+    ("t.device != dev", lambda: x.device != mesh.device),
+    ("is_contiguous", x.is_contiguous),
+    ("data_ptr", x.data_ptr),
+    ("getDevice", torch._C._cuda_getDevice),
+    ("capturing", torch._C._cuda_isCurrentStreamCapturing),
+    ("raw stream", lambda: torch._C._cuda_getCurrentRawStream(0)),
+    ("shape key", lambda: (x.shape, x.dtype) == (x.shape, x.dtype)),
+]
+best = [(name, min(per_call(f, runs=1)[0] for _ in range(7))) for name, f in steps]
+everyone = [None] * mesh.world_size
+dist.all_gather_object(everyone, best)
+if mesh.rank == 0:
+    print("host us per step alone (best of 7 x 300), rank 0 | rank 1")
+    for (name, a), (_, b) in zip(everyone[0], everyone[-1]):
+        print(f"  {name:20} {a:7.2f} | {b:7.2f}")
 dist.barrier()
 pr = cProfile.Profile()
 for _ in range(5):

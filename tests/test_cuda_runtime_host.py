@@ -463,10 +463,9 @@ def test_a_state_kept_under_another_key_makes_its_repeat_again(monkeypatch):
     assert len(agreed) == 4 and len(rec.hot) == hot + 1
 
 
-def test_an_op_repeat_skips_its_checks_and_plan_only_for_the_last_calls_shapes(monkeypatch):
-    """et.ops.* hand a repeat (same mesh, schedule, config, M and operand shapes) to the kernel's repeat
-    launch without their checks and plan; other operands go through both (and their errors)."""
-    import etdist.ops.gemm_rs as rs_op
+def _ops_on_a_stand_in_gpu(monkeypatch) -> HotRecorder:
+    """Every CudaKernel's launches go to one HotRecorder, on the stand-in GPU -1 of _hot_gemm_rs
+    (no capture, no profiler hook, stream 0): the ops' own paths run on the CPU. Returns the recorder."""
     from etdist.fusion import cuda_runtime as cr
     rec = HotRecorder()
     word = torch.zeros(1, dtype=torch.int32)
@@ -476,15 +475,30 @@ def test_an_op_repeat_skips_its_checks_and_plan_only_for_the_last_calls_shapes(m
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
     monkeypatch.setattr(cr, "capturing_current", lambda: False)
     monkeypatch.setattr(cr, "hooks_active", lambda: False)
+    return rec
+
+
+def on_the_stand_in_gpu(mesh) -> None:
+    """The kernels' states on `mesh` as the stand-in GPU's from here on (made on a CPU mesh, they
+    have none, and the repeat launch is for GPUs)."""
+    from etdist.fusion import cuda_runtime as cr
+    for states in mesh.cache.values():
+        if isinstance(states, cr._KernelStates):
+            states.gpu = -1
+
+
+def test_an_op_repeat_skips_its_checks_and_plan_only_for_the_last_calls_shapes(monkeypatch):
+    """et.ops.* hand a repeat (same mesh, schedule, config, M and operand shapes) to the kernel's repeat
+    launch without their checks and plan; other operands go through both (and their errors)."""
+    import etdist.ops.gemm_rs as rs_op
+    rec = _ops_on_a_stand_in_gpu(monkeypatch)
     monkeypatch.setattr(rs_op, "sm_count", lambda index: 132)
     monkeypatch.setattr(rs_op, "_REPEAT", RepeatedCall())
     mesh = PreparingMesh()
     mesh.world_size = 2
     x, w = torch.randn(16, 64, dtype=torch.bfloat16), torch.randn(64, 128, dtype=torch.bfloat16)
     et.ops.gemm_reduce_scatter(x, w, mesh=mesh)
-    for states in mesh.cache.values():
-        if isinstance(states, cr._KernelStates):
-            states.gpu = -1   # the stand-in GPU, from here on
+    on_the_stand_in_gpu(mesh)
     checks = []
     real = rs_op.check_operands
     monkeypatch.setattr(rs_op, "check_operands", lambda *a: checks.append(a) or real(*a))
@@ -514,15 +528,7 @@ def test_all_gather_gemm_and_mlp_repeats_take_the_repeat_launch(monkeypatch):
     no checks; total_rows given where it was not, or of another type, goes through them."""
     import etdist.ops.ag_gemm as ag_op
     import etdist.ops.mlp as mlp_op
-    from etdist.fusion import cuda_runtime as cr
-    rec = HotRecorder()
-    word = torch.zeros(1, dtype=torch.int32)
-    monkeypatch.setattr(cr.CudaKernel, "_new_state", lambda self, mesh: cr._MeshState(
-        programs=4, error_word=word, error_np=word.numpy(), compiled=rec))
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
-    monkeypatch.setattr(cr, "capturing_current", lambda: False)
-    monkeypatch.setattr(cr, "hooks_active", lambda: False)
+    rec = _ops_on_a_stand_in_gpu(monkeypatch)
     mesh = PreparingMesh()
     bf = torch.bfloat16
     x, w, wd = torch.randn(8, 64, dtype=bf), torch.randn(64, 128, dtype=bf), torch.randn(64, 64, dtype=bf)
@@ -536,9 +542,7 @@ def test_all_gather_gemm_and_mlp_repeats_take_the_repeat_launch(monkeypatch):
         monkeypatch.setattr(mod, "check_operands",
                             lambda *a, seen=checks, real=mod.check_operands: seen.append(a) or real(*a))
         call()
-        for states in mesh.cache.values():
-            if isinstance(states, cr._KernelStates):
-                states.gpu = -1
+        on_the_stand_in_gpu(mesh)
         hot = len(rec.hot)
         assert call().shape[0] == 8 and len(rec.hot) == hot + 1 and len(checks) == 1
         call(total_rows=8)   # M the same, but given: the op's checks, then the kernel's repeat launch

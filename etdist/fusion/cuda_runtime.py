@@ -504,7 +504,7 @@ class CudaKernel:
         at = {name: len(head) + i for i, name in shape.per_call}
         args[at["call_sig"]] = st.word
         # an output is made like an input of its dtype (Tensor.new_empty: ~1 us less than torch.empty's
-        # keyword parsing, on the GPU machine's host: experiments/host_pieces.py)
+        # keyword parsing, on the GPU machine's host: experiments/host_profile.py)
         like = {t.dtype: n for n, t in reversed(inputs.items())}
         return _HotLaunch(run.launch, args, tuple((n, t.shape, t.dtype, at[n]) for n, t in inputs.items()),
                           tuple((n, sh, dt, at[n], like.get(dt)) for n, (sh, dt) in shape.outputs.items()),

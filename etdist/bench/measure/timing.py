@@ -136,9 +136,10 @@ def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 4, gr
                     warmup: int = 5, device=None) -> dict[str, float]:
     """Microseconds per call of each of `fns` (name -> fn), timed alternately: every round times each
     fn once (warm-up, a barrier over `group` when torch.distributed is initialised, then `batches`
-    batches of `calls` calls (None: each fn's own batch_calls, ~10 ms of it), or `repeats` single calls
-    if single=True), in the orders of `turns`. Per name: the median over all its rounds' batches, then the slowest rank. Collective: the ranks
-    of `group` must pass the same names in the same order (checked).
+    batches of `calls` calls (None: each fn's own batch_calls, ~10 ms of it), or `repeats` single
+    calls if single=True), in the orders of `turns`. Per name: the median over all its rounds'
+    batches, then the slowest rank. Collective: the ranks of `group` must pass the same names in the
+    same order (checked).
 
     Why alternate: timed in a fixed order, the later of two identical kernels measured 2-3% faster,
     and the bench's first contender ~6% faster at large M (records ops_ab_control, bench_order_ab).
