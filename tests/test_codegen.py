@@ -515,3 +515,40 @@ def test_a_tensor_named_like_a_symmetric_tensors_peer_table_is_refused():
     g.input("x_peers", (n,))
     with pytest.raises(et.GraphError, match="two kernel parameters"):
         generate(_one_empty_task(g).to_ir())
+
+
+@pytest.mark.parametrize("build", ["gemm_rs_skinny", "gemm_rs_skinny_local", "ag_gemm_whole", "mlp_whole",
+                                   "mlp_replicated"])
+def test_prefetch_hints_run_before_the_call_agreement(build):
+    """PlanConfig.prefetch_rows: each program's first matmul task asks L2 for its first weight rows
+    before the call agreement (one prefetch.global.L2 per 128-byte line), and the kernel still fits
+    without spills; without the option the source has no hint at all."""
+    bf = torch.bfloat16
+    graphs = {"gemm_rs_skinny": lambda **p: gemm_rs.gemm_reduce_scatter_skinny(32, 128, bf, 128, 4, 16, swap_ab=True, **p),
+              "gemm_rs_skinny_local": lambda **p: gemm_rs.gemm_reduce_scatter_skinny(128, 128, bf, 128, 4, 16, True,
+                                                                                     local_sums=True, **p),
+              "ag_gemm_whole": lambda **p: ag_gemm.all_gather_gemm_whole(32, 128, bf, 64, 16, swap_ab=True, **p),
+              "mlp_whole": lambda **p: mlp.tp_mlp_whole(32, 128, bf, 64, 16, swap_ab=True, **p),
+              "mlp_replicated": lambda **p: mlp.tp_mlp_replicated(32, 128, bf, 64, 16, swap_ab=True, **p)}
+    ir = graphs[build](prefetch_rows=256).to_ir()
+    src = generate(ir)
+    hinted = [t for t in ir.tasks if t.triton_prefetch is not None]
+    assert len(hinted) == 1 and src.index(f"_et_prefetch_{hinted[0].name}(") < src.index("_et_agree(")
+    assert ", 256, " in src.split(f"_et_prefetch_{hinted[0].name}(")[1].split("\n")[0]   # the rows, a constexpr
+    assert "_et_prefetch_" not in generate(graphs[build]().to_ir())
+    warps, stages = (8, 3) if build == "gemm_rs_skinny_local" else (4, 5)   # as the ops' size classes
+    kernel = compile_for(ir, num_warps=warps, num_stages=stages)
+    assert "prefetch.global.L2" in kernel.asm["ptx"]
+    assert _spill_bytes(kernel.asm["ptx"]) <= 64, build
+
+
+def test_prefetch_rows_must_be_a_power_of_two():
+    with pytest.raises(et.GraphError, match="prefetch_rows must be 0 or a power of two, got 100"):
+        gemm_rs.gemm_reduce_scatter_skinny(32, 128, torch.bfloat16, 128, 4, 16, prefetch_rows=100)
+    with pytest.raises(et.GraphError, match="prefetch= is a hint for a GPU body"):
+        g = et.Graph("hint")
+        g.input("x", (4,), torch.float32)
+
+        @g.task(grid=(1,), prefetch=lambda: None)
+        def nothing(t, i):
+            pass

@@ -473,3 +473,47 @@ def ag_matmul(s, i, j, gathered, x, w, y, M, K, N, RANK, WORLD,
             a = x
     mm_tile(a, owned_rows(M, WORLD, s), w, K, N, y + s * C * N, N, i, j,
             BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+
+
+# Prefetch hints (TaskSpec.triton_prefetch): each program asks L2 for the first rows of its first
+# task's weight tile before the launch's call agreement, so the weight stream starts while the
+# peers are awaited (a decode launch's agreement is ~3 us of a ~28 us kernel: record gemm_rs_trace).
+# Nothing is waited for or written; off under the interpreter (USE_ASM False).
+
+
+@triton.jit
+def prefetch_box(b, ld, k0, k_end, n0, n_end, ROWS: tl.constexpr, COLS: tl.constexpr, USE_ASM: tl.constexpr):
+    """Ask L2 for rows [k0, min(k0 + ROWS, k_end)) x columns [n0, min(n0 + COLS, n_end)) of the
+    row-major b (row stride ld): one prefetch.global.L2 per 128-byte line. Lines outside the box
+    ask for b's first line instead (a hint costs nothing more)."""
+    if USE_ASM:
+        PER_LINE: tl.constexpr = 1024 // b.dtype.element_ty.primitive_bitwidth   # elements per 128 B
+        LINES: tl.constexpr = (COLS + PER_LINE - 1) // PER_LINE
+        r = k0 + tl.arange(0, ROWS)
+        c = n0 + tl.arange(0, LINES) * PER_LINE
+        ok = (r[:, None] < k_end) & (c[None, :] < n_end)
+        at = tl.where(ok, r[:, None].to(tl.int64) * ld + c[None, :], 0)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [b + at], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
+def skinny_prefetch(s, j, w, K, N, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PREFETCH_ROWS: tl.constexpr, USE_ASM: tl.constexpr):
+    """gemm_rs's skinny matmul tasks (K-slice s, column tile j): the slice's first rows."""
+    KB = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K) * BLOCK_K
+    prefetch_box(w, N, s * KB, tl.minimum(K, (s + 1) * KB), j * BLOCK_N, N, PREFETCH_ROWS, BLOCK_N, USE_ASM)
+
+
+@triton.jit
+def tile_prefetch(j, w, K, N, BLOCK_N: tl.constexpr, PREFETCH_ROWS: tl.constexpr, USE_ASM: tl.constexpr):
+    """A GEMM tile over the whole contraction (column tile j of w [K, N]): its first rows."""
+    prefetch_box(w, N, 0, K, j * BLOCK_N, N, PREFETCH_ROWS, BLOCK_N, USE_ASM)
+
+
+@triton.jit
+def swiglu_prefetch(j, w_gate_up, H, I, BLOCK_N: tl.constexpr, PREFETCH_ROWS: tl.constexpr,
+                    USE_ASM: tl.constexpr):
+    """A SwiGLU tile (column tile j of both halves of w_gate_up [H, 2I]): half the rows from each."""
+    prefetch_box(w_gate_up, 2 * I, 0, H, j * BLOCK_N, I, PREFETCH_ROWS // 2, BLOCK_N, USE_ASM)
+    prefetch_box(w_gate_up + I, 2 * I, 0, H, j * BLOCK_N, I, PREFETCH_ROWS // 2, BLOCK_N, USE_ASM)
