@@ -37,6 +37,15 @@ def test_selfcheck_torchrun(case):
     assert rc == 0 and out.count("as expected") == 2, out[-4000:]
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 3, reason="needs more than 2 GPUs")
+@pytest.mark.parametrize("case", ["ok", "graph"])
+def test_selfcheck_on_every_gpu(case):
+    """The collectives at world = every GPU (4 on a four-GPU machine), one rank per GPU."""
+    n = torch.cuda.device_count()
+    rc, out = torchrun(n, "--case", case, "--watchdog", "3")
+    assert rc == 0 and out.count("as expected") == n, out[-4000:]
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
 @pytest.mark.parametrize("case", ["ok", "skip-notify"])
 def test_selfcheck_mpirun(case):
