@@ -7,7 +7,6 @@ knob calls `check` first, which raises KnobError naming the variable and what it
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Callable, TypeVar
 
@@ -24,10 +23,6 @@ VARIABLES = {
     "ETDIST_DEBUG": "1: log each compiler pass and each generated GPU kernel (logger etdist)",
     "ETDIST_CACHE": "where generated kernels are written (~/.cache/etdist)",
     "ETDIST_SHARE_GPU": "1: more ranks than GPUs, correctness checks only (init_mesh(share_gpu=True))",
-    "ETDIST_WORKSPACE_MB": "the collectives' symmetric scratch per mesh (1024 on GPUs, 64 on the CPU)",
-    "ETDIST_GROUP_HEAP_MB": "a group mesh's share of the symmetric heap (1024; alike in every process)",
-    "ETDIST_SHM_DIR": "where the cpu backend and the liveness locks keep their files (/dev/shm)",
-    "ETDIST_CPU_EXCHANGE": "triton: the cpu backend runs the GPU exchange kernel, interpreted (tests)",
     "ETDIST_COMMIT": "the commit a benchmark record names where the tree's .git is stale (a GPU machine's copy)",
 }
 _BAD: dict[str, str] = {}   # variable -> what is wrong with its value
@@ -74,15 +69,6 @@ def flag(text: str) -> bool:
     return text == "1"
 
 
-def choice(*values: str) -> Callable[[str], str]:
-    """A parser that takes one of `values`."""
-    def parse(text: str) -> str:
-        if text not in values:
-            raise ValueError(f"want one of {', '.join(values)}")
-        return text
-    return parse
-
-
 def positive_int(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise ValueError("want a positive integer")
@@ -91,16 +77,6 @@ def positive_int(text: str) -> int:
 
 def _pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
-
-
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError("want a finite number > 0")
-    return v
 
 
 def tile_width(text: str) -> int:

@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from etdist.collectives import all_gather, all_reduce, all_to_all, reduce_scatter
+from etdist.collectives import all_gather, all_reduce, all_to_all, ops, reduce_scatter
 from etdist.mesh import MeshError, init_mesh
 
 SELFCHECK = ["-m", "etdist.collectives.selfcheck"]
@@ -50,7 +50,7 @@ def test_torchrun(n):
 @pytest.mark.parametrize("n, workspace_mb", [(2, "0.05"), pytest.param(4, "64", marks=pytest.mark.slow)])
 def test_mpiexec(n, workspace_mb):
     # 0.05 MB of workspace forces the larger messages through several rounds
-    _ok(*mpiexec(n, ETDIST_WORKSPACE_MB=workspace_mb), n)
+    _ok(*mpiexec(n, "--workspace-mb", workspace_mb), n)
 
 
 @pytest.mark.parametrize("n, case, error", [pytest.param(4, "skip-notify", "PeerTimeoutError", marks=pytest.mark.slow),
@@ -74,7 +74,7 @@ def test_mpiexec_missing_notify():
 
 @pytest.mark.parametrize("case", ["ok", "skip-notify", "shape", "dtype"])
 def test_triton_kernel_interpreted(case):
-    rc, out = torchrun(2, "--case", case, "--small", "--watchdog", "2", ETDIST_CPU_EXCHANGE="triton",
+    rc, out = torchrun(2, "--case", case, "--small", "--watchdog", "2", "--exchange", "triton",
                        TRITON_INTERPRET="1")
     _ok(rc, out, 2)
 
@@ -109,16 +109,17 @@ def test_triton_all_to_all_with_ranks_of_different_largest_segments():
     segment they did not, and the kernel waited on chunks never sent (PeerTimeoutError)."""
     worker = os.path.join(os.path.dirname(__file__), "interp", "a2a_uneven_worker.py")
     rc, out = _launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", worker],
-                      ETDIST_CPU_EXCHANGE="triton", TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="5")
+                      TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="5")
     assert rc == 0 and out.count("OK a2a uneven") == 2, out[-4000:]
 
 
 
-def _refused_call(rank, world, port, case, q):
+def _refused_call(rank, world, port, case, q, exchange="torch"):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    ops.CPU_EXCHANGE = exchange
     try:
-        with init_mesh(backend="cpu", watchdog_s=1.5) as mesh:
+        with init_mesh(backend="cpu", watchdog_s=1.5, workspace_mb=0.05 if case == "rounds" else None) as mesh:
             if case == "rounds":   # rank 0: two rounds of the 0.05 MB workspace's 3264 floats, rank 1: one
                 t0 = time.monotonic()
                 try:
@@ -149,13 +150,13 @@ def _refused_call(rank, world, port, case, q):
         q.put((rank, "crash", repr(e)))
 
 
-def _spawn_refused(case, world=2):
+def _spawn_refused(case, world=2, exchange="torch"):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [ctx.Process(target=_refused_call, args=(r, world, port, case, q)) for r in range(world)]
+    procs = [ctx.Process(target=_refused_call, args=(r, world, port, case, q, exchange)) for r in range(world)]
     for p in procs:
         p.start()
     try:
@@ -190,10 +191,8 @@ def test_calls_that_differ_in_rounds_raise_on_every_rank(exchange, monkeypatch):
     """Shapes that differ only in their number of rounds (6528 vs 3264 floats through 3264-float
     slots): every round both made agreed (same op, same count), so rank 1 returned its one-round
     result without an error, and rank 0 timed out waiting for a second round."""
-    monkeypatch.setenv("ETDIST_WORKSPACE_MB", "0.05")
-    monkeypatch.setenv("ETDIST_CPU_EXCHANGE", exchange)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    out = _spawn_refused("rounds")
+    out = _spawn_refused("rounds", exchange=exchange)
     assert [o[:2] for o in out] == [(0, "CallMismatchError"), (1, "CallMismatchError")], out
 
 
@@ -214,12 +213,24 @@ def test_arguments_of_the_wrong_kind_are_named(mesh):
 
 
 def test_the_workspace_fits_a_group_meshs_region(monkeypatch):
-    """A group mesh holds its symmetric tensors in a region of its own (ETDIST_GROUP_HEAP_MB): the
-    collectives' workspace takes at most a quarter of it by default, so the ops keep room there."""
+    """A group mesh holds its symmetric tensors in a region of its own (init_mesh(group_heap_mb=...)):
+    the collectives' workspace takes at most a quarter of it by default, so the ops keep room there."""
     import etdist as et
     from etdist.collectives.workspace import get_workspace
-    monkeypatch.delenv("ETDIST_WORKSPACE_MB", raising=False)
     with et.init_mesh(backend="cpu") as mesh:
         monkeypatch.setattr(mesh, "symmetric_capacity", lambda: 16 << 20)
         ws = get_workspace(mesh)
         assert ws.scratch.numel() <= 4 << 20 and ws.scratch.numel() > 3 << 20, ws.scratch.numel()
+
+
+def test_workspace_mb_sizes_the_collectives_workspace():
+    """init_mesh(workspace_mb=...) reaches the workspace the collectives make at the mesh's first
+    call; group_heap_mb is taken and has no effect on the cpu backend."""
+    from etdist.collectives.workspace import get_workspace
+    with init_mesh(backend="cpu", workspace_mb=0.05, group_heap_mb=256) as mesh:
+        ws = get_workspace(mesh)
+        assert ws.slot_bytes == int(0.05 * 2**20) // 2 // 256 * 256 and ws.scratch.numel() == 2 * ws.slot_bytes
+        x = torch.randn(3 * ws.slot_elems(torch.float32) + 5)   # several rounds through the small slot
+        assert torch.equal(all_reduce(x, mesh=mesh), x)
+    with init_mesh(backend="cpu") as mesh:   # the default: 64 MiB on the CPU
+        assert get_workspace(mesh).scratch.numel() == 64 << 20

@@ -13,7 +13,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "cpu_mesh", "groups_worker.py")
 
 @pytest.mark.parametrize("how", ["subgroups", pytest.param("device_mesh", marks=pytest.mark.slow)])
 def test_two_tensor_parallel_groups_of_two(how, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", ETDIST_SHM_DIR=str(tmp_path))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TEST_SHM_DIR=str(tmp_path))
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", WORKER, how],
                        capture_output=True, text=True, timeout=300, env=env)
     out = p.stdout + p.stderr
@@ -27,7 +27,7 @@ def test_the_readme_example_runs_under_torchrun_on_the_cpu_mesh(tmp_path):
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
     script = tmp_path / "tp_demo.py"
     script.write_text(re.search(r"```python\n(.*?)```", readme, re.S).group(1))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", ETDIST_SHM_DIR=str(tmp_path / "shm"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")   # the script as written: /dev/shm
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(script)],
                        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     out = p.stdout + p.stderr
@@ -41,7 +41,7 @@ def test_a_llama_with_its_mlps_swapped_runs_under_torchrun_on_the_cpu_mesh(tmp_p
     """The GPU test's client (tests/cpu_mesh/llama_worker.py), unchanged, on two CPU processes: a
     transformers Llama whose MLPs are et.nn.TensorParallelMLP.from_dense(..., mesh=mesh)."""
     pytest.importorskip("transformers")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", ETDIST_SHM_DIR=str(tmp_path))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TEST_SHM_DIR=str(tmp_path))
     worker = os.path.join(os.path.dirname(__file__), "cpu_mesh", "llama_worker.py")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", worker],
                        capture_output=True, text=True, timeout=300, env=env)

@@ -73,3 +73,17 @@ def test_barrier_timeout_names_the_missing_rank():
     assert rank0[1] == "raised", out
     assert rank0[2] < 5.0
     assert "from rank 1" in rank0[3] and "barrier" in rank0[3]
+
+
+@pytest.mark.parametrize("name, value", [("workspace_mb", 0), ("workspace_mb", -1.5), ("workspace_mb", "64"),
+                                         ("group_heap_mb", float("nan")), ("group_heap_mb", True)])
+def test_a_bad_size_is_refused_before_anything_is_made(name, value, monkeypatch, tmp_path):
+    """init_mesh(workspace_mb=, group_heap_mb=) refuse anything but a positive number, naming the
+    argument, before a host group or a file exists."""
+    from etdist.mesh import init_mesh, liveness
+    from etdist.mesh import mesh as mesh_module
+    monkeypatch.setattr(liveness, "SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(mesh_module, "make_host_comm", lambda *a, **k: pytest.fail("a host group was made"))
+    with pytest.raises(ValueError, match=rf"init_mesh\({name}=\.\.\.\) wants a positive number of MiB.*got {value!r}"):
+        init_mesh(backend="cpu", **{name: value})
+    assert os.listdir(tmp_path) == []

@@ -20,7 +20,7 @@ def launch(launcher, script, *args, n=2, timeout=120, shm=None, **env):
            else [MPIEXEC, "-n", str(n), sys.executable] if launcher == "mpiexec" else [sys.executable])
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **env)
     if shm is not None:
-        env["ETDIST_SHM_DIR"] = str(shm)
+        env["TEST_SHM_DIR"] = str(shm)   # the workers point liveness.SHM_DIR at it
     p = subprocess.run(cmd + [os.path.join(WORKERS, script), *args], capture_output=True, text=True,
                        timeout=timeout, env=env)
     return p.returncode, p.stdout + p.stderr

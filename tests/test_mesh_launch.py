@@ -190,6 +190,8 @@ def test_a_peer_that_skips_a_collective_is_named_not_gloos_raw_error(tmp_path):
     script = tmp_path / "skip.py"
     script.write_text(
         "import torch, etdist as et\n"
+        "from etdist.mesh import liveness\n"
+        f"liveness.SHM_DIR = {str(tmp_path)!r}\n"   # the mesh's files in the test's directory
         "mesh = et.init_mesh(backend='cpu', watchdog_s=5)\n"
         "if mesh.rank == 1:\n"
         "    raise SystemExit(0)\n"
@@ -197,9 +199,8 @@ def test_a_peer_that_skips_a_collective_is_named_not_gloos_raw_error(tmp_path):
         "    et.all_reduce(torch.ones(8), mesh=mesh)\n"
         "except et.PeerTimeoutError as e:\n"
         "    print('named:', e)\n")
-    env = dict(os.environ, ETDIST_SHM_DIR=str(tmp_path))
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(script)],
-                       capture_output=True, text=True, timeout=300, env=env)
+                       capture_output=True, text=True, timeout=300)
     assert "named: rank 0: the ranks' host" in p.stdout and "every rank must make the same calls" in p.stdout, \
         (p.stdout + p.stderr)[-3000:]
 

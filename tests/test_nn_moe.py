@@ -5,6 +5,7 @@ from torch.nn import functional as F
 
 import etdist as et
 from etdist.fusion.expr import evaluate
+from etdist.mesh import liveness
 
 H, I, E, K = 24, 20, 8, 2
 
@@ -187,7 +188,7 @@ def test_the_layers_run_on_a_cpu_mesh(monkeypatch, tmp_path):
     refused at construction; they now run on the CPU runtime (ops/cpu_path.py; across processes:
     tests/test_cpu_mesh_ops.py)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv("ETDIST_SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(liveness, "SHM_DIR", str(tmp_path))
     mesh = et.init_mesh(backend="cpu", world_size=1, rank=0)
     try:
         gate, up, down, router = dense_weights()

@@ -20,7 +20,6 @@ from typing import Optional, Sequence
 
 import torch
 
-from .. import knobs
 from ..mesh import Mesh, MeshError, current_mesh
 from ..mesh.calls import Signature, refusing, tensor_arg
 from ..mesh.stream_order import capturing as stream_capturing
@@ -32,6 +31,8 @@ from .plan import OP_NAMES, Op
 from .workspace import get_workspace
 
 REDUCE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# "triton": the cpu backend runs the GPU exchange kernel under Triton's interpreter (tests set it)
+CPU_EXCHANGE = "torch"
 # The exit rendezvous (every rank leaves a call only after all did) runs when check=True, so a
 # fault makes every rank raise; check=False skips it (double-buffered scratch keeps that safe).
 # all_gather into an `out` from mesh.empty writes peers' out directly (no scratch, no receiver copy).
@@ -121,8 +122,7 @@ def _run(mesh: Mesh, x: torch.Tensor, out: torch.Tensor, key: tuple, pieces, che
     with refusing(mesh):
         plans_ = list(pieces(ws.slot_elems(x.dtype)))
     sig = _signature(key[0], sig_x, out_given, check)
-    # the cpu backend runs the GPU exchange kernel under Triton's interpreter (tests of the kernel)
-    interpreted = knobs.now("ETDIST_CPU_EXCHANGE", knobs.choice("torch", "triton"), "torch") == "triton"
+    interpreted = CPU_EXCHANGE == "triton"
     if not interpreted:   # the interpreted kernel agrees at entry, as on GPUs
         mesh.calls.agree(sig)
     for plan in plans_:
@@ -232,7 +232,7 @@ def all_to_all(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Optiona
     def pieces(per):
         if plan.max_count > per:
             raise MeshError(f"all_to_all: {plan.max_count} elements for one peer exceed the workspace slot of "
-                            f"{per}: raise ETDIST_WORKSPACE_MB")
+                            f"{per}: pass a larger init_mesh(workspace_mb=...)")
         return [plan]
 
     # the counts differ from rank to rank: the rows' dtype and shape must agree (and the counts, each

@@ -2,7 +2,8 @@
 
     torchrun --nproc_per_node=4 -m etdist.collectives.selfcheck [--case ok|skip-notify|shape|dtype|empty-shape]
     mpiexec -n 2 python -m etdist.collectives.selfcheck --case skip-notify --watchdog 2
-    ETDIST_CPU_EXCHANGE=triton TRITON_INTERPRET=1 torchrun ... --small   # the GPU kernel, interpreted
+    TRITON_INTERPRET=1 torchrun ... --exchange triton --small   # the GPU kernel, interpreted
+    mpiexec -n 2 python -m etdist.collectives.selfcheck --workspace-mb 0.05   # big messages in rounds
 
 Each rank builds its inputs from its rank number, so every rank computes the expected results by
 itself. Fault cases expect every rank to raise the named error within the watchdog; the exit code
@@ -18,7 +19,7 @@ import torch
 
 from ..mesh import MeshError, PeerTimeoutError, ShapeMismatchError, init_mesh
 from ..mesh.errors import CallMismatchError
-from . import all_gather, all_reduce, all_to_all, reduce_scatter
+from . import all_gather, all_reduce, all_to_all, ops, reduce_scatter
 
 
 def _inputs(rank: int, n: int, dtype, device, salt: int = 0) -> torch.Tensor:
@@ -106,7 +107,11 @@ def main(argv=None) -> int:
     ap.add_argument("--watchdog", type=float, default=10.0)
     ap.add_argument("--backend", default=None)
     ap.add_argument("--small", action="store_true", help="fewer, smaller cases (for the Triton interpreter)")
+    ap.add_argument("--workspace-mb", type=float, default=None, help="init_mesh(workspace_mb=...)")
+    ap.add_argument("--exchange", default="torch", choices=["torch", "triton"],
+                    help="cpu backend: triton runs the GPU exchange kernel (with TRITON_INTERPRET=1)")
     args = ap.parse_args(argv)
+    ops.CPU_EXCHANGE = args.exchange
     t0 = time.monotonic()
     expect = {"ok": None, "graph": None, "skip-notify": PeerTimeoutError, "shape": CallMismatchError,
               "dtype": CallMismatchError, "big-count": CallMismatchError, "skip-call": CallMismatchError,
@@ -121,7 +126,7 @@ def main(argv=None) -> int:
         print(f"SELFCHECK case=same-gpu {'RAISED MeshError' if outcome else 'OK'} "
               f"{'as expected' if good else 'UNEXPECTED'}: {msg}", flush=True)
         return 0 if good else 1
-    mesh = init_mesh(backend=args.backend, watchdog_s=args.watchdog)
+    mesh = init_mesh(backend=args.backend, watchdog_s=args.watchdog, workspace_mb=args.workspace_mb)
     r, w = mesh.rank, mesh.world_size
     outcome, msg = None, ""
     try:

@@ -2,15 +2,14 @@
 
 One workspace per mesh (mesh.cache), made collectively at the first collective. Scratch holds two
 halves (epoch parity) of `world` slots each; a slot is where one source rank's data for us lands.
-Size: ETDIST_WORKSPACE_MB (default 1024 on GPUs, 64 on CPU, at most a quarter of a group mesh's
-region); bigger messages go in rounds.
+Size: init_mesh(workspace_mb=...) (default 1024 on GPUs, 64 on CPU, at most a quarter of a group
+mesh's region); bigger messages go in rounds.
 """
 from __future__ import annotations
 
 
 import torch
 
-from .. import knobs
 from ..mesh import Mesh
 
 MAX_CHUNKS = 4096
@@ -51,7 +50,7 @@ def get_workspace(mesh: Mesh) -> Workspace:
         capacity = mesh.symmetric_capacity()
         if capacity is not None:   # a group mesh: leave its region room for the ops' own buffers
             default = min(default, capacity / 4 / 2**20)
-        mb = knobs.now("ETDIST_WORKSPACE_MB", knobs.positive_float, default)
+        mb = default if mesh.workspace_mb is None else mesh.workspace_mb
         ws = Workspace(mesh, int(mb * 2**20))
         mesh.cache["collectives.workspace"] = ws
     return ws

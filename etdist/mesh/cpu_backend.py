@@ -35,9 +35,6 @@ from .hostcomm import HostComm
 from .liveness import Liveness, shm_root
 
 
-_shm_root = shm_root
-
-
 def _unlink(path: str) -> None:
     try:
         os.unlink(path)
@@ -167,8 +164,8 @@ class CpuBackend:
         self.device = torch.device("cpu")
         run_id = comm.broadcast(uuid.uuid4().hex[:16] if rank == 0 else None)
         if rank == 0:
-            sweep_stale(_shm_root())
-        self.run_dir = os.path.join(_shm_root(), f"etdist-{run_id}")
+            sweep_stale(shm_root())
+        self.run_dir = os.path.join(shm_root(), f"etdist-{run_id}")
         os.makedirs(self.run_dir, exist_ok=True)
         self._own: List[str] = []
         self._count = 0
@@ -201,8 +198,8 @@ class CpuBackend:
                 views.append(torch.from_file(path(r), shared=True, size=size, dtype=torch.uint8))
             except RuntimeError as e:
                 raise MeshError(f"rank {self.rank} cannot map rank {r}'s symmetric buffer {path(r)}: {e}. "
-                                f"Ranks must share a filesystem at {self.run_dir} (one node), or set "
-                                f"ETDIST_SHM_DIR to a shared directory") from None
+                                f"Ranks must share a filesystem at {self.run_dir}: the cpu backend runs on "
+                                f"one node") from None
         return views
 
     def free(self, views: List[torch.Tensor]) -> None:

@@ -16,14 +16,13 @@ import tempfile
 import uuid
 from typing import List, Optional
 
-from .. import knobs
+SHM_DIR: Optional[str] = None   # a directory to use instead (tests set it to keep their files apart)
 
 
 def shm_root() -> str:
-    """Where run dirs live: ETDIST_SHM_DIR, else /dev/shm where writable, else the temp dir."""
-    root = knobs.text("ETDIST_SHM_DIR")
-    if root:
-        return root
+    """Where run dirs live: SHM_DIR where set, else /dev/shm where writable, else the temp dir."""
+    if SHM_DIR:
+        return SHM_DIR
     if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
         return "/dev/shm"
     return tempfile.gettempdir()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import os
 import socket
 import time
@@ -102,9 +103,10 @@ class Mesh:
     """Use init_mesh() to make one."""
 
     def __init__(self, launch: Launch, backend: str, device: torch.device, comm: HostComm, impl,
-                 watchdog_s: float, shares_gpu: bool = False):
+                 watchdog_s: float, shares_gpu: bool = False, workspace_mb: Optional[float] = None):
         self.launch, self.backend, self.device, self.comm, self.impl = launch, backend, device, comm, impl
         self.shares_gpu = shares_gpu   # init_mesh(share_gpu=True): ranks take turns on a GPU, times mean nothing
+        self.workspace_mb = workspace_mb   # init_mesh(workspace_mb=...); None: the collectives' default
         self.rank, self.world_size, self.local_rank = launch.rank, launch.world_size, launch.local_rank
         self.watchdog_s = watchdog_s
         self.layout = ControlLayout(self.world_size)
@@ -169,7 +171,7 @@ class Mesh:
 
     def symmetric_capacity(self) -> Optional[int]:
         """Bytes of symmetric memory this mesh may hold in all, where it is bounded by its own region
-        (a group mesh: ETDIST_GROUP_HEAP_MB); None where it draws on the process's whole heap."""
+        (a group mesh: init_mesh(group_heap_mb=...)); None where it draws on the process's whole heap."""
         heap = getattr(self.impl, "heap", None)
         return None if heap is None else heap.capacity
 
@@ -481,9 +483,19 @@ def _group_launch(launch: Launch, group, world_size, rank) -> Launch:
                    run_id=f"{launch.run_id}:{dist.get_process_group_ranks(group)}" if launch.run_id else None)
 
 
+def _check_mb(name: str, value) -> None:
+    """Refuse a size in MiB that is not a positive number (None: the default), naming the argument."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"init_mesh({name}=...) wants a positive number of MiB (or None for the default), "
+                         f"got {value!r}")
+
+
 def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, rank: Optional[int] = None,
               local_rank: Optional[int] = None, device=None, watchdog_s: Optional[float] = None,
-              share_gpu: Optional[bool] = None, *, group=None, device_mesh=None, dim=None) -> Mesh:
+              share_gpu: Optional[bool] = None, *, group=None, device_mesh=None, dim=None,
+              workspace_mb: Optional[float] = None, group_heap_mb: Optional[float] = None) -> Mesh:
     """Find the other ranks and set up symmetric memory.
 
     group: a torch ProcessGroup (or a 1-D DeviceMesh) the mesh spans instead of the whole world, e.g.
@@ -502,8 +514,18 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
     machine has GPUs. Where ranks do land on one GPU (mesh.shares_gpu), their kernels take turns on
     it, so etdist.bench.measure refuses to time, and NCCL (torch.distributed's CUDA collectives) refuses
     two ranks on one GPU. No effect with backend 'cpu' (a bad ETDIST_SHARE_GPU is still refused).
+    workspace_mb: MiB of symmetric scratch the collectives exchange through, made at the mesh's first
+    collective (default 1024 on GPUs, 64 with backend 'cpu', at most a quarter of a group mesh's
+    region); bigger messages go in rounds. Alike on every rank of the mesh (mesh.empty checks it).
+    group_heap_mb: MiB of NVSHMEM's heap a group mesh takes for all its symmetric tensors (default
+    1024). Alike in every process (each allocates every group's region, over the whole world):
+    compared across the world when a region is allocated. NVSHMEM_SYMMETRIC_SIZE (4G unless set)
+    must hold every group's region. No effect on a whole-world mesh or with backend 'cpu'.
+    Both are refused (ValueError) unless a positive number, before anything is set up.
     """
     global _CURRENT
+    _check_mb("workspace_mb", workspace_mb)   # before any process group or file exists
+    _check_mb("group_heap_mb", group_heap_mb)
     group = _group_of(group, device_mesh, dim)
     if group is not None:
         world = resolve_launch(detect_launch(), None, None, local_rank)
@@ -557,8 +579,8 @@ def init_mesh(backend: Optional[str] = None, world_size: Optional[int] = None, r
 
             pes = None if group is None else dist_ranks(group)
             impl = NvshmemBackend(launch.rank, launch.world_size, launch.local_world_size, dev, comm, watchdog_s,
-                                  world=world, pes=pes)
-        mesh = Mesh(launch, backend, dev, comm, impl, watchdog_s, shares_gpu=shared)
+                                  world=world, pes=pes, group_heap_mb=group_heap_mb)
+        mesh = Mesh(launch, backend, dev, comm, impl, watchdog_s, shares_gpu=shared, workspace_mb=workspace_mb)
     except BaseException:
         if impl is not None:   # its files (or symmetric memory) go too
             try:

@@ -18,7 +18,6 @@ from typing import List, Optional
 
 import torch
 
-from .. import knobs
 from .errors import MeshError
 from .hostcomm import HostComm, MpiComm, make_host_comm
 from .launch import Launch, Launcher
@@ -93,9 +92,9 @@ class SubHeap:
                 self.used[off] = size
                 return off
         raise MeshError(f"a group mesh's symmetric region of {self.capacity / 2**20:.0f} MiB has no room for "
-                        f"{nbytes / 2**20:.1f} MiB more ({sum(self.used.values()) / 2**20:.1f} MiB in use): raise "
-                        f"ETDIST_GROUP_HEAP_MB (every process alike; NVSHMEM_SYMMETRIC_SIZE must hold every "
-                        f"group mesh's region)")
+                        f"{nbytes / 2**20:.1f} MiB more ({sum(self.used.values()) / 2**20:.1f} MiB in use): pass a "
+                        f"larger init_mesh(group_heap_mb=...) (every process alike; NVSHMEM_SYMMETRIC_SIZE must hold "
+                        f"every group mesh's region)")
 
     def free(self, offset: int) -> None:
         size = self.used.pop(offset)
@@ -171,7 +170,7 @@ class _Process:
                 listing = "; ".join(f"PE {pe}: turn {t}, {n} bytes for {w}" for pe, (t, n, w) in enumerate(asks))
                 raise MeshError(f"symmetric allocations out of step across processes ({listing}): NVSHMEM "
                                 f"allocates collectively over every PE, so every process must create (and close) "
-                                f"its group meshes in the same order, with the same ETDIST_GROUP_HEAP_MB")
+                                f"its group meshes in the same order, with the same init_mesh(group_heap_mb=...)")
         own = self.nvshmem.tensor((max(nbytes, 16),), dtype=torch.uint8)
         own.zero_()
         return own
@@ -199,7 +198,7 @@ class _Process:
 
 
 _PROCESS: Optional[_Process] = None
-GROUP_HEAP_MB = 1024   # a group mesh's share of the symmetric heap (ETDIST_GROUP_HEAP_MB)
+GROUP_HEAP_MB = 1024   # a group mesh's share of the symmetric heap, unless init_mesh(group_heap_mb=...)
 
 
 def nvshmem_process(world: Launch, device: torch.device, timeout_s: float, comm: Optional[HostComm]) -> _Process:
@@ -216,7 +215,7 @@ def nvshmem_process(world: Launch, device: torch.device, timeout_s: float, comm:
 class NvshmemBackend:
     """A mesh's symmetric memory on NVSHMEM. A whole-world mesh allocates straight from the heap (in
     the same order on every rank, which its collective calls guarantee). A mesh over a group takes
-    one region at creation (ETDIST_GROUP_HEAP_MB, allocated over the whole world: every process
+    one region at creation (group_heap_mb MiB, allocated over the whole world: every process
     creates its group meshes in the same order) and lays its allocations out in it (SubHeap): a
     rank's peer copy is at the same offset of the peer's region, reached through the peer's global
     PE (`pes`: the group's global ranks in group-rank order)."""
@@ -224,7 +223,8 @@ class NvshmemBackend:
     name = "nvshmem"
 
     def __init__(self, rank: int, world_size: int, local_world_size: int, device: torch.device,
-                 comm: HostComm, timeout_s: float, world: Optional[Launch] = None, pes: Optional[List[int]] = None):
+                 comm: HostComm, timeout_s: float, world: Optional[Launch] = None, pes: Optional[List[int]] = None,
+                 group_heap_mb: Optional[float] = None):
         self.rank, self.world_size, self.comm, self.device = rank, world_size, comm, device
         world = world or Launch(Launcher.SINGLE, rank, world_size, rank, local_world_size)
         self.process = proc = nvshmem_process(world, device, timeout_s, comm if pes is None else None)
@@ -239,10 +239,11 @@ class NvshmemBackend:
         # peers on this host that exited or died are named when a watchdog fires (liveness.py)
         self.liveness = for_mesh(comm, rank, world_size)
         if pes is not None:   # a group: its region, over the whole world
-            mb = knobs.now("ETDIST_GROUP_HEAP_MB", knobs.positive_int, GROUP_HEAP_MB)
-            self.region = proc.alloc(mb << 20, f"a group mesh of PEs {self.pes}", check_world=True)
+            nbytes = int((GROUP_HEAP_MB if group_heap_mb is None else group_heap_mb) * 2**20)
+            # the size takes part in the world's check: a process with another group_heap_mb is named
+            self.region = proc.alloc(nbytes, f"a group mesh of PEs {self.pes}", check_world=True)
             self.region_views = [proc.peer(self.region, pe) for pe in self.pes]
-            self.heap = SubHeap(mb << 20)
+            self.heap = SubHeap(nbytes)
             torch.cuda.synchronize(device)
             proc.comm.barrier()   # every region zeroed before any group signals into it
 

@@ -1,5 +1,5 @@
 """A rank that goes away mid-job, on the cpu backend: the others must raise naming it, close
-without raising, leave nothing in ETDIST_SHM_DIR, and (the error left uncaught) make the job exit
+without raising, leave nothing in TEST_SHM_DIR, and (the error left uncaught) make the job exit
 non-zero.
 
     torchrun --nproc_per_node=2 tests/cpu_mesh/fault_worker.py CASE
@@ -17,6 +17,9 @@ import time
 import torch
 
 import etdist as et
+from etdist.mesh import liveness
+
+liveness.SHM_DIR = os.environ.get("TEST_SHM_DIR")   # the test's own directory, checked empty after
 
 
 def main():

@@ -5,6 +5,7 @@ the four processes, each group's mesh in its own region; fp32 multiplies as TF32
 
     torchrun --nproc_per_node=4 tests/cpu_mesh/groups_worker.py subgroups|device_mesh [cpu|nvshmem]
 """
+import os
 import sys
 
 import torch
@@ -12,7 +13,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import etdist as et
+from etdist.mesh import liveness
 from etdist.workloads import ag_gemm, gemm_rs
+
+liveness.SHM_DIR = os.environ.get("TEST_SHM_DIR")   # the test's own directory, checked empty after
+HEAP_MB = 256   # each group's NVSHMEM region: ample for these sizes (no effect on the cpu backend)
 
 
 def rel(got, want):
@@ -37,11 +42,11 @@ def main():
     rank = dist.get_rank()
     if sys.argv[1] == "subgroups":
         tp, _ = dist.new_subgroups(group_size=2)
-        mesh = et.init_mesh(backend=backend, group=tp, watchdog_s=30)
+        mesh = et.init_mesh(backend=backend, group=tp, watchdog_s=30, group_heap_mb=HEAP_MB)
     else:
         from torch.distributed.device_mesh import init_device_mesh
         dm = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        mesh = et.init_mesh(backend=backend, device_mesh=dm, dim="tp", watchdog_s=30)
+        mesh = et.init_mesh(backend=backend, device_mesh=dm, dim="tp", watchdog_s=30, group_heap_mb=HEAP_MB)
     dev = mesh.device
     tol = 1e-5 if backend == "cpu" else 2e-2
     group = rank // 2                      # each TP group runs its own data

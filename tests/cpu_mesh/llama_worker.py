@@ -4,11 +4,16 @@ the unsharded model's (bf16 on GPUs, float32 and a smaller model on CPUs).
 
     torchrun --nproc_per_node=2 tests/cpu_mesh/llama_worker.py      -> 'OK llama' per rank
 """
+import os
+
 import torch
 import torch.distributed as dist
 import transformers
 
 import etdist as et
+from etdist.mesh import liveness
+
+liveness.SHM_DIR = os.environ.get("TEST_SHM_DIR")   # the test's own directory, checked empty after
 
 
 def rel(a, b):

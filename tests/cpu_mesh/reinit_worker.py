@@ -14,6 +14,9 @@ import threading
 import torch
 
 import etdist as et
+from etdist.mesh import liveness
+
+liveness.SHM_DIR = os.environ.get("TEST_SHM_DIR")   # the test's own directory, checked empty after
 
 
 def usage():

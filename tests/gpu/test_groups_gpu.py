@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("how", ["subgroups", "device_mesh"])
 def test_two_tensor_parallel_groups_of_two_on_gpus(how):
     env = dict(os.environ, NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="lo", NVSHMEM_DISABLE_NVLS="1", PYTHONUNBUFFERED="1",
-               ETDIST_GROUP_HEAP_MB="256", **ranks_env(4))
+               **ranks_env(4))   # the worker gives each group's region 256 MiB (init_mesh(group_heap_mb=))
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", str(WORKER), how,
                         "nvshmem"], capture_output=True, text=True, timeout=600, env=env)
     out = p.stdout + p.stderr

@@ -1,7 +1,7 @@
 """all_to_all with uneven counts whose largest segments differ between ranks, by the GPU exchange
 kernel under Triton's interpreter (one process per rank):
 
-    ETDIST_CPU_EXCHANGE=triton TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/a2a_uneven_worker.py
+    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/a2a_uneven_worker.py
 
 Rank 0 keeps 1.1M elements and swaps 100k with rank 1: sized by its own largest segment, rank 0
 cut the shared segments into 24576-element chunks and rank 1 into 8192 (rank 1 then waited on
@@ -10,7 +10,9 @@ chunk lanes rank 0 never sets). Prints 'OK a2a uneven rank <r>'.
 import torch
 
 import etdist as et
-from etdist.collectives import all_to_all
+from etdist.collectives import all_to_all, ops
+
+ops.CPU_EXCHANGE = "triton"   # the GPU exchange kernel on the cpu backend (interpreted)
 
 COUNTS = [[1_100_000, 100_000], [100_000, 0]]   # COUNTS[src][dst], elements (rows of one)
 
