@@ -201,9 +201,6 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     out("")
     for t in ir.tasks:
         out(f"# _et_body_{t.name} is bound to {t.triton_body.__module__}.{t.triton_body.__name__}")
-        if t.triton_prefetch is not None:
-            f = t.triton_prefetch
-            out(f"# _et_prefetch_{t.name} is bound to {f.__module__}.{f.__name__}")
     out("")
     params = kernel_params(ir, trace, dynamic)
     # Run-time sizes are not specialised (one binary for every M), except those the graph promises
@@ -245,17 +242,6 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         released = frozenset(a.event for u in ir.tasks[pinned:tail] if u.name not in early for a in u.waits)
         if dynamic:
             out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
-        # each program's first task of a function with a prefetch hint asks L2 for the start of its
-        # weights first: the stream begins while the call agreement below awaits the peers
-        for k in range(pinned):
-            t = ir.tasks[k]
-            if t.triton_prefetch is not None:
-                start = f"_et_end{k - 1}" if k else "0"
-                out(f"_et_gid = {start} + (_et_pid + NUM_PROGRAMS - {start} % NUM_PROGRAMS) % NUM_PROGRAMS")
-                out(f"if _et_gid < _et_end{k}:")
-                with out.indent():
-                    _emit_unravel(out, k, t)
-                    out(f"_et_prefetch_{t.name}({', '.join(_bind_body_args(ir, t, tx, t.triton_prefetch))})")
         # every rank makes the same call (mesh/calls.py): checked against the peers' before any task
         out(f"_et_seq, _et_agreed = _et_agree(mesh_ctrl, mesh_ctrl_peers, {ControlLayout.in_kernel('call')}, "
             f"{ControlLayout.in_kernel('call_seq')}, RANK, WORLD, call_sig, max_spins, arena, arena_peers, _et_pid, "
@@ -407,7 +393,14 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
     notifies (into `_et_claimed`: held for a fence and an atomic, no walk; notifies never wait)."""
     if trace:
         out("_et_t0, _et_sm = _et_clock(_et_gid)")
-    _emit_unravel(out, k, t)
+    out(f"_et_t = _et_gid - _et_end{k - 1}" if k else "_et_t = _et_gid")
+    for a in reversed(range(len(t.grid))):  # unravel row-major
+        name = t.index_names[a]
+        if a == 0:
+            out(f"{name} = _et_t")
+        else:
+            out(f"{name} = _et_t % _et_g{k}_{a}")
+            out(f"_et_t = _et_t // _et_g{k}_{a}")
     events = {e.name: (i, e) for i, e in enumerate(ir.events)}
     out("_et_ok = 1")
     for acc in t.waits:
@@ -480,21 +473,8 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
             out("tl.store(_et_tr + 3, (_et_sm.to(tl.int64) << 32) | _et_pid)")
 
 
-def _emit_unravel(out: _Lines, k: int, t: TaskSpec) -> None:
-    """The index names of task function k from the global task id `_et_gid` (row-major)."""
-    out(f"_et_t = _et_gid - _et_end{k - 1}" if k else "_et_t = _et_gid")
-    for a in reversed(range(len(t.grid))):
-        name = t.index_names[a]
-        if a == 0:
-            out(f"{name} = _et_t")
-        else:
-            out(f"{name} = _et_t % _et_g{k}_{a}")
-            out(f"_et_t = _et_t // _et_g{k}_{a}")
-
-
-def _bind_body_args(ir: GraphIR, t: TaskSpec, tx, fn=None) -> list[str]:
-    """The arguments of `fn` (default the task's body) by parameter name."""
-    fn = t.triton_body if fn is None else fn
+def _bind_body_args(ir: GraphIR, t: TaskSpec, tx) -> list[str]:
+    fn = t.triton_body
     names = list(getattr(fn, "arg_names", None) or inspect.signature(getattr(fn, "fn", fn)).parameters)
     available = set(kernel_params(ir)) | set(t.index_names) | {"USE_ASM"}   # USE_ASM: the kernel's constexpr
     consts, renamed = dict(t.constexprs), dict(t.bind)

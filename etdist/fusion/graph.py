@@ -155,7 +155,7 @@ class Graph:
 
     def task(self, grid: Sequence[Size], wait: _MapFn = None, notify: _MapFn = None,
              when: _MapFn = None, name: Optional[str] = None, triton=None, constexprs: Optional[dict] = None,
-             bind: Optional[dict] = None, pinned: bool = False, tail: bool = False, prefetch=None):
+             bind: Optional[dict] = None, pinned: bool = False, tail: bool = False):
         """Decorator: `body(t, *index)` runs once per index of `grid`.
 
         wait / notify: functions of the index returning an event element or a list of them.
@@ -173,22 +173,17 @@ class Graph:
             a launch (a MoE layer's return and combine), which then spin on their waits instead of
             each waiting for a queue hop. Tail functions are declared last, and no other task waits
             on what they notify.
-        prefetch: a @triton.jit hint bound like `triton` (the GPU only): each program runs it for its
-            first task of this function before the launch's call agreement, to start the task's
-            weight stream into L2 while the peers are awaited. It must not write anything.
         The decorated function is the torch reference the CPU runtime runs: `body(t, *index)`.
         """
         def register(body: Callable) -> Callable:
             # Traced now: the maps' free names are read at declaration, as a reader expects.
             spec = self._trace_task(body, tuple(grid), wait, notify, when, name or body.__name__)
             spec = dataclasses.replace(spec, pinned=bool(pinned), tail=bool(tail))
-            if prefetch is not None and triton is None:
-                raise GraphError(f"task {spec.name!r}: prefetch= is a hint for a GPU body; pass triton= too")
             if triton is not None:
                 idx = tuple(var(p) for p in spec.index_names)
                 binds = tuple(sorted((k, v if isinstance(v, str) else as_expr(v(*idx) if callable(v) else v))
                                      for k, v in (bind or {}).items()))
-                spec = dataclasses.replace(spec, triton_body=triton, triton_prefetch=prefetch,
+                spec = dataclasses.replace(spec, triton_body=triton,
                                            constexprs=tuple(sorted((constexprs or {}).items())), bind=binds)
             self._tasks.append(spec)
             return body

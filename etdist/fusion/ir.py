@@ -76,10 +76,6 @@ class TaskSpec:
     # GPU tile body: a @triton.jit function whose parameters are bound by name (index names,
     # tensor names, `<tensor>_peers` tables of symmetric tensors, sizes, RANK, WORLD, constexprs).
     triton_body: Any = field(default=None, compare=False, repr=False)
-    # Optional @triton.jit run once per program for its first task of this function before the
-    # launch's call agreement, bound as triton_body is: asks L2 for the start of the task's weights
-    # while the program would otherwise only spin (a hint: it must not write anything).
-    triton_prefetch: Any = field(default=None, compare=False, repr=False)
     constexprs: tuple[tuple[str, Any], ...] = ()
     bind: tuple[tuple[str, Any], ...] = ()  # GPU body parameter -> kernel name or Expr of the index
     # Under schedule="dynamic", walked by the static formula before any program pops the queue:

@@ -23,7 +23,7 @@ def _body_key(fn) -> str:
 def load_module(ir, source: str):
     """Write the generated source to the cache (Triton reads source from files) and import it.
     Keyed by the source and the tile bodies' own sources, so a redefined body gets a new module."""
-    bodies = "".join(_body_key(f) for t in ir.tasks for f in (t.triton_body, t.triton_prefetch) if f is not None)
+    bodies = "".join(_body_key(t.triton_body) for t in ir.tasks)
     key = hashlib.sha256((source + bodies).encode()).hexdigest()[:16]
     path = CACHE / f"megakernel_{ir.name}_{key}.py"
     if not path.exists():
@@ -38,8 +38,6 @@ def load_module(ir, source: str):
     mod = importlib.util.module_from_spec(spec)
     for t in ir.tasks:  # the tile bodies the generated code calls by name
         setattr(mod, f"_et_body_{t.name}", t.triton_body)
-        if t.triton_prefetch is not None:
-            setattr(mod, f"_et_prefetch_{t.name}", t.triton_prefetch)
     spec.loader.exec_module(mod)
     sys.modules[name] = mod
     return mod

@@ -75,8 +75,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:   # the GEMM tiles span every row
         return cfg, functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab,
-                                      gemm_n=whole_width(M, N, cfg, sms), row_pointers=row_pointers(M, cfg.block_m),
-                                      **config.hint())
+                                      gemm_n=whole_width(M, N, cfg, sms), row_pointers=row_pointers(M, cfg.block_m))
     rows = -(-M // world)                                # rows per source
     return cfg, functools.partial(ag_gemm.all_gather_gemm, *args, own_from_x=True,
                                   row_pointers=row_pointers(rows, cfg.block_m, at_half=True),

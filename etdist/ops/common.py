@@ -64,10 +64,6 @@ class PlanConfig:
     # at M=128: two waves of ~5 us tasks after the matmuls, record gemm_rs_trace); an option until
     # a two-GPU A/B decides it
     combine_one_wave: int = 0
-    # the decode graphs (gemm_rs's skinny classes, the whole-gather ag_gemm and MLPs): rows of each
-    # program's first weight tile asked of L2 before the call agreement (a power of two; 0: none),
-    # an option until a two-GPU A/B decides it
-    prefetch_rows: int = 0
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
     # every row, the weights read once), a tile class per bound; above, per-source tiles
     whole_max_m: int = 128          # ag_gemm_ab.jsonl / mlp_ab.jsonl, variant WHOLE_MAX_M=256 at 7f55834
@@ -93,8 +89,6 @@ class PlanConfig:
                 raise ValueError(f"PlanConfig.{f.name} must be an int >= {_LEAST[f.name]}, got {v!r}")
         if self.combine_one_wave > 1:
             raise ValueError(f"PlanConfig.combine_one_wave must be 0 or 1, got {self.combine_one_wave}")
-        if self.prefetch_rows & (self.prefetch_rows - 1):
-            raise ValueError(f"PlanConfig.prefetch_rows must be 0 or a power of two, got {self.prefetch_rows}")
         if self.mlp_down_n < 16 or self.mlp_down_n & (self.mlp_down_n - 1):
             raise ValueError(f"PlanConfig.mlp_down_n must be a power of two >= 16, got {self.mlp_down_n}")
         # the plan caches hash it on every call of an op: once here, not per call
@@ -109,10 +103,6 @@ class PlanConfig:
         "block_m,block_n,block_k,warps,stages[,swap]")."""
         changes = {name: _parse(name, value) for name, value in override_fields("PlanConfig", list(_TYPES), text)}
         return dataclasses.replace(self, **changes) if changes else self
-
-    def hint(self) -> dict:
-        """The decode graph builders' prefetch keyword ({} when off: the graphs as without it)."""
-        return {"prefetch_rows": self.prefetch_rows} if self.prefetch_rows else {}
 
     def changes(self) -> str:
         """The fields that differ from DEFAULT_PLAN, as override reads them ("base" if none):
@@ -145,7 +135,7 @@ def override_fields(config: str, fields: list, text: str) -> list:
 
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
 _LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
-          "combine_one_wave": 0, "prefetch_rows": 0}
+          "combine_one_wave": 0}
 
 
 def _parse(name: str, text: str):

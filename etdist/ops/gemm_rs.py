@@ -159,7 +159,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     reduce_n = skinny_reduce_n(cfg.block_n, n_tiles * (world if local and config.combine_one_wave else 1), sms)
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,
                                                  cfg.block_k, splits, align, cfg.swap_ab, reduce_n=reduce_n,
-                                                 **({"local_sums": True} if local else {}), **config.hint())
+                                                 **({"local_sums": True} if local else {}))
 
 
 def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, *, mesh=None, schedule: str = "static",

@@ -138,7 +138,7 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     if whole:
         return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms),
                                       up_n=whole_width(M, I, cfg, sms), swap_ab=cfg.swap_ab,
-                                      row_pointers=row_pointers(M, cfg.block_m), **config.hint()), {"M": M}
+                                      row_pointers=row_pointers(M, cfg.block_m)), {"M": M}
     # the sliced graph only where its plan slices (its partials take `splits` x the memory)
     rows = -(-M // world)                                # rows per owner
     pointers = row_pointers(rows, cfg.block_m)
@@ -194,7 +194,7 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
     splits = splits if tail else 1
     build = functools.partial(mlp_graph.tp_mlp_replicated, cfg.block_m, down_n, dtype, cfg.block_k, align,
                               down_splits=splits, up_n=up_n, swap_ab=cfg.swap_ab,
-                              row_pointers=row_pointers(M, cfg.block_m), **config.hint())
+                              row_pointers=row_pointers(M, cfg.block_m))
     return cfg, build, ({"M": M, "TAIL": tail} if splits > 1 else {"M": M})
 
 

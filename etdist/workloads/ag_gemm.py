@@ -15,7 +15,7 @@ import etdist.fusion as et   # the graph builder (what `import etdist as et` off
 from etdist.kernels import gemm_tiles
 
 from .gather import gather_rows, source_order
-from .params import positive_int, prefetch_hint
+from .params import positive_int
 
 
 def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
@@ -65,16 +65,14 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
 def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                           block_k: int = 128, align: int = 1, group_m: int = 8,
                           gemm_n: Optional[int] = None, swap_ab: bool = False,
-                          row_pointers: bool = False, prefetch_rows: int = 0) -> et.Graph:
+                          row_pointers: bool = False) -> et.Graph:
     """The small-M variant: the (small) gather completes first, then GEMM tiles run over all M
     rows at once, so the weights are read once (the graph above reads them once per source).
     gemm_n: the GEMM tiles' width (default block_n, which the gather's copy tiles keep): narrower
     where the tiles would be fewer than the SMs. swap_ab: the GEMM tiles computed transposed (the
     weights on the MMA's M side: gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows.
-    row_pointers: as in all_gather_gemm. prefetch_rows: each program asks L2 for that many rows of
-    its first GEMM tile's weights before the launch's call agreement (gemm_tiles.tile_prefetch)."""
+    row_pointers: as in all_gather_gemm."""
     positive_int("all_gather_gemm_whole", "gemm_n", gemm_n, optional=True)
-    prefetch = prefetch_hint("all_gather_gemm_whole", prefetch_rows)
     gemm_n = block_n if gemm_n is None else gemm_n
     g = et.Graph("ag_gemm_whole")
     M = g.size("M")
@@ -89,9 +87,9 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
     tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
 
     @g.task(grid=(m_tiles * n_tiles,), wait=lambda q: all_in[me],
-            triton=gemm_tiles.matmul_all_rows, prefetch=gemm_tiles.tile_prefetch if prefetch else None,
+            triton=gemm_tiles.matmul_all_rows,
             constexprs=dict(BLOCK_M=block_m, BLOCK_N=gemm_n, BLOCK_K=block_k,
-                            TMA=gemm_tiles.use_tma(align, row_pointers), SWAP_AB=bool(swap_ab), **prefetch),
+                            TMA=gemm_tiles.use_tma(align, row_pointers), SWAP_AB=bool(swap_ab)),
             bind=dict(i=lambda q: tile(q)[0], j=lambda q: tile(q)[1], a="gathered"))
     def matmul(t, q):
         rows, cols = et.block(t(tile(q)[0]), block_m, t.M), et.block(t(tile(q)[1]), gemm_n, t.N)

@@ -12,7 +12,7 @@ import etdist.fusion as et   # the graph builder (what `import etdist as et` off
 from etdist.kernels import gemm_tiles
 
 from .gather import owner_order
-from .params import positive_int, prefetch_hint
+from .params import positive_int
 
 
 def gemm_reduce_scatter(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32,
@@ -129,7 +129,7 @@ def make_inputs(world: int, M: int, K: int, N: int, seed: int = 0, dtype=torch.f
 def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                                block_k: int = 128, splits: int = 4, align: int = 1,
                                swap_ab: bool = False, reduce_n: int | None = None,
-                               local_sums: bool = False, prefetch_rows: int = 0) -> et.Graph:
+                               local_sums: bool = False) -> et.Graph:
     """The decode-sized variant (M <= block_m): one tile holds every row, so each rank reads its
     weights once (the graph above reads them once per destination rank). The contraction is
     split in `splits` slices to give every SM work; fp32 partials, summed by the owner.
@@ -140,10 +140,7 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
     matmuls (ops.gemm_rs.skinny_reduce_n; records gemm_rs_w1_ab.jsonl).
     local_sums: the slices stay on their GPU and a combine task per owner and column tile sums
     them before one partial goes to the owner: R partials per tile cross the links instead of
-    R x splits (at 128 rows, 4 slices of qwen3_8b put 4 MB on the links per rank).
-    prefetch_rows: each program asks L2 for that many rows of its first matmul task's weights
-    before the launch's call agreement (gemm_tiles.skinny_prefetch; 0: none)."""
-    prefetch = prefetch_hint("gemm_reduce_scatter_skinny", prefetch_rows)
+    R x splits (at 128 rows, 4 slices of qwen3_8b put 4 MB on the links per rank)."""
     reduce_n = reduce_n or block_n
     if isinstance(reduce_n, bool) or not isinstance(reduce_n, int) or reduce_n < 1 or block_n % reduce_n:
         raise et.GraphError(f"gemm_reduce_scatter_skinny: reduce_n must divide block_n={block_n}, got {reduce_n!r}")
@@ -156,8 +153,7 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
     KB = et.cdiv(et.cdiv(K, splits), block_k) * block_k   # contraction per slice
     n_tiles = et.cdiv(N, block_n)
     consts = dict(SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n)
-    mm = dict(consts, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SWAP_AB=swap_ab, **prefetch)
-    hint = gemm_tiles.skinny_prefetch if prefetch else None
+    mm = dict(consts, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align), SWAP_AB=swap_ab)
     per_owner = 1 if local_sums else splits   # partials from each source, on the owner
 
     g.input("x", (M, K), dtype)
@@ -169,7 +165,7 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
         ready = lambda j: arrived[me, j // sub]   # noqa: E731  (the reduce's columns j: part of tile j // sub)
 
         @g.task(grid=(splits, n_tiles), notify=lambda s, j: arrived[et.every(0, R), j],
-                triton=gemm_tiles.gemm_rs_skinny_matmul, constexprs=mm, prefetch=hint)
+                triton=gemm_tiles.gemm_rs_skinny_matmul, constexprs=mm)
         def matmul(t, s, j):                                 # every owner's rows of slice s, tile j
             cols, ks = et.block(j, block_n, t.N), et.block(s, t(KB), t.K)
             part = t.x[:, ks].float() @ t.w[ks, cols].float()
@@ -183,7 +179,7 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
         ready = lambda j: arrived[me, j]   # noqa: E731
 
         @g.task(grid=(splits, n_tiles), notify=lambda s, j: sliced[j],
-                triton=gemm_tiles.gemm_rs_skinny_matmul_local, constexprs=mm, prefetch=hint)
+                triton=gemm_tiles.gemm_rs_skinny_matmul_local, constexprs=mm)
         def matmul(t, s, j):                                 # slice s of tile j, every row, kept here
             cols, ks = et.block(j, block_n, t.N), et.block(s, t(KB), t.K)
             t.slices[s, :, cols] = t.x[:, ks].float() @ t.w[ks, cols].float()

@@ -23,7 +23,7 @@ from etdist.kernels import gemm_tiles
 
 from .gather import gather_rows, owner_order, source_order
 from .gemm_rs import reduce_partials
-from .params import positive_int, prefetch_hint
+from .params import positive_int
 
 
 def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.float32, block_k: int = 64,
@@ -148,8 +148,7 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
 def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
                  align: int = 1, group_m: int = 8, down_splits: int = 1, up_n: Optional[int] = None,
-                 swap_ab: bool = False, row_pointers: bool = False,
-                 prefetch_rows: int = 0) -> et.Graph:
+                 swap_ab: bool = False, row_pointers: bool = False) -> et.Graph:
     """The small-M variant: the (small) gather completes first; gate/up and down tiles then run
     over all M rows at once, so each weight is read once (the graph above reads them once per
     source and per destination rank). Down tiles store each owner's rows into its partial.
@@ -158,11 +157,8 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     shape) and would leave most SMs idle. up_n: the gate/up tiles' width (default block_n, which the
     gather's copy tiles and the down tiles keep): narrower where they would be fewer than the SMs.
     swap_ab: the GEMM tiles computed transposed (the weights on the MMA's M side:
-    gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows. row_pointers: as in tp_mlp.
-    prefetch_rows: each program asks L2 for that many rows of its first gate/up tile's weights
-    before the launch's call agreement (gemm_tiles.swiglu_prefetch)."""
+    gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows. row_pointers: as in tp_mlp."""
     positive_int("tp_mlp_whole", "down_splits", down_splits)
-    prefetch = prefetch_hint("tp_mlp_whole", prefetch_rows)
     positive_int("tp_mlp_whole", "up_n", up_n, optional=True)
     S, up_n = down_splits, block_n if up_n is None else up_n
     g = et.Graph("mlp_whole")
@@ -188,8 +184,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     down_tile = lambda q: et.grouped(q, m_all, h_tiles, group_m)   # noqa: E731
 
     @g.task(grid=(m_all * i_tiles,), wait=lambda q: all_in[me], notify=lambda q: h_ready[up_tile(q)[0]],
-            triton=gemm_tiles.swiglu_all_rows, constexprs=dict(gemm, BLOCK_N=up_n, **prefetch),
-            prefetch=gemm_tiles.swiglu_prefetch if prefetch else None,
+            triton=gemm_tiles.swiglu_all_rows, constexprs=dict(gemm, BLOCK_N=up_n),
             bind=dict(i=lambda q: up_tile(q)[0], j=lambda q: up_tile(q)[1]))
     def gate_up(t, q):
         rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), up_n, t.I)
@@ -221,8 +216,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
 
 def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
                       align: int = 1, group_m: int = 8, down_splits: int = 1, up_n: Optional[int] = None,
-                      swap_ab: bool = False, row_pointers: bool = False,
-                 prefetch_rows: int = 0) -> et.Graph:
+                      swap_ab: bool = False, row_pointers: bool = False) -> et.Graph:
     """The MLP with replicated input and output (Megatron's tensor-parallel MLP, for models that are
     not sequence-parallel): every rank holds the whole x [M, H] and returns the whole y [M, H].
     Nothing is gathered: gate/up and down tiles run over all M rows (each weight read once), and
@@ -231,10 +225,8 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
     on every rank (not checked: a rank's x that differs gives every rank a wrong y, not a hang).
     down_splits > 1: the last TAIL down tiles (a size bound at every call: all of them at decode
     sizes, where the down tiles are fewer than the SMs; the few past the last whole wave above) run
-    in that many contraction slices side by side. up_n, swap_ab, row_pointers, prefetch_rows: as in
-    tp_mlp_whole."""
+    in that many contraction slices side by side. up_n, swap_ab, row_pointers: as in tp_mlp_whole."""
     positive_int("tp_mlp_replicated", "down_splits", down_splits)
-    prefetch = prefetch_hint("tp_mlp_replicated", prefetch_rows)
     positive_int("tp_mlp_replicated", "up_n", up_n, optional=True)
     S, up_n = down_splits, block_n if up_n is None else up_n
     g = et.Graph("mlp_replicated")
@@ -265,8 +257,7 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
                       count=(lambda r, i, j: R * tile_parts(i, j)) if S > 1 else R)
 
     @g.task(grid=(m_tiles * i_tiles,), notify=lambda q: h_ready[up_tile(q)[0]],
-            triton=gemm_tiles.swiglu_all_rows, constexprs=dict(gemm, BLOCK_N=up_n, **prefetch),
-            prefetch=gemm_tiles.swiglu_prefetch if prefetch else None,
+            triton=gemm_tiles.swiglu_all_rows, constexprs=dict(gemm, BLOCK_N=up_n),
             bind=dict(i=lambda q: up_tile(q)[0], j=lambda q: up_tile(q)[1], ag_out="x"))
     def gate_up(t, q):
         rows, cols = et.block(t(up_tile(q)[0]), block_m, t.M), et.block(t(up_tile(q)[1]), up_n, t.I)

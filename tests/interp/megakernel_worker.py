@@ -62,7 +62,7 @@ def cases():
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "gemm_rs_skinny_local_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float32, T, splits=3,
                                                                          align=16, swap_ab=True, reduce_n=T,
-                                                                         local_sums=True, prefetch_rows=16), \
+                                                                         local_sums=True), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     yield "mlp_tma", mlp.tp_mlp(T, T, torch.float32, T, align=16, group_m=2, down_n=2 * T, own_from_x=True), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
@@ -78,7 +78,7 @@ def cases():
     # gather copies to the peers only
     yield "ag_gemm_tma", ag_gemm.all_gather_gemm(T, 2 * T, torch.float32, T, align=16, group_m=2, own_from_x=True), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
-    yield "ag_gemm_whole_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16, prefetch_rows=8), \
+    yield "ag_gemm_whole_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
     # the whole-gather GEMM tiles half as wide as the copy / down tiles (ops.ag_gemm.whole_width),
     # computed transposed (swap_ab: the weights on the MMA's M side), as the 32-row class runs them
@@ -137,7 +137,7 @@ def cases():
         lambda R, M: mlp.make_inputs(R, M, 24, 20 * R, seed=M, replicated=True), _replicated, \
         ("x", "w_gate_up", "w_down"), {"TAIL": 2}
     yield "mlp_replicated_tma", mlp.tp_mlp_replicated(T, 2 * T, torch.float32, T, align=16, down_splits=2, up_n=T,
-                                                      swap_ab=True, prefetch_rows=16), \
+                                                      swap_ab=True), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M, replicated=True), _replicated, \
         ("x", "w_gate_up", "w_down"), {"TAIL": 1}
 
