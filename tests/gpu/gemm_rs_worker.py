@@ -173,6 +173,11 @@ def check_peer_skips(mesh):
             raise AssertionError("rank 1 never learned that rank 0 failed")
 
 
+def close(y, ref, tol):
+    """max |y - ref| <= tol x max |ref|; a rank that owns no rows (M < world x chunk) has nothing to compare."""
+    return y.numel() == ref.numel() == 0 or (y.float() - ref).abs().max() <= tol * ref.abs().max()
+
+
 def check_dynamic(mesh):
     """schedule='dynamic' (the on-GPU ready queue) for all three fused ops, ragged sizes, against
     float32 references; every size twice (queue and counters re-armed)."""
@@ -189,17 +194,17 @@ def check_dynamic(mesh):
         for _ in range(2):
             y = et.ops.gemm_reduce_scatter(h, w_dn, mesh=mesh, schedule="dynamic")
             ref = reference(h, w_dn, mesh)
-            assert (y.float() - ref).abs().max() <= 1e-2 * ref.abs().max(), ("gemm_rs", M)
+            assert close(y, ref, 1e-2), ("gemm_rs", M)
             y = et.ops.all_gather_gemm(x_full[lo:hi].contiguous(), w_gu, mesh=mesh, total_rows=M, schedule="dynamic")
             ref = x_full.float() @ w_gu.float()
-            assert (y.float() - ref).abs().max() <= 1e-2 * ref.abs().max(), ("ag_gemm", M)
+            assert close(y, ref, 1e-2), ("ag_gemm", M)
             y = et.ops.tensor_parallel_mlp(x_full[lo:hi].contiguous(), w_gu, w_dn, mesh=mesh, total_rows=M,
                                            schedule="dynamic")
             gu = x_full.float() @ w_gu.float()
             part = (torch.nn.functional.silu(gu[:, :I // R]) * gu[:, I // R:]) @ w_dn.float()
             host_all_reduce(part)
             ref = part[lo:hi]
-            assert (y.float() - ref).abs().max() <= 2e-2 * ref.abs().max(), ("mlp", M)
+            assert close(y, ref, 2e-2), ("mlp", M)
     print(f"OK dynamic rank {r}", flush=True)
 
 
