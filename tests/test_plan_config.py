@@ -201,13 +201,11 @@ def test_local_sums_from_a_row_count_on():
     assert [local(M) for M in (16, 64, 65, 128)] == [False, False, True, True]
     assert not local(128, world=1) and not local(128, config=DEFAULT_PLAN.override("local_sums_min_m=0"))
     assert rs_op.kernel_plan(129, 6144, 4096, bf, 132, 2, cfg)[3].func.__name__ == "gemm_reduce_scatter"   # large
-    # combine_one_wave: the combine tasks (owners x column parts) within one wave of SMs: qwen3_8b's
-    # 32 column tiles cut in 2 parts (2 x 32 x 2 = 128 tasks), not 4 (256, two waves); llama31_70b's 64 whole
-    one = cfg.override("combine_one_wave=1")
-    width = lambda M, N, config, world=2: rs_op.kernel_plan(M, 6144, N, bf, 132, world, config)[3].keywords[  # noqa: E731
-        "reduce_n"]
-    assert [width(128, 4096, c) for c in (cfg, one)] == [32, 64]
-    assert [width(128, 8192, c) for c in (cfg, one)] == [64, 128]
-    assert width(16, 4096, one) == width(16, 4096, cfg) == 32 and width(128, 4096, one, world=1) == 32   # no local sums
-    with pytest.raises(ValueError, match="combine_one_wave must be 0 or 1"):
-        cfg.override("combine_one_wave=2")
+    # with local sums the combine tasks (owners x column parts) fit one wave of SMs: qwen3_8b's 32
+    # column tiles cut in 2 parts (2 x 32 x 2 = 128 tasks), not 4 (256, two waves); llama31_70b's 64 whole.
+    # Without (fewer rows, or one rank) the reduce tasks alone: 4 parts of 32
+    width = lambda M, N, world=2: rs_op.kernel_plan(M, 6144, N, bf, 132, world, cfg)[3].keywords["reduce_n"]  # noqa: E731
+    assert width(128, 4096) == 64 and width(128, 8192) == 128
+    assert width(16, 4096) == 32 and width(128, 4096, world=1) == 32
+    with pytest.raises(ValueError, match="combine_one_wave"):   # an A/B option, decided and gone
+        cfg.override("combine_one_wave=1")

@@ -60,10 +60,6 @@ class PlanConfig:
     large: TileConfig = TileConfig(128, 256, 64, 8, 4)   # above, all_gather_gemm's too: gemm_rs_narrow_ab.jsonl
     max_splits: int = 4                                  # slices of a large tile: gemm_rs_split_ab.jsonl
     local_sums_min_m: int = 65      # from this many rows the skinny slices are summed on their GPU (0: never): gemm_rs_ab.jsonl
-    # 1: those sums' combine tasks (owners x column parts) sized to one wave of SMs, not two (traced
-    # at M=128: two waves of ~5 us tasks after the matmuls, record gemm_rs_trace); an option until
-    # a two-GPU A/B decides it
-    combine_one_wave: int = 0
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
     # every row, the weights read once), a tile class per bound; above, per-source tiles
     whole_max_m: int = 128          # ag_gemm_ab.jsonl / mlp_ab.jsonl, variant WHOLE_MAX_M=256 at 7f55834
@@ -87,8 +83,6 @@ class PlanConfig:
                     raise ValueError(f"PlanConfig.{f.name} must be a TileConfig, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int) or v < _LEAST[f.name]:
                 raise ValueError(f"PlanConfig.{f.name} must be an int >= {_LEAST[f.name]}, got {v!r}")
-        if self.combine_one_wave > 1:
-            raise ValueError(f"PlanConfig.combine_one_wave must be 0 or 1, got {self.combine_one_wave}")
         if self.mlp_down_n < 16 or self.mlp_down_n & (self.mlp_down_n - 1):
             raise ValueError(f"PlanConfig.mlp_down_n must be a power of two >= 16, got {self.mlp_down_n}")
         # the plan caches hash it on every call of an op: once here, not per call
@@ -134,8 +128,7 @@ def override_fields(config: str, fields: list, text: str) -> list:
 
 
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
-_LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
-          "combine_one_wave": 0}
+_LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0}
 
 
 def _parse(name: str, text: str):

@@ -155,8 +155,9 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     splits = skinny_splits(N, sms, cfg.block_n)
     local = 0 < config.local_sums_min_m <= M and splits > 1 and world > 1   # the class's M all alike: one binary
     n_tiles = -(-N // cfg.block_n)
-    # the reduce's width; with local sums and combine_one_wave, the combine tasks' too (one per owner)
-    reduce_n = skinny_reduce_n(cfg.block_n, n_tiles * (world if local and config.combine_one_wave else 1), sms)
+    # the reduce's width; with local sums the combine tasks' too, one per owner: sized to one wave of SMs
+    # (two waves: 3-12% slower on the 8-9B and 32B shapes at M 96/128, records gemm_rs_ab at 9e7952a)
+    reduce_n = skinny_reduce_n(cfg.block_n, n_tiles * (world if local else 1), sms)
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,
                                                  cfg.block_k, splits, align, cfg.swap_ab, reduce_n=reduce_n,
                                                  **({"local_sums": True} if local else {}))
