@@ -15,24 +15,16 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 
 import torch
 import torch.distributed as dist
 
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..mesh import init_mesh, timing_refused
+from .measure import records
 
 SIZES = {"4K": 4 << 10, "64K": 64 << 10, "1M": 1 << 20, "16M": 16 << 20, "128M": 128 << 20}
 BATCH, REPS = 20, 7
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip() or "uncommitted"
-    except Exception:
-        return "uncommitted"
 
 
 def time_batch(fn, stream, calls: int = BATCH) -> float:
@@ -172,7 +164,7 @@ def main(argv=None):
     stream = torch.cuda.current_stream()
     ce = peer_copy_gbps(mesh)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
-                commit=_commit(), date=datetime.date.today().isoformat())
+                commit=records.git_commit(), date=datetime.date.today().isoformat())
     rows = []
     cells = [(op, False) for op in args.ops.split(",")]
     if "all_gather" in args.ops and not args.no_symmetric:
