@@ -10,7 +10,7 @@
 #   PART=tests PYTEST_K="torch_compile or moe_layer_both or llama" bash launch/gpu-check.sh
 #   QUICK=1 PART=bench bash launch/gpu-check.sh /tmp/r
 # 1. every GPU test (pytest -m gpu; the Llama client test needs `pip install transformers`);
-# 2. the collectives benchmark and the synchronisation latencies (experiments/sync_latency.py);
+# 2. the collectives benchmark and the synchronisation latencies (etdist.bench.sync_latency);
 # 3. the GEMM+RS, AG+GEMM and MLP (sequence-parallel and replicated) sweep, then the MoE sweep (both
 # schedules), through the Hydra main command (launch/bench-gpu.sh).
 # Records are appended under the results dir; a short table is printed last.
@@ -43,7 +43,7 @@ fi
 timeout 900 python3 -m torch.distributed.run --nproc_per_node="$NGPU" -m etdist.bench.collectives --out "$RESULTS" \
   2>&1 | grep -v '^W[0-9]' > "$log/collectives.log"
 if [ "$NGPU" -ge 2 ]; then
-  timeout 300 python3 -m torch.distributed.run --nproc_per_node=2 experiments/sync_latency.py 2>&1 | grep -v '^W[0-9]' > "$log/sync.log"
+  timeout 300 python3 -m torch.distributed.run --nproc_per_node=2 -m etdist.bench.sync_latency 2>&1 | grep -v '^W[0-9]' > "$log/sync.log"
 fi
 dense=() moe=() dense_models="" moe_models=qwen3_30b_a3b,mixtral_8x7b
 if [ "${QUICK:-0}" = 1 ]; then
@@ -58,7 +58,7 @@ RESULTS="$RESULTS" MODELS_OVERRIDE=$moe_models WORKLOADS=moe SCHEDULE=both \
 echo "== gpu tests exit $tests"
 echo "== collectives (us per call; see docs/benchmarks.md for the columns)"
 grep -E '^(reduce_scatter|all_gather|all_reduce|\* = out)' "$log/collectives.log"
-echo "== one dependent step (experiments/sync_latency.py)"
+echo "== one dependent step (etdist.bench.sync_latency)"
 grep -E '^(case|two|ready|OK)' "$log/sync.log" 2>/dev/null || echo "(needs 2 GPUs)"
 echo "== fused layers (us per call; speedup > 1 means faster than the best baseline: cuBLAS+NCCL eager/graph, for MoE also loop and the fused MoE)"
 grep -E '^\[[0-9]+/[0-9]+\]' "$log/sweep.log" | sed 's/ best baseline / best /' | sort -k2,2 -s

@@ -1,4 +1,4 @@
-"""experiments/sync_latency.py (what one dependent step costs, on 2 GPUs): its cross-rank ping-pongs
+"""etdist.bench.sync_latency (what one dependent step costs, on 2 GPUs): its cross-rank ping-pongs
 hand over the right payloads and task ids under the interpreter, and its GPU kernels compile for
 sm_90 with the orderings we time (acquire polls, release notifies, sys-scope queue atomics)."""
 import os
@@ -10,16 +10,16 @@ import pytest
 import triton
 from triton.backends.compiler import GPUTarget
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments"))
-import sync_latency  # noqa: E402
+from etdist.bench import sync_latency
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_cross_rank_ping_pongs_deliver_under_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", ETDIST_WATCHDOG_S="60", PYTHONPATH=str(ROOT))
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                        str(ROOT / "experiments" / "sync_latency.py"), "--check"], capture_output=True, text=True,
-                       timeout=600, env=env)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m",
+                        "etdist.bench.sync_latency", "--check"], capture_output=True, text=True, timeout=600, env=env,
+                       cwd=ROOT)
     assert p.returncode == 0 and "OK sync latency (4 cases" in p.stdout, (p.stdout + p.stderr)[-4000:]
 
 

@@ -2,8 +2,8 @@
 built from, timed alone (etdist.kernels.sync and etdist.kernels.ready_queue, the same functions the
 generated kernels call).
 
-    torchrun --nproc_per_node=2 experiments/sync_latency.py          # 2 GPUs: every case, a table
-    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 experiments/sync_latency.py --check   # CPU: the cross-rank cases run, tiny
+    torchrun --nproc_per_node=2 -m etdist.bench.sync_latency          # 2 GPUs: every case, a table
+    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 -m etdist.bench.sync_latency --check   # CPU: the cross-rank cases run, tiny
 
 Each case is a ping-pong between two parties (two programs on one GPU, or one program on each of
 two GPUs): a party stores a payload into the other's buffer, then notifies it (a release atomic on
@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 import etdist as et
-from etdist.kernels.ready_queue import next_task, push
-from etdist.kernels.sync import notify, peer_base, wait
+from ..kernels.ready_queue import next_task, push
+from ..kernels.sync import notify, peer_base, wait
 
 QSIZE = 64   # a ready queue's ring; each party has at most one entry in flight
 
@@ -101,9 +101,9 @@ def main():
         ap.error(f"--n {args.n}: at least 100 round trips (20 of them are subtracted as the launch's cost)")
     mesh = et.init_mesh()
     if mesh.world_size != 2:
-        raise SystemExit(f"sync_latency.py needs exactly 2 ranks, got {mesh.world_size}")
+        raise SystemExit(f"etdist.bench.sync_latency needs exactly 2 ranks, got {mesh.world_size}")
     if why := et.mesh.timing_refused():   # its own CUDA-event timing, not etdist.bench.measure's
-        raise SystemExit(f"sync_latency.py: {why}")
+        raise SystemExit(f"etdist.bench.sync_latency: {why}")
     gpu = mesh.device.type == "cuda"
     if not gpu and not args.check:
         raise SystemExit("without GPUs run it with --check under TRITON_INTERPRET=1 (a functional run)")
