@@ -122,13 +122,17 @@ def _distinct(records: Sequence[Record], key: str) -> str:
     return ", ".join(sorted({str(getattr(r, key)) for r in records}))
 
 
+def _rounded(s: float) -> str:
+    """A speedup to two places as the cells and the summary show it: rounded down below 1."""
+    return f"{math.floor(s * 100) / 100:.2f}" if s < 1 else f"{s:.2f}"
+
+
 def _speedup_cell(s: Optional[float], short: bool = False) -> str:
     """A speedup, bold where slower than the best baseline; short: the number alone (a grid cell)."""
     if s is None:
         return "-"
     if s < 1:       # rounded down, so that a slower cell never reads 1.00x
-        v = math.floor(s * 100) / 100
-        return f"**{v:.2f}**" if short else f"**{v:.2f}x** (slower)"
+        return f"**{_rounded(s)}**" if short else f"**{_rounded(s)}x** (slower)"
     return f"{s:.2f}" if short else f"{s:.2f}x"
 
 
@@ -247,10 +251,10 @@ def pivot_table(workload: str, records: Sequence[Record]) -> str:
                 row.append(text if g is None else f"{text} ({_speedup_cell(g, short=True)})")
             lines.append(f"| {model} | " + " | ".join(row) + " |")
         lines.append("")
-        line = f"- geometric mean {geomean(speedup(r) for r in cells):.2f}x over {len(cells)} cells"
+        line = f"- geometric mean {_rounded(geomean(speedup(r) for r in cells))}x over {len(cells)} cells"
         both = [r for r in cells if graph_speedup(r) is not None]
         if both:
-            line += f"; with ours in a CUDA graph where timed, {geomean(graph_speedup(r) for r in both):.2f}x over {len(both)}"
+            line += f"; with ours in a CUDA graph where timed, {_rounded(geomean(graph_speedup(r) for r in both))}x over {len(both)}"
         ceiling = ceilings(cells)
         if ceiling and not all(str(r.device).startswith("CPU runtime") for r in cells):
             line += f"; a kernel at the floor would reach {ceiling[0]:.2f}x, one as fast as the mm alone {ceiling[1]:.2f}x"
