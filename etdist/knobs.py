@@ -1,9 +1,9 @@
 """The library's environment variables: every ETDIST_* variable is named in VARIABLES and read here
-(`now`, `read`, `text`), nowhere else (tests/test_knobs.py checks the package for other reads).
+(`now`, `text`), as are the few others it heeds (`triton_interpreted`, `torch_symm_mem_backend`);
+no other module reads the environment (tests/test_knobs.py checks).
 
-A bad value must not break `import etdist` (a CPU-only user never reaches the GPU ops it tunes),
-nor be replaced silently: `read` records it and returns the default, and the op that reads the
-knob calls `check` first, which raises KnobError naming the variable and what it wants.
+A value that must parse is read where it is used, not at import (a CPU-only user never reaches the
+GPU code it sets), and a bad one raises KnobError naming the variable and what it wants.
 """
 from __future__ import annotations
 
@@ -25,7 +25,16 @@ VARIABLES = {
     "ETDIST_SHARE_GPU": "1: more ranks than GPUs, correctness checks only (init_mesh(share_gpu=True))",
     "ETDIST_COMMIT": "the commit a benchmark record names where the tree's .git is stale (a GPU machine's copy)",
 }
-_BAD: dict[str, str] = {}   # variable -> what is wrong with its value
+
+
+def triton_interpreted() -> bool:
+    """Triton's own TRITON_INTERPRET=1: kernels run in its interpreter (Triton's rule: 1, true or on)."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on")
+
+
+def torch_symm_mem_backend() -> str:
+    """torch's own TORCH_SYMMMEM, upper-cased: the symmetric-memory backend torch will pick ("" if unset)."""
+    return os.environ.get("TORCH_SYMMMEM", "").upper()
 
 
 def text(name: str, default: str = "") -> str:
@@ -45,46 +54,14 @@ def now(name: str, parse: Callable[[str], T], default):
         raise KnobError(f"{name}={text!r}: {e}") from None
 
 
-def read(name: str, parse: Callable[[str], T], default):
-    """`now` for a knob read at import: a bad value is recorded for `check` and the default returned."""
-    try:
-        return now(name, parse, default)
-    except KnobError as e:
-        _BAD[name] = str(e)
-        return default
-
-
-def check(*prefixes: str) -> None:
-    """Raise KnobError if a variable starting with one of `prefixes` had a bad value."""
-    if not _BAD:   # the usual case, on every call of an op: nothing to look through
-        return
-    bad = [why for name, why in _BAD.items() if name.startswith(prefixes)]
-    if bad:
-        raise KnobError("; ".join(bad) + " (fix or unset it; README.md lists the knobs)")
-
-
 def flag(text: str) -> bool:
     if text not in ("0", "1"):
         raise ValueError("want 0 or 1")
     return text == "1"
 
 
-def positive_int(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ValueError("want a positive integer")
-    return int(text)
-
-
 def _pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
-
-
-def tile_width(text: str) -> int:
-    """One block size: a power of two >= 16 (tl.arange and tl.dot need them)."""
-    v = int(text) if text.strip().isdigit() else 0
-    if not (_pow2(v) and v >= 16):
-        raise ValueError("want a power of two >= 16")
-    return v
 
 
 def tile(text: str, blocks: str = "block_m,block_n,block_k") -> tuple[int, ...]:

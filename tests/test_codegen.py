@@ -88,7 +88,7 @@ def test_aligned_gemm_tiles_load_through_tma(build):
 
 @pytest.mark.parametrize("build", ["ag_gemm", "mlp", "mlp_replicated_swap", "gemm_rs_tail"])
 def test_row_pointer_tiles_load_weights_through_tma_and_rows_through_pointers(build):
-    """row_pointers (the plans' choice where a row tile's box would run far past the rows: ops.common.
+    """row_pointers (the plans' choice where a row tile's box would run far past the rows: ops.plan_model.
     row_pointers): the weights still load through descriptors, the rows through masked cp.async (the
     swapped tile transposes the rows it loaded). test_op_megakernels_do_not_spill compiles the ops'
     row-pointer kernels too."""
@@ -333,7 +333,7 @@ def _spill_bytes(ptx: str) -> int:
 def _op_kernels():
     """(name, graph, warps, stages) of the kernels the fused ops and nn.MoE compile, bf16, aligned."""
     from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op, mlp as mlp_op
-    from etdist.ops.common import DEFAULT_PLAN as P
+    from etdist.ops.config import DEFAULT_PLAN as P
     from etdist.workloads import moe
     bf = torch.bfloat16
     # every size class (256: large tiles in contraction slices; 129: rows through pointers)
@@ -388,7 +388,7 @@ def _op_kernels():
     yield "ag_gemm narrow rows", lambda: ag_gemm.all_gather_gemm(A.block_m, A.block_n, bf, A.block_k, 16,
                                                                  row_pointers=True, **own), A.num_warps, A.num_stages
     # the plans at M = 129 on two ranks: the sources' (owners') tiles side by side
-    # (ops.common.interleave_sources); gemm_rs in 2 slices (llama31_70b) and whole (gpt3_175b)
+    # (ops.plan_model.interleave_sources); gemm_rs in 2 slices (llama31_70b) and whole (gpt3_175b)
     for name, (cfg, build) in (("ag_gemm interleaved", ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2, P)),
                                ("mlp interleaved", mlp_op.kernel_plan(129, 8192, 14336, bf, 132, 2, P)[:2]),
                                ("gemm_rs interleaved", rs_op.kernel_plan(129, 14336, 8192, bf, 132, 2, P)[::3]),

@@ -10,7 +10,8 @@ import etdist as et
 from etdist.fusion.bind import MapTable
 from etdist.fusion.cuda_runtime import CudaKernel
 from etdist.mesh.stream_order import StreamOrder
-from etdist.ops.common import DEFAULT_PLAN, RepeatedCall
+from etdist.ops.common import RepeatedCall
+from etdist.ops.config import DEFAULT_PLAN
 from etdist.workloads import gemm_rs
 
 P = DEFAULT_PLAN   # the plans' config, as the ops take it by default
@@ -619,7 +620,7 @@ def test_a_kernel_called_at_two_shapes_in_turn_prepares_each_once(monkeypatch):
 def test_skinny_split_k_aims_at_one_task_per_sm():
     """slices x column tiles <= SMs, at least 1 slice and at most 8; the op's plan takes the size
     class by M."""
-    from etdist.ops.common import fp32_config
+    from etdist.ops.config import fp32_config
     from etdist.ops.gemm_rs import kernel_plan, skinny_splits
     assert skinny_splits(4096, 132, 64) == 2              # 64 column tiles x 2 = 128 tasks on 132 SMs
     assert skinny_splits(4096, 132, 128) == 4             # 32 x 4 = 128 tasks: one per SM
@@ -647,7 +648,7 @@ def test_large_graph_plans_split_k_by_waves_and_weight_traffic():
     once per owner, take longer than the whole tiles' single wave: slicing only adds partials (the
     owners' tiles side by side read them once: 4 slices). Many waves (M=8192) or full ones
     (llama31_70b at 1024: 256 tiles): whole tiles."""
-    from etdist.ops.common import SM_TFLOPS
+    from etdist.ops.plan_model import SM_TFLOPS
     from etdist.ops.gemm_rs import HBM_TBS, REDUCE_WAVE_US, TASK_US, kernel_plan, large_plan, plan_cost
     LARGE = P.large
     tile_us = 2 * 128 * 256 * 18432 / (SM_TFLOPS * 1e6)
@@ -702,7 +703,7 @@ def test_tail_plan_splits_only_the_last_waves_tiles():
         assert tail_plan(M, K, N, 2, 132, P) == large_plan(M, K, N, 2, 132, P)
     # the partials [2 x slices, M / 2, N] stay within 1 GiB (NVSHMEM's heap is 4 GiB by default) and
     # int32 offsets (found by review: llama31_405b's shape at M=32800 took 4.3 GB in 4 slices)
-    from etdist.ops.common import slices_that_fit
+    from etdist.ops.plan_model import slices_that_fit
     assert slices_that_fit(8192, 16384, 2, 2, 4) == 4 and slices_that_fit(16384, 16384, 2, 2, 4) == 2
     assert slices_that_fit(32800, 16384, 2, 2, 4) == 1 and slices_that_fit(32800, 16384, 2, 4, 4) == 1
     assert tail_plan(8192, 26624, 16384, 2, 132, P) == 4 and tail_plan(32800, 26624, 16384, 2, 132, P) == 1
@@ -741,8 +742,9 @@ def test_tail_plan_builds_the_wave_graph():
 def test_skinny_classes_sum_narrow_column_tiles():
     """gemm_rs at M <= 128: the owner sums column tiles as narrow as 32 (SKINNY_REDUCE_N) while the
     reduce tasks stay within one per SM: qwen3_8b's 32 column tiles of 128 in 4 parts, gemma2_27b's
-    36 in 2 (144 > 132), gpt3_175b's 96 whole; a block_n that no power of two cuts to 32 or more
-    stays whole."""
+    36 in 2 (144 > 132), gpt3_175b's 96 whole; from 65 rows (local sums) the combine tasks, one per
+    owner and part, within one wave too (qwen3_8b: 2 parts of 64); a block_n that no power of two
+    cuts to 32 or more stays whole."""
     from etdist.ops import gemm_rs as op
     widths = {}
     for N in (4096, 4608, 12288):
@@ -751,7 +753,7 @@ def test_skinny_classes_sum_narrow_column_tiles():
             reduce = next(t for t in build().to_ir().tasks if t.name == "reduce")
             assert build.keywords["reduce_n"] == dict(reduce.constexprs)["BLOCK_N"] and cfg.block_n == 128
             widths.setdefault(N, set()).add(build.keywords["reduce_n"])
-    assert widths == {4096: {32}, 4608: {64}, 12288: {128}}
+    assert widths == {4096: {32, 64}, 4608: {64, 128}, 12288: {128}}   # {M <= 64, M = 128}
     assert op.skinny_reduce_n(48, 2, 132) == 48 and op.skinny_reduce_n(64, 1, 132) == 32
 
 
@@ -950,7 +952,7 @@ def test_whole_width_narrows_tiles_fewer_than_the_sms(monkeypatch):
     (two row tiles of 64), qwen3_8b's 96; one tile of 128 goes down to WHOLE_MIN_N (64), and no
     further. WHOLE_MIN_N=128 keeps every tile whole."""
     from etdist.ops import ag_gemm as ag_op
-    from etdist.ops.common import TileConfig
+    from etdist.ops.config import TileConfig
     small, rest = TileConfig(32, 128, 64, 4, 6, swap_ab=True), TileConfig(64, 128, 128, 4, 4)
     assert ag_op.whole_width(16, 6144, small, 132) == 64
     assert ag_op.whole_width(16, 12288, small, 132) == 128
@@ -1007,7 +1009,7 @@ def test_a_new_kernel_never_finds_a_freed_kernels_state():
 
 
 def test_tile_config_format():
-    from etdist.ops.common import TileConfig, fp32_config
+    from etdist.ops.config import TileConfig, fp32_config
     assert TileConfig.parse("16,128,128,4,6,swap") == TileConfig(16, 128, 128, 4, 6, swap_ab=True)
     assert TileConfig.parse("64, 64, 128, 4, 4") == TileConfig(64, 64, 128, 4, 4)
     assert fp32_config(TileConfig(16, 128, 128, 4, 6, True)) == TileConfig(16, 128, 64, 4, 3, True)
@@ -1218,7 +1220,7 @@ def test_replicated_plan_slices_ragged_down_waves_and_bounds_its_partials():
     int32 offsets: longer x runs in launches of replicated_rows rows (found by review: llama31_405b
     at world 8 and M=16512 would have wrapped the offsets)."""
     from etdist.ops import mlp as mlp_op
-    from etdist.ops.common import SCRATCH_BYTES
+    from etdist.ops.plan_model import SCRATCH_BYTES
     bf16 = torch.bfloat16
     _, build, sizes = mlp_op.replicated_plan(16, 4096, 7168, bf16, 132, 2, P)
     assert build.keywords["down_splits"] == 4 and sizes == {"M": 16, "TAIL": 32}
@@ -1241,14 +1243,14 @@ def test_replicated_plan_slices_ragged_down_waves_and_bounds_its_partials():
 
 
 def test_plans_load_rows_through_pointers_where_a_tile_runs_far_past_them():
-    """common.row_pointers: a ragged last row tile that is the only one or less than half full
+    """plan_model.row_pointers: a ragged last row tile that is the only one or less than half full
     loads its rows through pointers (a descriptor's box zero-fills the rows past its tensor slowly);
     full tiles and nearly full last tiles keep descriptors; gemm_rs's skinny classes keep them
     always."""
     from etdist.ops import ag_gemm as ag_op
     from etdist.ops import gemm_rs as rs_op
     from etdist.ops import mlp as mlp_op
-    from etdist.ops.common import row_pointers
+    from etdist.ops.plan_model import row_pointers
     rule = {(16, 32): True, (32, 32): False, (100, 128): True, (128, 128): False, (129, 128): True,
             (191, 128): True, (192, 128): False, (500, 128): False, (1000, 128): False, (1024, 128): False}
     assert {k: row_pointers(*k) for k in rule} == rule
@@ -1299,7 +1301,7 @@ def test_mlp_plans_pad_the_gathered_rows_above_the_whole_gather_sizes():
 
 
 def test_interleaved_sources_only_where_each_source_is_one_row_tile():
-    """common.interleave_sources: the per-source graphs of ag_gemm and the MLP, and gemm_rs's
+    """plan_model.interleave_sources: the per-source graphs of ag_gemm and the MLP, and gemm_rs's
     per-owner graph, put the sources' (owners') tiles side by side at two or more ranks where each
     rank's rows are one row tile (M <= 256 at world 2, <= 512 at world 4), the MLP only with its
     down tiles all whole or all in slices, gemm_rs in place of its own tiles last (whole tiles:
@@ -1329,7 +1331,7 @@ def test_all_gather_gemm_reads_half_full_row_tiles_through_pointers():
     nearly full one (500 rows at M=1000) keeps descriptors, and gemm_rs keeps the former rule."""
     from etdist.ops import ag_gemm as ag_op
     from etdist.ops import gemm_rs as rs_op
-    from etdist.ops.common import row_pointers
+    from etdist.ops.plan_model import row_pointers
     bf = torch.bfloat16
     assert ag_op.kernel_plan(384, 8192, 28672, bf, 132, 2, P)[1].keywords["row_pointers"]
     assert not ag_op.kernel_plan(1000, 8192, 28672, bf, 132, 2, P)[1].keywords["row_pointers"]

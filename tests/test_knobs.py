@@ -1,57 +1,85 @@
-"""Tuning knobs (ETDIST_* environment variables): a bad value never breaks `import etdist`, and
-the code that reads it raises KnobError naming the variable before anything else happens."""
+"""Environment variables: the few the library reads are read in etdist/knobs.py alone, and a bad
+value raises KnobError naming the variable where the code that reads it runs."""
+import ast
+import pathlib
+import re
+
 import pytest
 
 from etdist import knobs
 
+ROOT = pathlib.Path(knobs.__file__).parent
 
-def test_a_bad_value_is_kept_for_check_and_the_default_used(monkeypatch):
-    monkeypatch.setattr(knobs, "_BAD", {})
-    monkeypatch.setenv("ETDIST_TEST_A", "abc")
-    monkeypatch.setenv("ETDIST_TEST_B", "7")
-    assert knobs.read("ETDIST_TEST_A", knobs.positive_int, 3) == 3
-    assert knobs.read("ETDIST_TEST_B", knobs.positive_int, 3) == 7
-    assert knobs.read("ETDIST_TEST_UNSET", knobs.positive_int, 3) == 3
-    knobs.check("ETDIST_TEST_B", "ETDIST_OTHER")      # not the bad one
-    with pytest.raises(knobs.KnobError, match=r"ETDIST_TEST_A='abc': want a positive integer"):
-        knobs.check("ETDIST_TEST_")
+# Reads of os.environ outside knobs.py that are not configuration: (module, what the line holds) -> why
+NOT_CONFIGURATION = {
+    ("mesh/launch.py", "env = os.environ if env is None"): "the launchers' contract (RANK, OMPI_*, PMI_*, SLURM_*)",
+    ("mesh/mesh.py", '"MASTER_ADDR" not in os.environ'): "torch.distributed's rendezvous contract",
+    ("mesh/hostcomm.py", 'if k not in os.environ'): "torch.distributed's rendezvous contract (MASTER_ADDR/PORT)",
+    ("mesh/nvshmem_backend.py", "env_defaults(os.environ"): "a write: NVSHMEM's defaults where the user set none",
+    ("bench/gpu.py", "os.environ.setdefault(k"): "a write: torch.distributed's rendezvous for the bench's process",
+}
 
 
 def test_a_knob_read_where_it_is_used_names_itself(monkeypatch):
     """A knob read when its code first runs (ETDIST_SHARE_GPU at init_mesh, say) names itself in
     the error: a bad value was once int()'s bare ValueError."""
-    monkeypatch.setenv("ETDIST_TEST_N", "-2")
-    with pytest.raises(knobs.KnobError, match=r"ETDIST_TEST_N='-2': want a positive integer"):
-        knobs.now("ETDIST_TEST_N", knobs.positive_int, 64)
-    monkeypatch.setenv("ETDIST_TEST_N", "")
-    assert knobs.now("ETDIST_TEST_N", knobs.positive_int, 64) == 64
+    monkeypatch.setenv("ETDIST_SHARE_GPU", "2")
+    with pytest.raises(knobs.KnobError, match=r"ETDIST_SHARE_GPU='2': want 0 or 1"):
+        knobs.now("ETDIST_SHARE_GPU", knobs.flag, False)
+    monkeypatch.setenv("ETDIST_SHARE_GPU", "")
+    assert knobs.now("ETDIST_SHARE_GPU", knobs.flag, False) is False
 
 
-@pytest.mark.parametrize("parse,good,bad", [
-    (knobs.positive_int, {"1": 1, "64": 64}, ["0", "-3", "1.5", "x"]),
-    (knobs.flag, {"0": False, "1": True}, ["abc", "2", "yes"]),
-    (knobs.tile_width, {"16": 16, "256": 256}, ["8", "0", "48", "x", "-16"]),
-])
-def test_parsers(parse, good, bad):
-    for text, want in good.items():
-        assert parse(text) == want
-    for text in bad:
+def test_flag():
+    assert knobs.flag("0") is False and knobs.flag("1") is True
+    for text in ("abc", "2", "yes"):
         with pytest.raises(ValueError):
-            parse(text)
+            knobs.flag(text)
 
 
-def test_every_variable_is_listed_and_read_in_knobs_alone():
-    """The package names no ETDIST_* variable that knobs.VARIABLES does not list, and no module but
-    knobs reads the environment for one (they were read in seven modules, some straight from os.environ)."""
-    import pathlib
-    import re
-    root = pathlib.Path(knobs.__file__).parent
-    named, readers = set(), []
-    for path in root.rglob("*.py"):
-        src = path.read_text()
-        named |= set(re.findall(r"ETDIST_[A-Z0-9_]+", src))
-        if path.name != "knobs.py" and re.search(r"(environ|getenv)[^\n]*ETDIST_", src):
-            readers.append(str(path.relative_to(root)))
-    assert named <= set(knobs.VARIABLES), named - set(knobs.VARIABLES)
-    assert not readers, readers
+@pytest.mark.parametrize("value,want", [("1", True), ("true", True), ("ON", True), ("0", False), ("", False),
+                                        ("yes", False)])
+def test_triton_interpreted_follows_tritons_rule(monkeypatch, value, want):
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert knobs.triton_interpreted() is want
+
+
+def _environ_reads(path: pathlib.Path) -> list:
+    """(line number, line) of each use of environ or getenv in `path`'s code (not its strings)."""
+    src = path.read_text()
+    lines = src.splitlines()
+    uses = {n.lineno for n in ast.walk(ast.parse(src))
+            if (isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv"))
+            or (isinstance(n, ast.Name) and n.id in ("environ", "getenv"))}
+    return [(n, lines[n - 1]) for n in sorted(uses)]
+
+
+def test_no_module_but_knobs_reads_the_environment():
+    """The package reads the environment in knobs.py alone (it was read in seven modules, some
+    straight from os.environ); the launchers' contracts and the writes are listed above."""
+    stray, listed = [], set()
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "knobs.py":
+            continue
+        for n, line in _environ_reads(path):
+            found = {(m, held) for m, held in NOT_CONFIGURATION if rel == m and held in line}
+            listed |= found
+            if not found:
+                stray.append(f"{rel}:{n}: {line.strip()}")
+    assert not stray, stray
+    assert listed == set(NOT_CONFIGURATION), set(NOT_CONFIGURATION) - listed   # no entry outlives its read
+
+
+def test_every_variable_is_listed():
+    """No ETDIST_* variable is named in the package, its tests, launchers or experiments that
+    knobs.VARIABLES does not list (a test worker takes arguments, not variables of its own)."""
+    named = {}
+    for folder in ("etdist", "tests", "launch", "experiments"):
+        for path in (ROOT.parent / folder).rglob("*"):
+            if path.suffix in (".py", ".sh", ".sbatch") and path.is_file():
+                for name in re.findall(r"ETDIST_[A-Z0-9_]+", path.read_text()):
+                    named.setdefault(name, str(path.relative_to(ROOT.parent)))
+    unlisted = {name: where for name, where in named.items() if name not in knobs.VARIABLES}
+    assert not unlisted, unlisted
     assert len(knobs.VARIABLES) <= 5

@@ -138,3 +138,32 @@ def test_importing_the_library_loads_no_bench_module():
                          cwd=ROOT.parent)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# Hubs split by concern: each part is a module of its own that never reaches back to the module it was
+# split from (the hub imports its parts: that would be a circle)
+SPLITS = {
+    "etdist.fusion.cuda_runtime": ["etdist.fusion.cuda_agreement", "etdist.fusion.cuda_state",
+                                   "etdist.fusion.cuda_layout", "etdist.fusion.cuda_errors"],
+    "etdist.ops.common": ["etdist.ops.config", "etdist.ops.plan_model"],
+}
+
+
+def reachable(name: str) -> set[str]:
+    """The modules `name` imports, directly or through others."""
+    seen, todo = set(), [name]
+    while todo:
+        for m in GRAPH[todo.pop()] - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen
+
+
+def test_split_modules_sit_below_their_hub():
+    for hub, parts in SPLITS.items():
+        missing = [p for p in [hub, *parts] if p not in MODULES]
+        assert not missing, f"no module {missing}"
+        back = [f"{p} reaches {hub}" for p in parts if hub in reachable(p)]
+        assert not back, back
+    # the plan configuration needs none of the ops' plumbing, nor the plan models
+    assert not reachable("etdist.ops.config") & {"etdist.ops.common", "etdist.ops.plan_model"}

@@ -72,7 +72,7 @@ def test_moe_kernel_with_in_kernel_routing(world, schedule, early, tail):
     alone (early 1, et.compile's default: act_ready releases the down tiles) or neither (early 0:
     the tile table releases gate/up);
     the return and combine walked as the tail (tail 1, the default) or queued (tail 0)."""
-    rc, out = interpreted("moe_worker.py", world, schedule, ETDIST_EARLY_PUSH=early, ETDIST_MOE_TAIL=tail)
+    rc, out = interpreted("moe_worker.py", world, schedule, 600, f"--early-push={early}", f"--tail={tail}")
     assert rc == 0 and out.count(f"OK moe {schedule}") == world, out[-5000:]
 
 

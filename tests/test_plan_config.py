@@ -1,4 +1,4 @@
-"""The fused ops' plan configuration (etdist/ops/common.py): PlanConfig's fields and overrides, the
+"""The fused ops' plan configuration (etdist/ops/config.py): PlanConfig's fields and overrides, the
 config as part of every plan and kernel cache key, its refusal under torch.compile, and a few
 representative plans of the default config."""
 import dataclasses
@@ -10,7 +10,8 @@ import torch
 import etdist as et
 from etdist.bench.measure.shapes import MLP_SHAPES
 from etdist.ops import ag_gemm, gemm_rs, mlp
-from etdist.ops.common import DEFAULT_PLAN, PlanConfig, TileConfig, kernel_key
+from etdist.ops.common import kernel_key
+from etdist.ops.config import DEFAULT_PLAN, PlanConfig, TileConfig
 
 P = DEFAULT_PLAN
 bf, f32 = torch.bfloat16, torch.float32

@@ -33,187 +33,43 @@ forbids: a call refused while capturing is published at this rank's next call ou
 
 Streams: launches on one mesh run in call order whatever stream each goes to (mesh/stream_order.py);
 launches captured in CUDA graphs are not ordered by us.
+
+Modules: CudaKernel (here) runs a call and its launches; cuda_agreement.py binds and agrees on a call,
+cuda_state.py keeps and prepares the per-shape states, cuda_layout.py lays out the arguments and the
+repeat launch, cuda_errors.py raises what a launch recorded.
 """
 from __future__ import annotations
 
 import itertools
 import logging
-import math
-import os
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-import numpy as np
 import torch
 from triton.runtime import _allocation as triton_allocation
 
 from .. import knobs, log
 from ..kernels.launch_hooks import hooks_active
-from ..mesh.calls import Signature, describe_word
-from ..mesh.control import ControlLayout, ErrorKind, Event
-from ..mesh.errors import CallMismatchError
-from ..mesh.persistent import empty_persistent
 from ..mesh.stream_order import capturing as stream_capturing, capturing_current
-from .bind import MapTable, bind, bind_inputs
-from .schedule_dynamic import release_plan
-from .codegen_triton import ERR_WORDS, ArenaLayout, decode_event_code, generate, kernel_params
-from .errors import GraphError, InputError, RuntimeFault
-from .expr import RANK_NAME, WORLD_NAME, evaluate
+from .bind import MapTable
+from .codegen_triton import generate, kernel_params
+from .cuda_agreement import AgreementMixin, post_refusal
+from .cuda_errors import ErrorMixin
+from .cuda_layout import LayoutMixin
+from .cuda_state import STATES_KEPT, StateMixin, _KernelStates, _MeshState, _sync
+from .errors import GraphError, InputError
+from .expr import RANK_NAME
 from .ir import Role, early_at
 from .loader import load_module
-from .trace import PHASE_WORDS, TRACE_WORDS, earliest, gpu_rows, measure_offset, task_count
+from .trace import earliest, gpu_rows, measure_offset, task_count
 from .validate import LazyCheck
-
-INT32_MAX = 2**31 - 1
 
 # Keys of kernels' state in mesh.cache. Not id(kernel): a freed kernel's id is reused by a new one,
 # which then found the old state on some ranks and not on others (their collectives desynchronised).
 _KERNEL_IDS = itertools.count()
-# Error record kinds in a kernel's arena (mesh.control.ErrorKind): a wait timed out, or the ranks'
-# calls differed at entry (recorded by each rank in its own arena: nothing ran)
-ERR_CALL = int(ErrorKind.CALL)
 _LOG = logging.getLogger(__name__)   # ETDIST_DEBUG=1: the generated kernel, at debug level
 
 
-def _sync(mesh) -> None:
-    if mesh.device.type == "cuda":
-        torch.cuda.synchronize(mesh.device)
-
-
-@dataclass
-class _Shape:
-    """What the runtime prepared for one set of sizes."""
-
-    sizes: dict
-    event_shapes: dict
-    outputs: dict                      # output name -> (shape on this rank, dtype)
-    fixed: dict                        # kernel arguments that stay the same from call to call
-    # The argument list, laid out once (the host path of a decode-sized call is tens of us):
-    template: list = field(default_factory=list)   # the fixed arguments in place, None elsewhere
-    per_call: tuple = ()                           # (position, name) of inputs and outputs
-    addresses: Optional[list] = None               # template with tensors as their addresses, or
-                                                   # None if a fixed tensor is not 16-byte aligned
-
-    def lay_out(self, params: list) -> None:
-        self.template = [self.fixed.get(p) for p in params]
-        self.per_call = tuple((i, p) for i, p in enumerate(params) if p not in self.fixed)
-        flat = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self.template]
-        aligned = all(f % 16 == 0 for a, f in zip(self.template, flat) if isinstance(a, torch.Tensor))
-        self.addresses = flat if aligned else None
-
-    def args(self, values: dict) -> list:
-        """The kernel's arguments: the fixed ones and this call's `values`."""
-        args = self.template.copy()
-        for i, name in self.per_call:
-            args[i] = values[name]
-        return args
-
-    def direct_args(self, values: dict) -> Optional[list]:
-        """`addresses` with this call's values filled in, for a direct launch; None where a pointer
-        is not 16-byte aligned (the compiled binary assumes it)."""
-        if self.addresses is None:
-            return None
-        flat = self.addresses.copy()
-        for i, name in self.per_call:
-            a = values[name]
-            if isinstance(a, torch.Tensor):
-                a = a.data_ptr()
-                if a % 16:
-                    return None
-            flat[i] = a
-        return flat
-
-
-@dataclass
-class _HotLaunch:
-    """The launch a decode step repeats eagerly, laid out once per state: the inputs' names, shapes
-    and dtypes and the sizes it was made for, the outputs, and Triton's C launcher with its whole
-    argument list (only the inputs' and outputs' addresses change from call to call). Its calls skip
-    the general path's checks of a new shape and Triton's Python dispatch (CudaKernel._launch_hot)."""
-
-    launch: object        # the C launcher (Triton's CudaLauncher.launch)
-    args: list            # its arguments: grid, stream, function, scratch, metadata, hooks, kernel args
-    inputs: tuple         # ((name, shape, dtype, position in args), ...) in call order
-    outputs: tuple        # ((name, shape, dtype, position in args, an input of its dtype or None), ...)
-    sizes: Optional[dict]
-    stream: int
-
-
-@dataclass
-class _MeshState:
-    serial: int = -1                 # creation order on this mesh, the same on every rank
-    captured: bool = False           # this rank captured a launch of it in a CUDA graph
-    pinned: bool = False             # every rank agreed it is captured: never re-laid nor freed
-    arena: Optional[torch.Tensor] = None
-    arena_peers: Optional[torch.Tensor] = None
-    buffers: dict = field(default_factory=dict)  # name -> (flat symmetric/non-symmetric buffer)
-    shape: Optional[_Shape] = None
-    bind_key: Optional[tuple] = None  # input shapes/dtypes + sizes of the last call: skip re-binding
-    # this shape's call signature word (mesh/calls.py) without out=, and {out names given: word}
-    word: int = 0
-    words: dict = field(default_factory=dict)
-    signature: Optional[Signature] = None
-    programs: int = 0
-    # The arena's error word as the kernel leaves it, in pinned host memory: each launch's last
-    # program stores it there (the kernel's `error_host`), and the host reads it at the next call
-    error_word: Optional[torch.Tensor] = None
-    error_np: object = None   # the same memory as numpy: read per call for ~0.1 us (not a tensor op)
-    compiled: object = None  # Triton's compiled kernel, once launched: later calls skip its dispatch
-    rq: Optional[torch.Tensor] = None        # the dynamic schedule's ready queue + tables (symmetric)
-    rq_peers: Optional[torch.Tensor] = None
-    scratch: Optional[torch.Tensor] = None   # Triton's per-program global scratch (TMA descriptors)
-    device: Optional[torch.device] = None
-    hot: Optional[_HotLaunch] = None          # the eager repeat's launch at this shape, once laid out
-
-    def allocate_scratch(self, size: int, alignment: int, stream) -> torch.Tensor:
-        """Triton's allocator hook: one buffer per mesh state, grown never shrunk. Launches of one
-        graph on one mesh are stream-ordered (they share the arena too), so reuse is safe."""
-        if self.scratch is None or self.scratch.numel() < size:
-            self.scratch = empty_persistent(max(size, 1), torch.int8, self.device)
-        return self.scratch
-
-
-STATES_KEPT = 2   # unpinned states per kernel and mesh (each holds its own buffers)
-
-
-@dataclass
-class _KernelStates:
-    """A kernel's states on one mesh: one per input shape (bind key), least recently used first."""
-    by_key: "OrderedDict[tuple, _MeshState]" = field(default_factory=OrderedDict)
-    serials: "itertools.count" = field(default_factory=itertools.count)
-    gpu: Optional[int] = None           # the mesh's CUDA device index (None: a CPU mesh, the interpreter)
-    last: Optional[_MeshState] = None   # the state of the last call
-    watched: tuple = ()      # states captured in CUDA graphs: their replays' errors are read every call
-
-
-def post_refusal(mesh, kernels=(), reason: str = "its inputs were refused") -> None:
-    """This rank refused a call (an op's own argument checks, before choosing a kernel): publish it
-    as this rank's call (mesh/calls.py, CallAgreement.refuse), so the peers' launch of that call
-    runs nothing and every rank raises, instead of their launch pairing with our next call.
-    `kernels` is kept for callers that name the op's kernels; the refusal covers every kernel."""
-    calls = getattr(mesh, "calls", None)
-    if calls is not None:
-        calls.refuse(reason)
-
-
-def control_block(mesh) -> tuple:
-    """The mesh's control block, its peer table and its call-error words, which every launch's call
-    agreement uses. A stand-in mesh without them (tests, launch/host_path_cpu.py: one rank, nobody to
-    agree with) gets private ones."""
-    ctrl = getattr(mesh, "ctrl", None)
-    if ctrl is None:
-        ctrl = mesh.cache.get("megakernel.ctrl")
-        if ctrl is None:
-            ctrl = mesh.cache["megakernel.ctrl"] = torch.zeros(ControlLayout(mesh.world_size).size, dtype=torch.int32,
-                                                               device=mesh.device)
-    call_error = getattr(mesh, "call_error", None)
-    if call_error is None:
-        call_error = mesh.cache.setdefault("megakernel.call_error", torch.zeros(ERR_WORDS, dtype=torch.int32))
-    return ctrl, mesh.peer_ptrs(ctrl), call_error
-
-
-class CudaKernel:
+class CudaKernel(AgreementMixin, StateMixin, LayoutMixin, ErrorMixin):
     """A graph compiled for GPUs. Call `kernel(mesh, **inputs)` on every rank; returns its outputs."""
 
     target = "cuda"
@@ -250,7 +106,7 @@ class CudaKernel:
         self.trace_on, self.check_events = trace, check_events
         # TRITON_INTERPRET=1: the same generated kernel runs on CPU tensors over a cpu-backend
         # mesh (one program per rank, atomic polls instead of inline asm): CI checks codegen
-        self.interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        self.interpreted = knobs.triton_interpreted()
         if self.interpreted:
             if trace:
                 raise GraphError("trace=True reads GPU timers (inline asm): not under TRITON_INTERPRET=1")
@@ -418,98 +274,6 @@ class CudaKernel:
         states.by_key[key] = st
         return st
 
-    def _signature(self, inputs, bound: dict, given=()) -> Signature:
-        """What every rank's call at this shape must share (mesh/calls.py): inputs' dtypes, the outputs
-        given, the sizes, and the plan (the graph's content, schedule, trace, early push). Not the
-        inputs' shapes: a rank's may depend on its rank (its rows of a ragged M), and binding checked
-        them against the sizes."""
-        args = tuple((n, str(inputs[n].dtype).removeprefix("torch.")) for n in sorted(inputs))
-        plan = (("schedule", self.schedule), ("early_push", tuple(sorted(self.early))), ("trace", self.trace_on),
-                ("source", self.plan_key))   # the generated kernel's own hash: any other difference
-        return Signature(self.ir.name, args + (("out", tuple(sorted(given))),
-                                               ("sizes", tuple(sorted(bound.items()))), ("plan", plan)))
-
-    def _check_offsets(self, bound: dict, world: int) -> None:
-        """Every tensor and the event arena at these sizes within 32-bit element offsets (what the tile
-        bodies and the arena's indices compute in), checked before anything is allocated."""
-        at = {k: v for k, v in bound.items() if k != WORLD_NAME}
-        for s in self.ir.tensors:
-            for r in range(world if any(RANK_NAME in d.symbols() for d in s.shape) else 1):
-                n = math.prod(evaluate(d, {**bound, RANK_NAME: r}) for d in s.shape)
-                if n > INT32_MAX:
-                    raise InputError(f"graph {self.ir.name!r}: tensor {s.name!r} would hold {n:,} elements at sizes "
-                                     f"{at}: the GPU kernels address a tensor with 32-bit element offsets (at most "
-                                     f"2**31 - 1 = {INT32_MAX:,}); split the call (fewer rows per call)")
-        events = sum(math.prod(evaluate(d, bound) for d in e.shape) for e in self.ir.events)
-        if events + ArenaLayout(world).events > INT32_MAX:
-            raise InputError(f"graph {self.ir.name!r}: {events:,} event counters at sizes {at} pass 32-bit offsets; "
-                             "split the call (fewer rows per call)")
-
-    def _word(self, st: _MeshState, out: Optional[Mapping]) -> int:
-        """The state's signature word for a call that gives the outputs `out` names."""
-        given = frozenset(n for n, t in (out or {}).items() if t is not None)
-        word = st.words.get(given)
-        if word is None:
-            sig = st.signature
-            word = st.words[given] = (Signature(sig.op, sig.args[:-3] + (("out", tuple(sorted(given))),)
-                                                + sig.args[-2:]).word if sig is not None else 2)
-        return word
-
-    def _agree_call(self, mesh, inputs, sizes, out) -> Optional[Signature]:
-        """A new shape: this rank's inputs checked, then the call agreed with every rank on the host
-        (mesh/calls.py) before anything else is swapped; a rank that refuses publishes the refusal, so
-        no rank waits in an exchange its peers never join (a stand-in mesh without call agreement
-        skips it). Returns this call's signature."""
-        try:
-            bound = self._bind(mesh, inputs, sizes)
-            self._check_out(mesh, out, self._output_shapes(bound, mesh.rank))
-            self._check_offsets(bound, mesh.world_size)
-            self._lazy_check(bound)
-        except (InputError, GraphError) as e:
-            post_refusal(mesh, [self], f"{type(e).__name__}: {e}")
-            raise
-        sig = self._signature(inputs, bound)
-        calls = getattr(mesh, "calls", None)
-        if calls is not None:
-            given = tuple(sorted(n for n, t in (out or {}).items() if t is not None))
-            calls.agree(Signature(sig.op, sig.args[:-3] + (("out", given),) + sig.args[-2:]))
-        return sig
-
-    def _states(self, mesh) -> list:
-        """Every state of this kernel on `mesh`."""
-        states = mesh.cache.get(self._key)
-        return list(states.by_key.values()) if states is not None else []
-
-    def state(self, mesh) -> Optional[_MeshState]:
-        """The state of this kernel's last call on `mesh` (its buffers, its compiled binary), or None."""
-        states = mesh.cache.get(self._key)
-        return states.last if states is not None else None
-
-    def _hot_launch(self, st: _MeshState, inputs: dict, sizes, stream: int) -> Optional[_HotLaunch]:
-        """The state's repeat launch, laid out after a call of the general path (None where the binary
-        is not known yet, a pointer was not 16-byte aligned, an input is no tensor, or Triton asks
-        for profiler scratch: those calls stay on the general path)."""
-        k, shape = st.compiled, st.shape
-        run = getattr(k, "run", None)
-        if (k is None or shape.addresses is None or getattr(run, "profile_scratch_size", 1)
-                or not all(isinstance(t, torch.Tensor) for t in inputs.values())):
-            return None
-        scratch = None
-        if run.global_scratch_size:   # Triton's per-program scratch: st.scratch, sized at the first launch
-            scratch = st.allocate_scratch(run.global_scratch_size * st.programs * getattr(run, "num_ctas", 1),
-                                          run.global_scratch_align, stream).data_ptr()
-        head = [st.programs, 1, 1, stream, k.function, run.launch_cooperative_grid, run.launch_pdl, scratch, None,
-                k.packed_metadata, None, None, None]
-        args = head + shape.addresses + [st.programs, True]   # NUM_PROGRAMS, USE_ASM
-        at = {name: len(head) + i for i, name in shape.per_call}
-        args[at["call_sig"]] = st.word
-        # an output is made like an input of its dtype (Tensor.new_empty: ~1 us less than torch.empty's
-        # keyword parsing, on the GPU machine's host: experiments/host_profile.py)
-        like = {t.dtype: n for n, t in reversed(inputs.items())}
-        return _HotLaunch(run.launch, args, tuple((n, t.shape, t.dtype, at[n]) for n, t in inputs.items()),
-                          tuple((n, sh, dt, at[n], like.get(dt)) for n, (sh, dt) in shape.outputs.items()),
-                          None if sizes is None else dict(sizes), stream)
-
     def _launch_hot(self, mesh, sizes, inputs: dict) -> Optional[dict]:
         """A call at the shape of this kernel's last call on `mesh`, eagerly, on the stream of the
         last launch, with no out=, no error pending and no profiler hook: the checks a known shape
@@ -567,14 +331,6 @@ class CudaKernel:
               k.packed_metadata, None, None, None, *flat, st.programs, True)
         return True
 
-    def _new_state(self, mesh) -> _MeshState:
-        if self.interpreted:  # the interpreter runs programs one after another: one per rank
-            return _MeshState(programs=1, device=mesh.device)
-        slots = torch.cuda.get_device_properties(mesh.device).multi_processor_count
-        word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-        return _MeshState(programs=min(self.programs or slots, slots), error_word=word, error_np=word.numpy(),
-                          device=mesh.device)
-
     def check(self, mesh) -> None:
         """Wait for the launches so far and raise if any of their waits timed out (on any rank), in
         any state (graph replays included)."""
@@ -614,244 +370,3 @@ class CudaKernel:
         origin = min(starts, default=0) + offset          # the common origin, on this GPU's timer
         rows = gpu_rows(self.ir, env, buf, mesh.rank, origin_ns=origin)
         return [row for part in mesh.comm.allgather(rows) for row in part] if gather else rows
-
-    def _bind(self, mesh, inputs, sizes) -> dict:
-        world = mesh.world_size
-        for name, t in inputs.items():
-            if isinstance(t, torch.Tensor):
-                if t.device != mesh.device:
-                    raise InputError(f"graph {self.ir.name!r} input {name!r} is on {t.device}, the mesh on {mesh.device}")
-                if not t.is_contiguous():
-                    raise InputError(f"graph {self.ir.name!r} input {name!r} is not contiguous: pass .contiguous()")
-        return bind_inputs(self.ir, {mesh.rank: inputs}, sizes, world=world, device_type=None)
-
-    def _output_shapes(self, bound: dict, rank: int) -> dict:
-        """name -> (shape, dtype) of this rank's outputs at the bound sizes."""
-        env = {**bound, RANK_NAME: rank}
-        return {s.name: (tuple(evaluate(d, env) for d in s.shape), s.dtype) for s in self.ir.tensors
-                if s.role is Role.OUTPUT}
-
-    def _check_out(self, mesh, out, outputs: Mapping[str, tuple]) -> None:
-        for name, (shape, dtype) in outputs.items():
-            given = (out or {}).get(name)
-            if given is not None and (not isinstance(given, torch.Tensor) or tuple(given.shape) != shape or
-                                      given.dtype != dtype or not given.is_contiguous() or
-                                      given.device != mesh.device):
-                got = (f"{list(given.shape)} {given.dtype} on {given.device}"
-                       f"{'' if given.is_contiguous() else ', not contiguous'}"
-                       if isinstance(given, torch.Tensor) else type(given).__name__)
-                raise InputError(f"out[{name!r}]: need a contiguous {dtype} tensor "
-                                 f"of shape {list(shape)} on {mesh.device}, got {got}")
-
-    def _agree(self, mesh, inputs, sizes, out=None, captured=()) -> tuple[dict, set]:
-        """Bind this rank's inputs (and check its `out` tensors) and swap the outcome with every rank
-        before anything launches: a rank whose inputs are refused makes every rank raise (rather than
-        leaving peers waiting, or pairing their launch with its next call). Also swaps the serials
-        of the states this rank captured in CUDA graphs: returns (sizes, every rank's serials)."""
-        try:
-            bound, mine = self._bind(mesh, inputs, sizes), None
-            self._check_out(mesh, out, self._output_shapes(bound, mesh.rank))
-        except InputError as e:
-            bound, mine = None, str(e)
-        everyone = mesh.comm.allgather(mine if mine is not None else
-                                       {"sizes": sorted(bound.items()), "captured": list(captured)})
-        if mine is not None:
-            raise InputError(mine)
-        refused = [(r, e) for r, e in enumerate(everyone) if isinstance(e, str)]
-        if refused:
-            raise InputError(f"graph {self.ir.name!r}: rank {refused[0][0]} refused its inputs: {refused[0][1]}")
-        if any(e["sizes"] != everyone[0]["sizes"] for e in everyone):
-            listing = "; ".join(f"rank {r}: {dict(e['sizes'])}" for r, e in enumerate(everyone))
-            raise InputError(f"graph {self.ir.name!r}: ranks disagree on sizes ({listing})")
-        return bound, {serial for e in everyone for serial in e["captured"]}
-
-    def _prepare(self, mesh, st: _MeshState, bound: dict) -> None:
-        """New sizes (agreed by every rank): (re)allocate, zero the counters, barrier."""
-        # No layout until this completes: growing frees buffers first, and if an allocation then
-        # fails (heap exhausted) a call at the old sizes would launch over the freed ones
-        st.shape = st.bind_key = st.hot = None
-        world = mesh.world_size
-        scratch = {}
-        for s in self.ir.tensors:
-            if s.role is not Role.SCRATCH:
-                continue
-            shape = tuple(evaluate(d, {**bound, RANK_NAME: mesh.rank}) for d in s.shape)
-            scratch[s.name] = self._buffer(mesh, st, s, shape)
-            if s.zeroed:                 # a new view, or new memory: zero (the launches keep it so)
-                scratch[s.name].zero_()
-        event_shapes = {e.name: tuple(evaluate(d, bound) for d in e.shape) for e in self.ir.events}
-        offsets, at = {}, ArenaLayout(world).events
-        for e in self.ir.events:
-            offsets[e.name] = at
-            at += math.prod(event_shapes[e.name])
-        if st.arena is None or st.arena.numel() < at:
-            _sync(mesh)
-            if st.arena is not None:
-                mesh.free(st.arena)
-                st.arena = None
-            st.arena = mesh.empty((max(at, 4096),), torch.int32)
-            st.arena_peers = mesh.peer_ptrs(st.arena)
-        _sync(mesh)
-        st.arena[ArenaLayout(world).ev_epoch:].zero_()  # counters and ev_epoch; errors, exit lanes, epoch kept
-        env = {**bound, RANK_NAME: mesh.rank}
-        ctrl, ctrl_peers, call_error = control_block(mesh)
-        fixed = {**scratch, **bound, RANK_NAME: mesh.rank, "arena": st.arena, "arena_peers": st.arena_peers,
-                 "max_spins": mesh.watchdog_spins(), "error_host": self._error_host(st), "mesh_ctrl": ctrl,
-                 "mesh_ctrl_peers": ctrl_peers, "call_error_host": call_error}
-        fixed.update({f"ev_{e.name}_off": offsets[e.name] for e in self.ir.events})
-        fixed.update({f"{name}_peers": mesh.peer_ptrs(t) for name, t in scratch.items()
-                      if self.ir.tensor(name).symmetric})
-        missing = [f"{s.name}_peers" for s in self.ir.tensors if s.symmetric and f"{s.name}_peers" not in fixed]
-        if missing:
-            raise InputError(f"graph {self.ir.name!r}: symmetric inputs and outputs are not supported yet "
-                             f"({missing}); declare them as scratch")
-        outputs = self._output_shapes(bound, mesh.rank)
-        if self.dynamic:
-            self._prepare_queue(mesh, st, bound, offsets, event_shapes, at, fixed)
-        if self.trace_on:
-            fixed["trace_buf"] = empty_persistent(max(1, task_count(self.ir, env)) * TRACE_WORDS
-                                                  + st.programs * PHASE_WORDS, torch.int64, mesh.device).zero_()
-        st.shape = _Shape(dict(bound), event_shapes, outputs, fixed)
-        st.shape.lay_out(self.params)
-        mesh.barrier()  # every rank zeroed its counters before any rank notifies into them
-
-    def _prepare_queue(self, mesh, st: _MeshState, bound: dict, offsets: dict, event_shapes: dict, at: int,
-                       fixed: dict) -> None:
-        """The dynamic schedule's tables at these sizes (ready_queue.py's layout): this rank's inverse
-        map as CSR over its arena words (each entry with its task's number of waits), the seeded
-        tasks (those that wait on nothing, then the early-pushed ones); plus a zeroed queue. One
-        symmetric int64 buffer, sized by the largest rank."""
-        b = bind(self.table, bound)
-        plan = release_plan(b, mesh.rank, self.early)
-        env = {**bound, RANK_NAME: mesh.rank}
-        waits, initial = list(plan.waits), list(plan.initial)
-        by_word: dict = {}
-        for (ev, coord), gids in plan.consumers.items():
-            if not self.ir.event(ev).count.is_data_dependent and self.table.count(ev, coord, env) == 0:
-                for g in gids:   # an element that needs no notify is complete from the start
-                    waits[g] -= 1
-                    if waits[g] == 0:
-                        initial.append(g)
-                continue
-            word = offsets[ev] + int(np.ravel_multi_index(coord, event_shapes[ev]))
-            by_word.setdefault(word, []).extend(gids)
-        rowptr, cols = [0] * (at + 1), []
-        for w in range(at):   # a consumer's entry carries its number of waits: waits << 32 | task
-            cols.extend((waits[g] << 32) | g for g in by_word.get(w, ()))
-            rowptr[w + 1] = len(cols)
-        T = len(waits)
-        if T >= 2 ** 31:   # queue entries and slots carry a task id in 31 bits (take's int32)
-            raise GraphError(f"graph {self.ir.name!r}: {T} tasks at these sizes; the dynamic schedule takes < 2**31")
-        queued = b.tail - b.pinned   # pinned and tail tasks run by the static formula, never queued
-        seeded = sorted(initial) + plan.early   # claimed in this order, before anything pushed
-        shared = mesh.comm.allgather((T, len(cols), len(seeded), queued, tuple(sorted(self.early)), (b.pinned, b.tail)))
-        if len({row[4] for row in shared}) > 1:   # a walk one rank expects would never come from another
-            raise GraphError(f"graph {self.ir.name!r}: the ranks disagree on which tasks are pushed early "
-                             f"({[list(row[4]) for row in shared]}); compile with the same early_push on every rank")
-        if len({row[5] for row in shared}) > 1:   # likewise a notify one rank makes plain, another walks
-            raise GraphError(f"graph {self.ir.name!r}: the ranks disagree on which tasks are pinned or the tail "
-                             f"(first queued and first tail task ids {[row[5] for row in shared]}); build the graph "
-                             "alike on every rank (moe_layer: the same pin_router and tail)")
-        T_max, C_max, I_max, N_max = (max(v) for v in zip(*(row[:4] for row in shared)))
-        Q = 1 << max(0, (N_max - 1).bit_length())
-        lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_rowptr": 2 + Q + T_max}
-        lay["rq_cols"] = lay["rq_rowptr"] + at + 1
-        lay["rq_init"] = lay["rq_cols"] + max(C_max, 1)
-        n = lay["rq_init"] + max(I_max, 1)
-        host = torch.zeros(n, dtype=torch.int64)
-        host[lay["rq_rowptr"]:lay["rq_rowptr"] + at + 1] = torch.tensor(rowptr, dtype=torch.int64)
-        host[lay["rq_cols"]:lay["rq_cols"] + len(cols)] = torch.tensor(cols, dtype=torch.int64)
-        host[lay["rq_init"]:lay["rq_init"] + len(seeded)] = torch.tensor(seeded, dtype=torch.int64)
-        if st.rq is None or st.rq.numel() < n:
-            _sync(mesh)
-            if st.rq is not None:
-                mesh.free(st.rq)
-                st.rq = None
-            st.rq = mesh.empty((n,), torch.int64)
-            st.rq_peers = mesh.peer_ptrs(st.rq)
-        st.rq[:n].copy_(host)
-        # seeded ids that run consecutively are computed from the first, not read after each claim
-        base = seeded[0] if seeded and seeded == list(range(seeded[0], seeded[0] + len(seeded))) else -1
-        fixed.update(lay, rq=st.rq, rq_peers=st.rq_peers, rq_ninit=len(seeded), rq_seed_base=base, rq_total=queued)
-
-    def _error_host(self, st: _MeshState) -> torch.Tensor:
-        """Where the kernel leaves its error word: the pinned word on GPUs; under the interpreter
-        (CPU tensors, errors read from the arena itself) a word that nothing reads."""
-        if self.interpreted:
-            return torch.zeros(1, dtype=torch.int32)
-        if st.error_word is None:
-            raise RuntimeError(f"graph {self.ir.name!r}: no pinned error word for the kernel to store into")
-        return st.error_word
-
-    def _buffer(self, mesh, st: _MeshState, spec, shape) -> torch.Tensor:
-        n = math.prod(shape)
-        have = st.buffers.get(spec.name)
-        if have is None or have.numel() < n:
-            cap = max(n, 1) if have is None else max(n, 2 * have.numel())
-            _sync(mesh)
-            if have is not None and spec.symmetric:
-                del st.buffers[spec.name]   # freed: not to be reused if the allocation below fails
-                mesh.free(have)
-            have = (mesh.empty((cap,), spec.dtype) if spec.symmetric
-                    else empty_persistent(cap, spec.dtype, mesh.device))
-            st.buffers[spec.name] = have
-        return have[:n].view(shape)
-
-    def _raise_if_this_call_failed(self, mesh, st: _MeshState) -> None:
-        """After the last launch has finished (synced): raise its error, if any."""
-        self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
-
-    def _check_pending(self, mesh, st: _MeshState, now: bool = False) -> None:
-        """Raise a finished launch's error. Per call only the pinned word is read: it changes only when
-        a launch's last program stores it (the launch's end), so nonzero means a finished launch failed; `now`
-        (after a sync) and the interpreter (CPU memory) read the record itself."""
-        if st.arena is not None and (now or self.interpreted or st.error_np[0] != 0):
-            _sync(mesh)
-            self._raise_if_failed(mesh, st, st.arena[:ERR_WORDS].tolist())
-
-    def _raise_if_failed(self, mesh, st: _MeshState, words) -> None:
-        if int(words[0]) == 0:
-            return
-        kind, rank, code, observed, expected, peer, epoch = (int(w) for w in words[:7])
-        if kind == ERR_CALL:   # the launch ran nothing: forget the record, the kernel stays usable
-            _sync(mesh)
-            st.arena[:ERR_WORDS].zero_()
-            if st.error_np is not None:
-                st.error_np[0] = 0
-            calls = getattr(mesh, "calls", None)
-            if calls is not None:
-                raise calls.device_error(epoch, expected, observed, peer)
-            raise CallMismatchError(f"graph {self.ir.name!r}: rank {peer} made another call than this one "
-                                    f"({describe_word(expected) or expected}) as call {epoch}")
-        what = f"event code {code}"
-        dec = decode_event_code(code)
-        if kind in (ErrorKind.NOTIFY, ErrorKind.OVER) and dec is not None and dec[0] < len(self.ir.events):
-            ev = self.ir.events[dec[0]]
-            if kind == ErrorKind.NOTIFY:
-                raise RuntimeFault(f"graph {self.ir.name!r}: a task on rank {rank} notified {ev.name} at coordinate "
-                                   f"{observed} of dimension {peer}, outside its {expected} elements (launch {epoch}; "
-                                   "compiled with check_events=True): a notify map is wrong at these sizes")
-            coord = (np.unravel_index(dec[1], st.shape.event_shapes[ev.name]) if st.shape is not None else (dec[1],))
-            raise RuntimeFault(f"graph {self.ir.name!r}: {ev.name}{[int(c) for c in coord]} on rank {rank} was "
-                               f"notified past its count: counter {observed}, at most {expected} after launch "
-                               f"{epoch} (compiled with check_events=True): more notifies than the count says")
-        alive = getattr(mesh, "_peer_alive", None)
-        gone = [s for s in range(mesh.world_size) if alive is not None and not alive(s)]
-        gone = f"Ranks {gone} have exited or died (their liveness locks are free)" if gone else None
-        if Event.decode(code)[0] == Event.CALL:   # the launch's entry: a peer never made this call
-            raise RuntimeFault(
-                f"graph {self.ir.name!r}: rank {rank} waited at the launch's entry for rank {peer} to make call "
-                f"{expected} (every rank makes the same calls in the same order; its last was {observed}); the "
-                f"watchdog expired after ~{mesh.watchdog_s:g} s. "
-                + (gone or f"Rank {peer} skipped a call, is stuck before it, or failed"))
-        if dec is not None and st.shape is not None:
-            e, linear = dec
-            if e < len(self.ir.events):
-                ev = self.ir.events[e]
-                coord = np.unravel_index(linear, st.shape.event_shapes[ev.name])
-                what = f"{ev.name}{[int(c) for c in coord]}"
-            else:   # the one code past the events a megakernel waits on (no exit rendezvous: d48c809)
-                what = "its ready queue (a claimed entry never arrived)"
-        raise RuntimeFault(f"graph {self.ir.name!r}: rank {rank} waited on {what} (launch {epoch}): counter "
-                           f"{observed}, needed {expected}; the watchdog expired after ~{mesh.watchdog_s:g} s. "
-                           + (gone or "A task that should notify it did not run (a peer failed, or the graph is wrong)"))

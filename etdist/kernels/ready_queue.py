@@ -67,8 +67,8 @@ def push_block(q, tasks, QSIZE, ready):
 
 @triton.jit
 def claim(q):
-    """Claim the next queue index (one fetch-and-add: a compare-and-swap loop made 132 programs
-    retry against each other, traced: 4.6 us median, 26 us p90 between tasks). The dynamic loop
+    """Claim the next queue index (one fetch-and-add: a compare-and-swap loop made the programs
+    retry against each other, records moe_trace). The dynamic loop
     claims its next index after a task's body, before plain notifies (the claim's round trip, one
     thread's atomic broadcast through shared memory, runs while the body's stores drain, which
     the notify's release fence waits for), and reads the task at it with `take`."""
@@ -121,7 +121,7 @@ def take(q, claimed, QSIZE, limit, INIT, NINIT, SEED_BASE, TOTAL, ev_epoch, max_
 def next_task(q, QSIZE, limit, INIT, NINIT, TOTAL, ev_epoch, max_spins, ctrl_ptr, ctrl_table, rank, world, event,
               epoch):
     """`claim`, then `take` at once (seeded tasks read from the table): for kernels that have
-    nothing to do between the two (tests, experiments/sync_latency.py)."""
+    nothing to do between the two (tests, etdist.bench.sync_latency)."""
     return take(q, claim(q), QSIZE, limit, INIT, NINIT, -1, TOTAL, ev_epoch, max_spins, ctrl_ptr, ctrl_table, rank,
                 world, event, epoch)
 
@@ -151,8 +151,8 @@ def notify_release(counter, target, index, owner, rq, rq_peers, QSIZE, PENDING, 
 def _release_walk(q, index, QSIZE, PENDING, ROWPTR, COLS, ev_epoch, BLOCK: tl.constexpr):
     """The element's consumers, BLOCK at a time, a few per thread: an element such as "the routing
     is planned" can release thousands of tasks, and each block costs a chain of dependent
-    sys-scope atomics (pending counts, the tail claim, the slots), ~2 us: wide blocks walk them in
-    fewer (1024 at a time took two thirds of 128's time, traced on nn.MoE).
+    sys-scope atomics (pending counts, the tail claim, the slots): wide blocks walk them in fewer
+    (records moe_trace).
     Not inlined: inlined into the megakernel, the 1024-wide walk made the expert GEMMs' kernel
     spill (340 bytes per thread with 128-row tiles); a call keeps its registers to itself."""
     start = tl.load(q + ROWPTR + index)

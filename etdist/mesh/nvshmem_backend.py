@@ -64,10 +64,8 @@ def env_defaults(env, *, one_node: bool) -> None:
     """NVSHMEM's settings for our machines, where the user has not set them (read at init)."""
     if one_node:
         env.setdefault("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo")  # init hangs without it
-        # Peers through NVLink only: NVSHMEM's proxy thread has no work, yet it spins a whole core,
-        # and where it shared the main thread's core an eager op call took ~50 us instead of ~24
-        # (records host_path). Off, it takes device-side global exit and NVSHMEM's own wait
-        # timeouts with it: we use neither (our watchdog is our own).
+        # Peers through NVLink only: NVSHMEM's proxy thread has no work yet spins a core, slowing eager calls
+        # (records host_path); off, it takes device-side global exit and NVSHMEM's wait timeouts: we use neither
         env.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
         env.setdefault("NVSHMEM_DISABLE_LOCAL_ONLY_PROXY", "1")
     env.setdefault("NVSHMEM_DISABLE_NVLS", "1")  # no NVLink multicast on our machines

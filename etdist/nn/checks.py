@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import operator
-import os
 
 import torch
 
+from .. import knobs
 from ..fusion.errors import InputError
 
 
@@ -57,4 +57,4 @@ def layer_mesh(owner: str, mesh):
 def cpu_runtime(mesh) -> bool:
     """Whether a layer on `mesh` runs on the CPU runtime across processes (a cpu mesh, not under
     Triton's interpreter, which runs the GPU kernel on it)."""
-    return getattr(mesh, "backend", None) == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+    return getattr(mesh, "backend", None) == "cpu" and not knobs.triton_interpreted()

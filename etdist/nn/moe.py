@@ -28,7 +28,8 @@ from torch import nn
 from .. import fusion, knobs
 from ..collectives.custom_op import call_op, define_op
 from ..fusion.errors import InputError
-from ..ops.common import override_fields, refusal_reaches_peers
+from ..ops.common import refusal_reaches_peers
+from ..ops.config import override_fields
 from ..workloads import moe as moe_graph
 from ..ops import cpu_path
 from .checks import cpu_runtime, float_dtype, hidden_states, layer_mesh, positive_ints
@@ -54,13 +55,11 @@ class GpuTiles(NamedTuple):
 FLOAT32_STAGES = 3
 
 
-# Two size classes. Large expert batches get 128-row tiles with 4 pipeline stages: they win where
-# the average expert gets >= 64 rows, tie or lose a few % below (one H200, EP=1; records moe_tiles_ab).
-# The threshold is a knob until EP=2 is measured again.
+# The large class's tiles (128 rows, 4 stages) win from MoEConfig.large_rows rows an expert (records moe_tiles_ab)
 LARGE_TILES = GpuTiles(128, 64, 128, 8, 4)
 # The large class's router blocks: tokens per routing task and slots per plan step (moe_layer's
 # route_block / plan_block; the small class keeps 16 / 1024, what decode wants): at thousands of
-# tokens the small blocks' routing and plan steps took the launch's first ~160 us (traced, one H200).
+# tokens the small blocks' routing and plan steps held the expert tiles back (records moe_onerank_ab).
 LARGE_ROUTE_BLOCK, LARGE_PLAN_BLOCK = 64, 4096
 # Where top_k >= FINE_FROM_TOP_K, the routing and the combine run in small blocks: both do top_k
 # steps per token (arg-max steps, expert rows summed), and in blocks of the size class the few
@@ -88,17 +87,12 @@ def graph_blocks(top_k: int, large: bool = False) -> dict:
 GROUP_M = 8
 
 
-# Down tiles DOWN_WIDE columns wide where the experts' intermediate size (the down GEMM's
-# contraction) is at most SHORT_DOWN_K: such a tile is short, its fixed costs (the gathered rows,
-# the pipeline's fill, the store) weigh, and a wider one pays them once per 256 columns: 7-13%
-# faster on qwen3_30b_a3b (I = 768), within the noise on long contractions, which keep block_n
-# (records moe_tiles_ab). MoEConfig.down_n overrides.
+# Down tiles DOWN_WIDE columns wide where the down GEMM's contraction (I) is at most SHORT_DOWN_K: a short
+# tile's fixed costs (gathered rows, pipeline fill, store) are paid once per 256 columns (records moe_tiles_ab).
 DOWN_WIDE, SHORT_DOWN_K = 256, 2048
-# An expert's last row tile, where it holds at most half of block_m rows, runs a half-height GEMM
-# body (moe_layer's half_tails), in the classes whose row tiles are HALF_TAILS_FROM rows or more
-# (a wgmma is 64 rows a warpgroup, so only a 128-row tile has a half that does less work) and for
-# HALF_TAILS_MIN_EXPERTS or more experts per rank, where last tiles are a large share of the row
-# tiles: 5-8% faster with 128 experts, slower with 8 (records moe_tiles_ab, moe_static_ab).
+# An expert's last row tile, at most half full, runs half-height (moe_layer's half_tails) in tiles of HALF_TAILS_FROM
+# rows or more (a wgmma is 64 rows a warpgroup: a smaller half saves nothing) where a rank holds
+# HALF_TAILS_MIN_EXPERTS experts or more, whose last tiles are many (records moe_tiles_ab, moe_static_ab).
 HALF_TAILS_FROM, HALF_TAILS_MIN_EXPERTS = 128, 32
 
 

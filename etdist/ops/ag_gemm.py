@@ -9,9 +9,10 @@ import torch
 from ..collectives.custom_op import call_op
 from ..workloads import ag_gemm
 from . import cpu_path
-from .common import (PlanConfig, RepeatedCall, TileConfig, cached_kernel, check_operands, fp32_config,
-                     interleave_sources, no_rows, plan_config, refusal_reaches_peers, row_pointers, sm_count,
+from .common import (RepeatedCall, cached_kernel, check_operands, no_rows, plan_config, refusal_reaches_peers,
                      total_rows_of)
+from .config import PlanConfig, TileConfig, fp32_config
+from .plan_model import interleave_sources, row_pointers, sm_count
 
 # The plan (kernel_plan): up to PlanConfig.whole_max_m rows the gather (tiny) completes first and
 # GEMM tiles span every row, so the weights are read once (the whole-gather graph, a tile class per

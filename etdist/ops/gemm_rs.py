@@ -9,9 +9,9 @@ import torch
 from ..collectives.custom_op import call_op
 from ..workloads import gemm_rs
 from . import cpu_path
-from .common import (PlanConfig, RepeatedCall, TileConfig, cached_kernel, check_operands, fp32_config,
-                     interleave_sources, no_rows, plan_config, refusal_reaches_peers, row_pointers, slices_that_fit,
-                     sm_count, tile_us)
+from .common import RepeatedCall, cached_kernel, check_operands, no_rows, plan_config, refusal_reaches_peers
+from .config import PlanConfig, TileConfig, fp32_config
+from .plan_model import interleave_sources, row_pointers, slices_that_fit, sm_count, tile_us
 
 # The plan (kernel_plan): up to 128 rows the skinny graph (all rows in one tile, split-K, the
 # weights read once) with the smallest of PlanConfig's skinny classes that holds M; above, the
@@ -124,11 +124,9 @@ def skinny_reduce_n(block_n: int, n_tiles: int, sms: int) -> int:
 
 
 def skinny_splits(N: int, sms: int, block_n: int) -> int:
-    """Contraction slices so that slices x column tiles gives every SM at most one task (every task
-    drains and refills its load pipeline, so one long task each ran best; two programs per SM ran
-    1-5% slower, records gemm_rs_ab at e16cc6e): rounded down, as a few tasks over make a whole extra
-    wave (gemma2_27b at M=128, 36 column tiles: 4 slices put 144 tasks on 132 SMs, 12 of them in a
-    second wave after the first)."""
+    """Contraction slices so that slices x column tiles gives every SM at most one task (each task
+    drains and refills its load pipeline, so one long task each runs best: records gemm_rs_ab at e16cc6e),
+    rounded down, as a few tasks over make a whole extra wave."""
     return max(1, min(8, sms // -(-N // block_n)))
 
 

@@ -15,9 +15,11 @@ from ..collectives.custom_op import call_op
 from ..workloads import mlp as mlp_graph
 from . import cpu_path
 from .ag_gemm import whole_tile, whole_width
-from .common import (SCRATCH_BYTES, SPLIT_COST, PlanConfig, RepeatedCall, TileConfig, cached_kernel, check_operands,
-                     fp32_config, interleave_sources, no_rows, plan_config, refusal_reaches_peers, row_pointers,
-                     slices_that_fit, sm_count, tile_us, total_rows_of, wave_splits)
+from .common import (RepeatedCall, cached_kernel, check_operands, no_rows, plan_config, refusal_reaches_peers,
+                     total_rows_of)
+from .config import PlanConfig, TileConfig, fp32_config
+from .plan_model import (SCRATCH_BYTES, SPLIT_COST, interleave_sources, row_pointers, slices_that_fit, sm_count,
+                         tile_us, wave_splits)
 
 # The plan above PlanConfig.whole_max_m rows (kernel_plan): gate/up tiles of PlanConfig.mlp_tiles
 # (two accumulators each), down tiles PlanConfig.mlp_down_n wide (one accumulator: records
@@ -45,7 +47,7 @@ def tail_plan(M: int, H: int, I: int, world: int, sms: int, splits: int, config:
     """How many of the last down tiles (config.mlp_tiles' rows, config.mlp_down_n wide) of each
     rank's order to cut in `splits` slices (at most one owner's): the number that makes the static
     schedule's busiest program least busy, its tasks (dealt round-robin: task t to program t % sms)
-    weighed by their work at common.SM_TFLOPS, a slice SPLIT_COST more per extra slice; the fewest
+    weighed by their work at plan_model.SM_TFLOPS, a slice SPLIT_COST more per extra slice; the fewest
     among equals, and none unless that program's load falls by MIN_GAIN, nor where every down tile
     fits in one wave (the model then trades the gate/up tiles' dealing against partials it does not
     price: records mlp_w1_ab.jsonl).
@@ -107,7 +109,7 @@ def whole_down_splits(M: int, H: int, cfg: TileConfig, sms: int) -> int:
 
 def few_down_splits(tiles: int, sms: int, most: int, config: PlanConfig) -> int:
     """Contraction slices of all `tiles` down tiles above whole_max_m rows: where they are no more
-    than the SMs, as many as make their wave shortest (common.wave_splits; 36 tiles on 132 SMs: 3;
+    than the SMs, as many as make their wave shortest (plan_model.wave_splits; 36 tiles on 132 SMs: 3;
     72: 3, two waves of thirds; 112 or 128: none), at most `most`; none with more tiles (the tail
     plans' case) or where config.mlp_tail_splits is 1 (every tile whole)."""
     if tiles > sms or config.mlp_tail_splits == 1:

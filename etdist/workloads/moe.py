@@ -135,10 +135,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
                 "need I, the expert intermediate size, to be a multiple of them")
     BS = block                                         # slots per dispatch / send_back block
     KP = 1 << (top_k - 1).bit_length()                 # top_k as a Triton block (a power of two)
-    # Copies and sums walk hidden columns in short steps (one load latency each: at one token a
-    # single task over all of H was a chain of 16-32 of them, 20-130 us), so every task takes
-    # only a slab of WH columns and the slabs run side by side; likewise the router's logits are
-    # split over RH-column slices of the hidden size (512 KB of Qwen3's router on one SM, 85 us).
+    # One task over all of H is a long chain of load latencies, even at one token: copies and sums take
+    # slabs of WH columns and the router's logits RH-column slices, run side by side (records moe_trace)
     WH, RH = 8 * block, router_slice or 4 * block
     slabs, slices = et.cdiv(H, WH), et.cdiv(H, RH)
     one = bool(one_rank)
@@ -174,12 +172,10 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # The router's logits accumulate in fp32 (bf16 products are exact in it; fp32 inputs take an
     # IEEE dot on CUDA cores): it must pick the experts a float32 reference picks. Blocks of 16
     # tokens (route_block), tl.dot's minimum, at decode: a 64-row block did 64x the work of one
-    # token. Thousands of tokens want larger blocks (qwen3_30b_a3b at 4096 tokens, traced: 2048
-    # logits tasks of 16 tokens took the first 100 us of a 1358 us launch).
+    # token; thousands of tokens want larger ones, fewer tasks (records moe_onerank_ab).
     BT = route_block
-    # Routing tasks take topk_block tokens each (default route_block): qwen3_30b_a3b at 1024 tokens,
-    # traced, its 16 routing tasks of 64 tokens took 19 us, a chain of slice loads and top-k steps
-    # on one SM each; blocks of 16 spread it over four times the SMs
+    # Routing tasks take topk_block tokens each (default route_block): a routing task is a chain of
+    # slice loads and top-k steps on one SM, so smaller blocks spread it over more SMs (records moe_route_ab)
     BTK = topk_block or route_block
     # slices summed SU at a time (independent loads in flight, not one load latency per slice); the
     # register budget assumes nn.MoE's 8 warps (at 4 a thread holds twice as many values)
@@ -196,7 +192,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         returned = g.event("returned", (R,), count=R * slot_blocks * slabs, distributed=True)
 
     # The router, dispatch and tile planning run at every routing: pinned (the static formula under
-    # the dynamic schedule too), their chain of five steps costs no queue hop (~2 us each, traced)
+    # the dynamic schedule too), their chain of five steps costs no queue hop (records moe_pin_ab, moe_trace)
     pin = bool(pin_router)
     @g.task(grid=(et.cdiv(T, BT), slices), notify=lambda i, k: scored[i], triton=moe_tiles.moe_logits,
             constexprs=dict(BT=BT, BE=BE, BK=block, RH=RH), pinned=pin)
@@ -205,8 +201,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         t.logits[k, rows, :t.E] = t.x[rows, cols].float() @ t.wg[cols].float()
 
     # One rank: route places each slot in its expert's list itself (moe_route_place), no dispatch
-    # or plan follows (qwen3_30b_a3b at 4096 tokens, traced: dispatch's marking and the per-expert
-    # plans, each walking all 32768 slots, held the expert tiles back 75 us)
+    # or plan follows: those walk every slot and held the expert tiles back (records moe_route_place_ab)
     @g.task(grid=(et.cdiv(T, BTK),), wait=lambda i: scored[i // (BT // BTK)], notify=lambda i: routed[0],
             triton=moe_tiles.moe_route_place if one else moe_tiles.moe_route,
             constexprs=dict(TOP_K=top_k, KP=KP, BT=BTK, BE=BE, RH=RH, SU=SU), pinned=pin)

@@ -15,7 +15,8 @@ import torch.distributed as dist
 
 import etdist as et
 from etdist.ops import gemm_rs as op_module
-from etdist.ops.common import DEFAULT_PLAN, kernel_key
+from etdist.ops.common import kernel_key
+from etdist.ops.config import DEFAULT_PLAN
 
 
 def host_all_gather(t):

@@ -92,7 +92,7 @@ def check_tail_slices(mesh, mlp, ref):
     """The MLP graph whose last TAIL down tiles run in 3 contraction slices (PlanConfig.mlp_tail_splits),
     with the op's tiles and own rows read from x as the op builds it, at TAIL = 0, 1, one owner's
     every down tile (mn) and every owner's (R x mn), ragged M too."""
-    from etdist.ops.common import DEFAULT_PLAN
+    from etdist.ops.config import DEFAULT_PLAN
     from etdist.workloads import mlp as mlp_graph
     R, r, dev, cfg = mesh.world_size, mesh.rank, mesh.device, DEFAULT_PLAN.mlp_tiles
     down_n = DEFAULT_PLAN.mlp_down_n

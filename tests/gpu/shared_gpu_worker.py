@@ -13,7 +13,7 @@ import torch
 
 import etdist as et
 from etdist.ops import gemm_rs as gemm_rs_op
-from etdist.ops.common import DEFAULT_PLAN
+from etdist.ops.config import DEFAULT_PLAN
 from etdist.workloads import ag_gemm, gemm_rs, mlp
 
 # the size classes at two and three ranks: skinny / whole-gather (16, 100), each rank's rows one

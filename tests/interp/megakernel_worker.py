@@ -115,7 +115,7 @@ def cases():
                                                         swap_ab=True, row_pointers=True), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
 
-    # the sources' tiles side by side (interleave: ops.common.interleave_sources, where each source's
+    # the sources' tiles side by side (interleave: ops.plan_model.interleave_sources, where each source's
     # rows are one row tile), the MLP's down tiles owner by owner, every one in slices; gemm_rs's
     # owners' tiles side by side, those past the whole waves in slices
     yield "ag_gemm_interleaved_tma", ag_gemm.all_gather_gemm(T, 2 * T, torch.float32, T, align=16, group_m=2,

@@ -1,12 +1,12 @@
 """The expert-parallel MoE graph's GPU kernel (routing in-kernel decides which expert tiles exist)
 under Triton's interpreter, one process per rank, against the float64 reference:
 
-    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/moe_worker.py [--dynamic]
+    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/moe_worker.py [--dynamic] [options]
 
-ETDIST_MOE_TAIL=0 queues the return and combine (moe_layer's tail=False); ETDIST_EARLY_PUSH=0/1/2 is
-compile's early_push (both this worker's own switches).
+--early-push 0|1|2 is compile's early_push (default 1); --tail 0 queues the return and combine
+(moe_layer's tail=False; default 1, the tail).
 """
-import os
+import argparse
 import sys
 
 import torch
@@ -20,8 +20,12 @@ def rel_err(y, want):
 
 
 def main(args):
-    schedule = "dynamic" if "--dynamic" in args else "static"
-    tail = os.environ.get("ETDIST_MOE_TAIL", "1") != "0"
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dynamic", action="store_true")
+    ap.add_argument("--early-push", type=int, choices=(0, 1, 2), default=1)
+    ap.add_argument("--tail", type=int, choices=(0, 1), default=1)
+    opts = ap.parse_args(args)
+    schedule, tail = "dynamic" if opts.dynamic else "static", opts.tail == 1
     mesh = et.init_mesh(backend="cpu")
     R, r = mesh.world_size, mesh.rank
 
@@ -32,7 +36,7 @@ def main(args):
 
     one = R == 1   # one rank: the graph nn.MoE builds there, whose bodies move no rows (one_rank)
     kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, tail=tail, one_rank=one), schedule=schedule,
-                        target="cuda", early_push=int(os.environ.get("ETDIST_EARLY_PUSH", "1")))
+                        target="cuda", early_push=opts.early_push)
     for T, skew, seed in ((5, 0.0, 1), (19, 4.0, 2), (3, 0.0, 3)):   # skew: most tokens to few experts
         mine, _, want = case(T, 24, 20, seed, skew)
         for _ in range(2):   # counts differ between calls and sizes: re-armed each launch

@@ -35,13 +35,13 @@ a failure inside the op on one rank only can still hang the others.
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
+from ... import knobs
 from .timing import time_alternated, time_batched
 
 Fn = Callable[[], torch.Tensor]
@@ -157,7 +157,7 @@ def _symm_mem_unavailable(device: torch.device) -> Optional[str]:
     """Why torch.ops.symm_mem cannot run here, or None. Selects the CUDA backend if none is set."""
     if device.type != "cuda":
         return "torch.ops.symm_mem needs a CUDA device"
-    if os.environ.get("TORCH_SYMMMEM", "").upper() == "NVSHMEM":
+    if knobs.torch_symm_mem_backend() == "NVSHMEM":
         return ("TORCH_SYMMMEM=NVSHMEM: torch would take the process's NVSHMEM, which etdist owns "
                 "through nvshmem4py; unset it to use the CUDA backend")
     try:

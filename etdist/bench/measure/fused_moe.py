@@ -17,13 +17,13 @@ kernel takes strides, so it needs no copy of them.
 """
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from ... import knobs
 from .baselines import graphed
 from .timing import time_batched
 
@@ -63,10 +63,6 @@ def tuning_key(hidden: int, inter: int, experts: int, top_k: int, slots: int, dt
 def tuned(*key) -> Optional[Config]:
     """The config pick_config chose for tuning_key(*key), if it ran."""
     return _CHOSEN.get(tuning_key(*key))
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 class Aligned(NamedTuple):
@@ -198,7 +194,7 @@ def fused_moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_
 def pick_config(x, ids, weights, w_gate_up, w_down) -> Config:
     """The fastest of CONFIGS for this layer shape and slot count, timed on the device (a config
     that fails to build is skipped); under the Triton interpreter, INTERPRETER_CONFIG."""
-    if _interpreted() or x.device.type != "cuda":
+    if knobs.triton_interpreted() or x.device.type != "cuda":
         return INTERPRETER_CONFIG
     key = tuning_key(x.shape[1], w_down.shape[1], w_gate_up.shape[0], ids.shape[1], ids.numel(), x.dtype, x.device)
     if key in _CHOSEN:

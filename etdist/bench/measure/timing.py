@@ -32,8 +32,8 @@ def _use_cuda(device) -> bool:
     return torch.device(device).type == "cuda"
 
 
-BATCH_US = 10_000   # a batch's length: eager decode calls read ~2x slower in 20-call batches than in 200-call
-MOST_CALLS = 200    # ones (gemm_rs qwen3_8b M=16: 52-59 against 30 us; NCCL eager 80-150 against 50; 2x H200)
+BATCH_US = 10_000   # a batch's length: in short batches eager decode calls read slow (records batch_length_ab)
+MOST_CALLS = 200    # the longest batches those records compare
 
 
 def batch_calls(est_us: float) -> int:
@@ -161,8 +161,8 @@ def time_alternated(fns: dict[str, Callable[[], object]], *, rounds: int = 4, gr
     if single:
         per = {n: 1 for n in names}
     elif calls is None:   # each contender's own batch_calls, from its time on the slowest rank
-        # (sized by the slowest contender, a 2 ms MoE baseline gave nn.MoE's 75 us calls batches
-        # of 5, whose start dominated: eager read 30-50% slow against its CUDA graph, 2x H200)
+        # (sized by the slowest contender, a fast call's batches were so short that their start dominated:
+        # records moe_batch_length_ab)
         per = {n: batch_calls(slowest_rank(_per_call(fns[n], calls=1, batches=1, warmup=1, barrier=barrier,
                                                      device=device)[0], group)) for n in names}
     else:
