@@ -344,6 +344,10 @@ def _op_kernels():
     cfg, _, _, build = rs_op.kernel_plan(128, 6144, 4096, bf, 132, 2, dataclasses.replace(P, local_sums_min_m=0))
     assert "local_sums" not in build.keywords
     yield "gemm_rs M=128 slices to the owners", build, cfg.num_warps, cfg.num_stages
+    # the replicated MLP's 128-row class with each output tile summed on its owner (an option)
+    cfg, build, _ = mlp_op.replicated_plan(128, 4096, 6144, bf, 132, 2, P.override("replicated_owners_min_m=65"))
+    assert build.keywords["owners"]
+    yield "mlp_replicated owners M=128", build, cfg.num_warps, cfg.num_stages
     # a decode candidate (a 16-row skinny class, swapped)
     yield "gemm_rs skinny swap 16x128x128", \
         lambda: gemm_rs.gemm_reduce_scatter_skinny(16, 128, bf, 128, 4, 16, swap_ab=True), 4, 6

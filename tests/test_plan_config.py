@@ -211,3 +211,16 @@ def test_local_sums_from_a_row_count_on():
     assert width(16, 4096) == 32 and width(128, 4096, world=1) == 32
     with pytest.raises(ValueError, match="combine_one_wave"):   # an A/B option, decided and gone
         cfg.override("combine_one_wave=1")
+
+
+def test_replicated_owners_from_a_row_count_on():
+    """replicated_owners_min_m (an option, 0 by default): from that many rows the replicated MLP's
+    output tiles are summed on one owner rank each; never on one rank, never below the bound."""
+    from etdist.ops import mlp as mlp_op
+    bf = torch.bfloat16
+    owners = lambda M, world, config: mlp_op.replicated_plan(M, 4096, 6144, bf, 132, world, config)[1].keywords.get(  # noqa: E731
+        "owners", False)
+    assert DEFAULT_PLAN.replicated_owners_min_m == 0 and not owners(128, 2, DEFAULT_PLAN)
+    cfg = DEFAULT_PLAN.override("replicated_owners_min_m=65")
+    assert [owners(M, 2, cfg) for M in (16, 64, 65, 128, 1024)] == [False, False, True, True, True]
+    assert not owners(128, 1, cfg) and owners(128, 4, cfg)

@@ -188,16 +188,19 @@ def test_interleaved_sources_give_the_same_result(schedule, world, M):
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 16, 1])
-def test_replicated_mlp_ends_in_an_all_reduce(schedule, world, M):
+@pytest.mark.parametrize("owners", [False, True])
+def test_replicated_mlp_ends_in_an_all_reduce(schedule, world, M, owners):
     """tp_mlp_replicated: every rank holds the whole x and gets the whole y; each down tile pushes
-    its partial to every rank. Whole down tiles; then the last TAIL of them (none, one, all) in 3
-    contraction slices, under gate/up tiles half as wide (I = 6 x world in steps of 4: on one rank
-    the third slice is empty). Too large a TAIL is refused before the launch."""
+    its partial to every rank, or (owners) to its column tile's owner, who sends the sum to every
+    rank (2 column tiles: at 4 ranks two own none). Whole down tiles; then the last TAIL of them
+    (none, one, all) in 3 contraction slices, under gate/up tiles half as wide (I = 6 x world in
+    steps of 4: on one rank the third slice is empty). Too large a TAIL is refused before the launch."""
     inputs = mlp.make_inputs(world, M, H=12, I=6 * world, seed=world * 10 + M, replicated=True)
     want = mlp.reference_replicated(inputs[0]["x"], [i["w_gate_up"] for i in inputs], [i["w_down"] for i in inputs])
     mh = -(-M // 8) * 2                             # down tiles: row tiles x 2 column tiles
-    whole = et.compile(mlp.tp_mlp_replicated(block_m=8, block_n=8, block_k=4), schedule=schedule, programs=3)
-    sliced = et.compile(mlp.tp_mlp_replicated(block_m=8, block_n=8, block_k=4, down_splits=3, up_n=4),
+    whole = et.compile(mlp.tp_mlp_replicated(block_m=8, block_n=8, block_k=4, owners=owners), schedule=schedule,
+                       programs=3)
+    sliced = et.compile(mlp.tp_mlp_replicated(block_m=8, block_n=8, block_k=4, down_splits=3, up_n=4, owners=owners),
                         schedule=schedule, programs=3)
     runs = [(whole, {"M": M})] + [(sliced, {"M": M, "TAIL": tail}) for tail in sorted({0, 1, mh})]
     for kernel, sizes in runs:

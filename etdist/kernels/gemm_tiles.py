@@ -453,6 +453,49 @@ def matmul_broadcast_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK,
 
 
 @triton.jit
+def matmul_owner_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
+                       PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr,
+                       SWAP_AB: tl.constexpr = False):
+    """matmul_broadcast_slice's slice, into the partial[RANK * SPLITS + s] of tile (i, j)'s owner
+    alone (rank j % WORLD), who sums it and sends the sum to every rank (sum_partials_to_all)."""
+    steps = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(steps, PARTS)
+    acc = mm_acc_steps(x, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
+                       BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
+    out = aligned_peer(partial, partial_peers, j % WORLD) + (RANK * SPLITS + s) * M * N
+    store_tile(acc, out, N, M, N, i, j, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def sum_partials_to_all(i, j, parts, partial, y_all, y_all_peers, M, N, RANK, WORLD, SPLITS: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The owner's sum of tile (i, j) (sum_partials' slots, fp32), into every rank's y_all (the
+    peers first, this rank last)."""
+    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for src in range(0, WORLD):
+        for s in range(0, parts):
+            acc += tl.load(partial + (src * SPLITS + s) * M * N + offs, mask=mask, other=0.0).to(tl.float32)
+    for k in range(1, WORLD + 1):
+        out = aligned_peer(y_all, y_all_peers, (RANK + k) % WORLD)
+        tl.store(out + offs, acc.to(y_all.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def copy_rows_tile(i, j, src, dst, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dst[tile (i, j)] = src[tile (i, j)], both [M, N] on this GPU."""
+    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None] * N + offs_n[None, :]
+    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+@triton.jit
 def sum_partials(i, j, parts, partial, y, M, N, WORLD, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr):
     """y[tile (i, j) of all M rows] = the sum of the `parts` slices every rank stored for it

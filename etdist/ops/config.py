@@ -64,6 +64,10 @@ class PlanConfig:
     mlp_tiles: TileConfig = TileConfig(128, 128, 64, 8, 3)   # gate/up tiles (two accumulators: 128 x 256 spills)
     mlp_down_n: int = 256                                    # the down tiles' width: mlp_down_ab.jsonl
     mlp_tail_splits: int = 3        # slices of the last down tiles of a ragged wave (1: whole): mlp_w1_ab.jsonl
+    # the replicated MLP from this many rows (0: never): each output tile's partials go to one owner
+    # rank, who sends the sum to every rank (workloads.mlp.tp_mlp_replicated(owners=True)), instead
+    # of every rank's partials to every rank; an option until a two-GPU A/B decides it
+    replicated_owners_min_m: int = 0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -118,7 +122,8 @@ def override_fields(config: str, fields: list, text: str) -> list:
 
 
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
-_LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0}
+_LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
+          "replicated_owners_min_m": 0}
 
 
 def _parse(name: str, text: str):

@@ -196,7 +196,8 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
     splits = splits if tail else 1
     build = functools.partial(mlp_graph.tp_mlp_replicated, cfg.block_m, down_n, dtype, cfg.block_k, align,
                               down_splits=splits, up_n=up_n, swap_ab=cfg.swap_ab,
-                              row_pointers=row_pointers(M, cfg.block_m))
+                              row_pointers=row_pointers(M, cfg.block_m),
+                              **({"owners": True} if 0 < config.replicated_owners_min_m <= M and world > 1 else {}))
     return cfg, build, ({"M": M, "TAIL": tail} if splits > 1 else {"M": M})
 
 

@@ -216,7 +216,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
 
 def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
                       align: int = 1, group_m: int = 8, down_splits: int = 1, up_n: Optional[int] = None,
-                      swap_ab: bool = False, row_pointers: bool = False) -> et.Graph:
+                      swap_ab: bool = False, row_pointers: bool = False, owners: bool = False) -> et.Graph:
     """The MLP with replicated input and output (Megatron's tensor-parallel MLP, for models that are
     not sequence-parallel): every rank holds the whole x [M, H] and returns the whole y [M, H].
     Nothing is gathered: gate/up and down tiles run over all M rows (each weight read once), and
@@ -225,7 +225,10 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
     on every rank (not checked: a rank's x that differs gives every rank a wrong y, not a hang).
     down_splits > 1: the last TAIL down tiles (a size bound at every call: all of them at decode
     sizes, where the down tiles are fewer than the SMs; the few past the last whole wave above) run
-    in that many contraction slices side by side. up_n, swap_ab, row_pointers: as in tp_mlp_whole."""
+    in that many contraction slices side by side. up_n, swap_ab, row_pointers: as in tp_mlp_whole.
+    owners: each down tile's partials go to one owner rank (column tile j: rank j % R), who sums
+    them and sends the sum to every rank (y_all, copied into y): R x down_splits partial tiles
+    cross the links per output tile instead of R x R x down_splits, for one more hop."""
     positive_int("tp_mlp_replicated", "down_splits", down_splits)
     positive_int("tp_mlp_replicated", "up_n", up_n, optional=True)
     S, up_n = down_splits, block_n if up_n is None else up_n
@@ -253,8 +256,10 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
     parts = (lambda q: et.where(q >= mh - TAIL, S, 1)) if S > 1 else (lambda q: 1)   # noqa: E731
     tile_parts = lambda i, j: parts(et.ungrouped(i, j, m_tiles, h_tiles, group_m))  # noqa: E731
     h_ready = g.event("h_ready", (m_tiles,), count=i_tiles)
+    owner = lambda j: j % R if owners else me   # noqa: E731  (the rank that sums column tile j)
     arrived = g.event("arrived", (R, m_tiles, h_tiles), distributed=True,   # [rank, tile]: every source's slices
-                      count=(lambda r, i, j: R * tile_parts(i, j)) if S > 1 else R)
+                      count=lambda r, i, j: et.where(et.eq(owner(j), r), R * tile_parts(i, j), 0) if owners
+                      else R * tile_parts(i, j))
 
     @g.task(grid=(m_tiles * i_tiles,), notify=lambda q: h_ready[up_tile(q)[0]],
             triton=gemm_tiles.swiglu_all_rows, constexprs=dict(gemm, BLOCK_N=up_n),
@@ -268,13 +273,15 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
         cols = et.block(t(down_tile(q)[1]), block_n, t.H)
         ks = et.block(s, t(et.cdiv(I, n * block_k) * block_k), t.I)   # whole steps, as the GPU body
         part = t.h[rows, ks] @ t.w_down[ks, cols]
-        for d in range(t.world):
+        for d in ([t(owner(down_tile(q)[1]))] if owners else range(t.world)):
             t.peer(d).partial[t.rank * S + s, rows, cols] = part
 
     def down_body(n, q_of, **bind):      # the GPU body of down tiles q_of(*index), in n slices
+        to = (lambda *k: owner(down_tile(q_of(*k))[1])) if owners else (lambda *k: et.every(0, R))   # noqa: E731
         return dict(wait=lambda *k: h_ready[down_tile(q_of(*k))[0]],
-                    notify=lambda *k: arrived[(et.every(0, R), *down_tile(q_of(*k)))],
-                    triton=gemm_tiles.matmul_broadcast_slice, constexprs=dict(gemm, SPLITS=S, PARTS=n),
+                    notify=lambda *k: arrived[(to(*k), *down_tile(q_of(*k)))],
+                    triton=gemm_tiles.matmul_owner_slice if owners else gemm_tiles.matmul_broadcast_slice,
+                    constexprs=dict(gemm, SPLITS=S, PARTS=n),
                     bind=dict(bind, i=lambda *k: down_tile(q_of(*k))[0], j=lambda *k: down_tile(q_of(*k))[1],
                               x="h", w="w_down", K="I", N="H"))
 
@@ -287,12 +294,34 @@ def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype =
         def down_tail(t, k, s):
             down_slice(t, t(mh - TAIL) + k, s, S)
 
-    @g.task(grid=(m_tiles, h_tiles), wait=lambda i, j: arrived[me, i, j], triton=gemm_tiles.sum_partials,
-            constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=S), bind=dict(N="H", parts=tile_parts))
-    def reduce(t, i, j):                                   # y = sum over ranks and their slices
+    def tile_sum(t, i, j):                                 # over ranks and their slices
         rows, cols = et.block(i, block_m, t.M), et.block(j, block_n, t.H)
         n = t(tile_parts(i, j))
-        t.y[rows, cols] = t.partial[[src * S + s for src in range(t.world) for s in range(n)], rows, cols].sum(0)
+        return rows, cols, t.partial[[src * S + s for src in range(t.world) for s in range(n)], rows, cols].sum(0)
+
+    if not owners:
+        @g.task(grid=(m_tiles, h_tiles), wait=lambda i, j: arrived[me, i, j], triton=gemm_tiles.sum_partials,
+                constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=S), bind=dict(N="H", parts=tile_parts))
+        def reduce(t, i, j):                               # y = the sum, on every rank
+            rows, cols, total = tile_sum(t, i, j)
+            t.y[rows, cols] = total
+    else:
+        g.scratch("y_all", (M, H), dtype, symmetric=True)   # the owners' sums, on every rank
+        summed = g.event("summed", (R, m_tiles, h_tiles), count=1, distributed=True)
+
+        @g.task(grid=(m_tiles, h_tiles), wait=lambda i, j: arrived[me, i, j], when=lambda i, j: et.eq(owner(j), me),
+                notify=lambda i, j: summed[et.every(0, R), i, j], triton=gemm_tiles.sum_partials_to_all,
+                constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=S), bind=dict(N="H", parts=tile_parts))
+        def reduce(t, i, j):                               # the owner's sum, to every rank
+            rows, cols, total = tile_sum(t, i, j)
+            for d in range(t.world):
+                t.peer(d).y_all[rows, cols] = total
+
+        @g.task(grid=(m_tiles, h_tiles), wait=lambda i, j: summed[me, i, j], triton=gemm_tiles.copy_rows_tile,
+                constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n), bind=dict(src="y_all", dst="y", N="H"))
+        def take(t, i, j):                                 # y = the owner's sum
+            rows, cols = et.block(i, block_m, t.M), et.block(j, block_n, t.H)
+            t.y[rows, cols] = t.y_all[rows, cols]
 
     for sizes in ([{"TAIL": 1}, {"TAIL": 0}] if S > 1 else [{}]):
         g.sample(M=5, H=3, I=2, **sizes)

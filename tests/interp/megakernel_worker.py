@@ -140,6 +140,11 @@ def cases():
                                                       swap_ab=True), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M, replicated=True), _replicated, \
         ("x", "w_gate_up", "w_down"), {"TAIL": 1}
+    # each output tile summed on one owner rank (column tile j: rank j % R), who sends it to every rank
+    yield "mlp_replicated_owners_tma", mlp.tp_mlp_replicated(T, 2 * T, torch.float32, T, align=16, down_splits=2,
+                                                             up_n=T, swap_ab=True, owners=True), \
+        lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M, replicated=True), _replicated, \
+        ("x", "w_gate_up", "w_down"), {"TAIL": 1}
 
 
 def _replicated(xs, w_gate_up, w_down):
