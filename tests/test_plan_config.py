@@ -224,3 +224,19 @@ def test_replicated_owners_from_a_row_count_on():
     cfg = DEFAULT_PLAN.override("replicated_owners_min_m=65")
     assert [owners(M, 2, cfg) for M in (16, 64, 65, 128, 1024)] == [False, False, True, True, True]
     assert not owners(128, 1, cfg) and owners(128, 4, cfg)
+
+
+def test_ag_gemm_rows_just_past_the_whole_class_take_a_tail():
+    """whole_tail_m (an option, 0 by default): all_gather_gemm from whole_max_m + 1 rows up to the
+    class's block_m + whole_tail_m runs one task per column tile over every row (a tail accumulator),
+    aligned sizes on two or more ranks only; above it, the per-source graph as before."""
+    from etdist.ops import ag_gemm as ag_op
+    bf = torch.bfloat16
+    plan = lambda M, config, world=2, K=8192: ag_op.kernel_plan(M, K, 28672, bf, 132, world, config)[1]  # noqa: E731
+    assert DEFAULT_PLAN.whole_tail_m == 0 and "tail_m" not in plan(129, DEFAULT_PLAN).keywords
+    cfg = DEFAULT_PLAN.override("whole_tail_m=32")
+    assert [plan(M, cfg).keywords.get("tail_m") for M in (128, 129, 160, 161)] == [None, 32, 32, None]
+    assert plan(161, cfg).func.__name__ == "all_gather_gemm"
+    assert "tail_m" not in plan(129, cfg, world=1).keywords and "tail_m" not in plan(129, cfg, K=8190).keywords
+    with pytest.raises(ValueError, match="whole_tail_m must be 0 or a power of two >= 16"):
+        DEFAULT_PLAN.override("whole_tail_m=24")

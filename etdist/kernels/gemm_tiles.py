@@ -419,6 +419,29 @@ def matmul_all_rows(i, j, a, w, y, M, K, N,
 
 
 @triton.jit
+def matmul_rows_and_tail(j, a, w, y, M, K, N, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """y[all M rows, column tile j] = a[M rows] @ w for BLOCK_M < M <= BLOCK_M + TAIL_M, each weight
+    tile loaded once (through a descriptor) for two accumulators: rows [0, BLOCK_M) on the MMA's M
+    side, the TAIL_M rows after them transposed (the weights on the M side, as SWAP_AB): a 128-row
+    tile and a 32-row one do 160 rows of work where two 128-row tiles would do 256, or read the
+    weights twice. The rows load through masked pointers (a ragged tail)."""
+    async_proxy_fence(USE_ASM)   # `a` holds rows gathered in this launch
+    b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        b = b_d.load([k * BLOCK_K, j * BLOCK_N])
+        acc = tl.dot(rows_box(a, M, K, 0, k * BLOCK_K, BLOCK_M, BLOCK_K), b, acc)
+        acc_t = tl.dot(tl.trans(b), tl.trans(rows_box(a, M, K, BLOCK_M, k * BLOCK_K, TAIL_M, BLOCK_K)), acc_t)
+    store_tile(acc, y, N, M, N, 0, j, BLOCK_M, BLOCK_N)
+    offs_m = BLOCK_M + tl.arange(0, TAIL_M)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(y + offs_m[:, None] * N + offs_n[None, :], tl.trans(acc_t).to(y.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
 def matmul_scatter_rows_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):

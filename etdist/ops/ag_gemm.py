@@ -70,9 +70,16 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     per-source graph with large_tile's tiles. Cached (~1.5 us a call uncached); config is part of
     the key."""
     whole = M <= config.whole_max_m
+    align = 16 if K % 16 == 0 and N % 16 == 0 else 1
+    if not whole and config.whole_tail_m and align == 16 and world > 1:   # a row tile and a tail in one task
+        cfg = whole_tile("all_gather_gemm", config.whole_max_m, config)
+        cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
+        if M <= cfg.block_m + config.whole_tail_m:
+            return cfg, functools.partial(ag_gemm.all_gather_gemm_whole, cfg.block_m, cfg.block_n, dtype, cfg.block_k,
+                                          align, gemm_n=whole_width(cfg.block_m, N, cfg, sms),
+                                          tail_m=config.whole_tail_m)
     cfg = whole_tile("all_gather_gemm", M, config) if whole else large_tile(M, N, world, sms, config)
     cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
-    align = 16 if K % 16 == 0 and N % 16 == 0 else 1
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:   # the GEMM tiles span every row
         return cfg, functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab,

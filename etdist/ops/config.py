@@ -53,6 +53,10 @@ class PlanConfig:
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
     # every row, the weights read once), a tile class per bound; above, per-source tiles
     whole_max_m: int = 128          # ag_gemm_ab.jsonl / mlp_ab.jsonl, variant WHOLE_MAX_M=256
+    # all_gather_gemm just past it: up to the class's block_m + whole_tail_m rows, one task per column
+    # tile holds every row, a second accumulator for the tail over one load of each weight tile (0:
+    # none; a power of two >= 16); an option until a two-GPU A/B decides it
+    whole_tail_m: int = 0
     whole_32: TileConfig = TileConfig(32, 128, 64, 4, 6, swap_ab=True)     # M <= 32, both ops: whole_swap_ab.jsonl
     whole_ag: TileConfig = TileConfig(64, 128, 128, 4, 4)   # all_gather_gemm's M <= 64: gemm_rs_skinny_ab.jsonl
     whole_mlp: TileConfig = TileConfig(64, 128, 64, 4, 4)   # the MLP's M <= 64 (two weight tiles): the same
@@ -77,6 +81,8 @@ class PlanConfig:
                     raise ValueError(f"PlanConfig.{f.name} must be a TileConfig, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int) or v < _LEAST[f.name]:
                 raise ValueError(f"PlanConfig.{f.name} must be an int >= {_LEAST[f.name]}, got {v!r}")
+        if self.whole_tail_m and (self.whole_tail_m < 16 or self.whole_tail_m & (self.whole_tail_m - 1)):
+            raise ValueError(f"PlanConfig.whole_tail_m must be 0 or a power of two >= 16, got {self.whole_tail_m}")
         if self.mlp_down_n < 16 or self.mlp_down_n & (self.mlp_down_n - 1):
             raise ValueError(f"PlanConfig.mlp_down_n must be a power of two >= 16, got {self.mlp_down_n}")
         # the plan caches hash it on every call of an op: once here, not per call
@@ -123,7 +129,8 @@ def override_fields(config: str, fields: list, text: str) -> list:
 
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
 _LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
-          "replicated_owners_min_m": 0}
+          "replicated_owners_min_m": 0,
+          "whole_tail_m": 0}
 
 
 def _parse(name: str, text: str):

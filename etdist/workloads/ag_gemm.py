@@ -65,14 +65,20 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
 def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                           block_k: int = 128, align: int = 1, group_m: int = 8,
                           gemm_n: Optional[int] = None, swap_ab: bool = False,
-                          row_pointers: bool = False) -> et.Graph:
+                          row_pointers: bool = False, tail_m: int = 0) -> et.Graph:
     """The small-M variant: the (small) gather completes first, then GEMM tiles run over all M
     rows at once, so the weights are read once (the graph above reads them once per source).
     gemm_n: the GEMM tiles' width (default block_n, which the gather's copy tiles keep): narrower
     where the tiles would be fewer than the SMs. swap_ab: the GEMM tiles computed transposed (the
     weights on the MMA's M side: gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows.
-    row_pointers: as in all_gather_gemm."""
+    row_pointers: as in all_gather_gemm. tail_m: up to block_m + tail_m rows, each GEMM task takes
+    every row, block_m of them in one accumulator and the tail_m after them in a second, over one
+    load of each weight tile (gemm_tiles.matmul_rows_and_tail; aligned sizes only): just past a
+    tile of rows, the weights are read once without padding the MMAs to two whole tiles."""
     positive_int("all_gather_gemm_whole", "gemm_n", gemm_n, optional=True)
+    if tail_m and (tail_m & (tail_m - 1) or tail_m < 16 or align % 16):
+        raise et.GraphError(f"all_gather_gemm_whole: tail_m must be 0 or a power of two >= 16, with align 16 "
+                            f"(the weights load through a descriptor), got tail_m={tail_m!r}, align={align}")
     gemm_n = block_n if gemm_n is None else gemm_n
     g = et.Graph("ag_gemm_whole")
     M = g.size("M")
@@ -85,6 +91,18 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
     g.output("y", (M, N), dtype)
     _, all_in = gather_rows(g, x, C, owned, block_m, block_n, "gathered", whole=True)
     tile = lambda q: et.grouped(q, m_tiles, n_tiles, group_m)  # noqa: E731
+    if tail_m:
+        g.check(M <= block_m + tail_m, f"this variant holds at most block_m + tail_m = {block_m + tail_m} rows")
+
+        @g.task(grid=(n_tiles,), wait=lambda j: all_in[me], triton=gemm_tiles.matmul_rows_and_tail,
+                constexprs=dict(BLOCK_M=block_m, TAIL_M=tail_m, BLOCK_N=gemm_n, BLOCK_K=block_k), bind=dict(a="gathered"))
+        def matmul_with_tail(t, j):
+            cols = et.block(j, gemm_n, t.N)
+            t.y[:, cols] = t.gathered[:t.M] @ t.w[:, cols]
+
+        g.sample(M=5, K=16, N=32)
+        g.sample(M=block_m + tail_m, K=16, N=gemm_n + 16)
+        return g
 
     @g.task(grid=(m_tiles * n_tiles,), wait=lambda q: all_in[me],
             triton=gemm_tiles.matmul_all_rows,

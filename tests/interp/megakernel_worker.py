@@ -80,6 +80,10 @@ def cases():
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
     yield "ag_gemm_whole_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
+    # every row in one task: a 2T-row accumulator and a T-row tail (M=37: 32 + 5; M=5: the tail empty)
+    yield "ag_gemm_whole_tail_tma", ag_gemm.all_gather_gemm_whole(2 * T, 2 * T, torch.float32, T, align=16,
+                                                                  tail_m=T), \
+        lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
     # the whole-gather GEMM tiles half as wide as the copy / down tiles (ops.ag_gemm.whole_width),
     # computed transposed (swap_ab: the weights on the MMA's M side), as the 32-row class runs them
     yield "ag_gemm_whole_narrow_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16, gemm_n=T,
