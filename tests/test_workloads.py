@@ -116,6 +116,25 @@ def test_all_gather_gemm(schedule, world, M, own_from_x):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("M", [48, 37, 17, 3])
+def test_all_gather_gemm_with_a_tail_takes_every_row_in_one_task(schedule, world, M):
+    """tail_m: up to block_m + tail_m rows in one task per column tile (32 + 16 here): past the
+    row tile (37, 48), within it (17, 3: an empty tail); more rows are refused before the launch."""
+    kernel = et.compile(ag_gemm.all_gather_gemm_whole(32, 16, block_k=16, align=16, tail_m=16), schedule=schedule,
+                        programs=3)
+    inputs = ag_gemm.make_inputs(world, M, 32, 48, seed=world * 100 + M)
+    want = ag_gemm.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
+    for seed in SEEDS:
+        got = kernel.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
+        for r in range(world):
+            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+    with pytest.raises(et.InputError, match="at most block_m \\+ tail_m = 48 rows"):
+        kernel.run(ag_gemm.make_inputs(world, 49, 32, 48, seed=1), sizes={"M": 49})
+    with pytest.raises(et.GraphError, match="tail_m must be 0 or a power of two >= 16"):
+        ag_gemm.all_gather_gemm_whole(32, 16, align=16, tail_m=24)
+
+
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 1])
 @pytest.mark.parametrize("own_from_x", [False, True])
 def test_tensor_parallel_mlp(schedule, world, M, own_from_x):
