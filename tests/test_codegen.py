@@ -348,6 +348,9 @@ def _op_kernels():
     cfg, build = ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2, P.override("whole_tail_m=32"))
     assert build.keywords["tail_m"] == 32
     yield "ag_gemm tail M=129", build, cfg.num_warps, cfg.num_stages
+    cfg, build, _ = mlp_op.kernel_plan(129, 8192, 14336, bf, 132, 2, P.override("whole_tail_m=32"))
+    assert build.keywords["tail_m"] == 32
+    yield "mlp tail M=129", build, cfg.num_warps, cfg.num_stages
     # the replicated MLP's 128-row class with each output tile summed on its owner (an option)
     cfg, build, _ = mlp_op.replicated_plan(128, 4096, 6144, bf, 132, 2, P.override("replicated_owners_min_m=65"))
     assert build.keywords["owners"]

@@ -240,3 +240,17 @@ def test_ag_gemm_rows_just_past_the_whole_class_take_a_tail():
     assert "tail_m" not in plan(129, cfg, world=1).keywords and "tail_m" not in plan(129, cfg, K=8190).keywords
     with pytest.raises(ValueError, match="whole_tail_m must be 0 or a power of two >= 16"):
         DEFAULT_PLAN.override("whole_tail_m=24")
+
+
+def test_the_mlp_rows_just_past_the_whole_class_take_a_tail():
+    """whole_tail_m for tensor_parallel_mlp (sequence-parallel): from whole_max_m + 1 rows up to the
+    class's block_m + whole_tail_m, the whole graph with every row in each task, gate/up tiles at
+    most TAIL_UP_N wide (four accumulators); the replicated MLP keeps its plans."""
+    from etdist.ops import mlp as mlp_op
+    bf = torch.bfloat16
+    plan = lambda M, config, world=2: mlp_op.kernel_plan(M, 8192, 14336, bf, 132, world, config)[1]  # noqa: E731
+    assert "tail_m" not in plan(129, DEFAULT_PLAN).keywords
+    cfg = DEFAULT_PLAN.override("whole_tail_m=32")
+    assert [plan(M, cfg).keywords.get("tail_m") for M in (128, 129, 160, 161)] == [None, 32, 32, None]
+    assert plan(129, cfg).keywords["up_n"] <= mlp_op.TAIL_UP_N and "tail_m" not in plan(129, cfg, world=1).keywords
+    assert "tail_m" not in mlp_op.replicated_plan(129, 8192, 14336, bf, 132, 2, cfg)[1].keywords

@@ -53,9 +53,9 @@ class PlanConfig:
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
     # every row, the weights read once), a tile class per bound; above, per-source tiles
     whole_max_m: int = 128          # ag_gemm_ab.jsonl / mlp_ab.jsonl, variant WHOLE_MAX_M=256
-    # all_gather_gemm just past it: up to the class's block_m + whole_tail_m rows, one task per column
-    # tile holds every row, a second accumulator for the tail over one load of each weight tile (0:
-    # none; a power of two >= 16); an option until a two-GPU A/B decides it
+    # all_gather_gemm and the MLP just past it: up to the class's block_m + whole_tail_m rows, one task
+    # per column tile holds every row, a second accumulator for the tail over one load of each weight
+    # tile (0: none; a power of two >= 16); an option until a two-GPU A/B decides it
     whole_tail_m: int = 0
     whole_32: TileConfig = TileConfig(32, 128, 64, 4, 6, swap_ab=True)     # M <= 32, both ops: whole_swap_ab.jsonl
     whole_ag: TileConfig = TileConfig(64, 128, 128, 4, 4)   # all_gather_gemm's M <= 64: gemm_rs_skinny_ab.jsonl

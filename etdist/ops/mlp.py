@@ -35,6 +35,7 @@ from .plan_model import (SCRATCH_BYTES, SPLIT_COST, interleave_sources, row_poin
 # tile) and each streams a whole column of w_down: they run in up to WHOLE_DOWN_SPLITS slices
 # (whole_down_splits), as many as keep one task per SM.
 WHOLE_DOWN_SPLITS = 4
+TAIL_UP_N = 64   # the tail class's gate/up tiles at most this wide: four accumulators (gate, up; rows, tail)
 SEND_US, REDUCE_US = 1.0, 3.0   # least_busy_tail's guesses for a gathered row tile's copy and an owner's sum
 MIN_GAIN = 0.03   # least_busy_tail slices nothing for less: its model ignores the waits, and slices cost traffic
 _KERNELS: dict = {}
@@ -136,6 +137,14 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     tail_plan finds a ragged wave. Cached: the op asks at every call (2-6 us uncached on our CPU
     host); config is part of the key."""
     whole, cfg, align = size_class(M, H, I, dtype, config)
+    if not whole and config.whole_tail_m and align == 16 and world > 1:   # a row tile and a tail in each task
+        tile = whole_tile("tensor_parallel_mlp", config.whole_max_m, config)
+        tile = fp32_config(tile) if dtype == torch.float32 else tile
+        if M <= tile.block_m + config.whole_tail_m:
+            return tile, functools.partial(mlp_graph.tp_mlp_whole, tile.block_m, tile.block_n, dtype, tile.block_k,
+                                           align, down_splits=whole_down_splits(tile.block_m, H, tile, sms),
+                                           up_n=min(TAIL_UP_N, whole_width(tile.block_m, I, tile, sms)),
+                                           tail_m=config.whole_tail_m), {"M": M}
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:
         return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms),
