@@ -2,12 +2,13 @@ import pytest
 import torch
 
 
-# Modules outside the quick subset (`pytest -m quick`, ~3 minutes on two cores; never a slow case):
-# interpreted megakernels, launcher processes, the main command, PTX compiles, plans that compile kernels.
+# Modules outside the quick subset (`pytest -m quick`, ~1 minute on two cores; never a slow case):
+# interpreted megakernels, launcher processes, the main command, PTX compiles, plans that compile kernels,
+# the workloads' and the measurement protocol's sweeps over simulated ranks.
 NOT_QUICK = {"test_megakernel_interpreted.py", "test_collectives_cpu.py", "test_mesh_cpu.py", "test_bench.py",
              "test_bench_launchers.py", "test_codegen.py", "test_cuda_runtime_host.py", "test_knobs.py",
              "test_property.py", "test_mesh_faults.py", "test_mesh_launch.py", "test_cpu_mesh_ops.py",
-             "test_moe_baseline.py"}
+             "test_moe_baseline.py", "test_workloads.py", "test_sync_latency.py", "test_measure.py"}
 
 
 @pytest.hookimpl(tryfirst=True)   # before -m selects on the marks added here
