@@ -238,6 +238,9 @@ def test_ag_gemm_rows_just_past_the_whole_class_take_a_tail():
     assert [plan(M, cfg).keywords.get("tail_m") for M in (128, 129, 160, 161)] == [None, 32, 32, None]
     assert plan(161, cfg).func.__name__ == "all_gather_gemm"
     assert "tail_m" not in plan(129, cfg, world=1).keywords and "tail_m" not in plan(129, cfg, K=8190).keywords
+    # no whole-gather graph (whole_max_m=0) stays none; past a 256-row class no tail (its accumulators spill)
+    assert all(plan(M, cfg.override("whole_max_m=0")).func.__name__ == "all_gather_gemm" for M in (1, 16, 48))
+    assert "tail_m" not in plan(257, cfg.override("whole_max_m=256")).keywords
     with pytest.raises(ValueError, match="whole_tail_m must be 0 or a power of two >= 16"):
         DEFAULT_PLAN.override("whole_tail_m=24")
 
@@ -254,3 +257,5 @@ def test_the_mlp_rows_just_past_the_whole_class_take_a_tail():
     assert [plan(M, cfg).keywords.get("tail_m") for M in (128, 129, 160, 161)] == [None, 32, 32, None]
     assert plan(129, cfg).keywords["up_n"] <= mlp_op.TAIL_UP_N and "tail_m" not in plan(129, cfg, world=1).keywords
     assert "tail_m" not in mlp_op.replicated_plan(129, 8192, 14336, bf, 132, 2, cfg)[1].keywords
+    assert all(plan(M, cfg.override("whole_max_m=0")).func.__name__ == "tp_mlp" for M in (1, 16, 48))
+    assert "tail_m" not in plan(257, cfg.override("whole_max_m=256")).keywords

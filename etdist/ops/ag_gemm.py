@@ -74,7 +74,8 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     if not whole and config.whole_tail_m and align == 16 and world > 1:   # a row tile and a tail in one task
         cfg = whole_tile("all_gather_gemm", config.whole_max_m, config)
         cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
-        if M <= cfg.block_m + config.whole_tail_m:
+        # a tail past a class of at most 128 rows that whole_max_m fills (0: no whole-gather graph at all)
+        if 0 < config.whole_max_m <= cfg.block_m <= 128 and M <= cfg.block_m + config.whole_tail_m:
             return cfg, functools.partial(ag_gemm.all_gather_gemm_whole, cfg.block_m, cfg.block_n, dtype, cfg.block_k,
                                           align, gemm_n=whole_width(cfg.block_m, N, cfg, sms),
                                           tail_m=config.whole_tail_m)

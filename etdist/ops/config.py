@@ -70,7 +70,8 @@ class PlanConfig:
     mlp_tail_splits: int = 3        # slices of the last down tiles of a ragged wave (1: whole): mlp_w1_ab.jsonl
     # the replicated MLP from this many rows (0: never): each output tile's partials go to one owner
     # rank, who sends the sum to every rank (workloads.mlp.tp_mlp_replicated(owners=True)), instead
-    # of every rank's partials to every rank; an option until a two-GPU A/B decides it
+    # of every rank's partials to every rank; an option until a two-GPU A/B decides it (its y_all,
+    # M x H more symmetric memory, is not in ops.mlp.replicated_rows' budget yet)
     replicated_owners_min_m: int = 0
 
     def __post_init__(self):

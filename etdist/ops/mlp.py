@@ -140,7 +140,8 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     if not whole and config.whole_tail_m and align == 16 and world > 1:   # a row tile and a tail in each task
         tile = whole_tile("tensor_parallel_mlp", config.whole_max_m, config)
         tile = fp32_config(tile) if dtype == torch.float32 else tile
-        if M <= tile.block_m + config.whole_tail_m:
+        # as ag_gemm's: past a class of at most 128 rows (four 256-row accumulators spill)
+        if 0 < config.whole_max_m <= tile.block_m <= 128 and M <= tile.block_m + config.whole_tail_m:
             return tile, functools.partial(mlp_graph.tp_mlp_whole, tile.block_m, tile.block_n, dtype, tile.block_k,
                                            align, down_splits=whole_down_splits(tile.block_m, H, tile, sms),
                                            up_n=min(TAIL_UP_N, whole_width(tile.block_m, I, tile, sms)),
