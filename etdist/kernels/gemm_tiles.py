@@ -218,6 +218,14 @@ def sum_slots(i, j, parts, split_src, partial, slot_elems, rows, y, N, WORLD, BL
     """y[tile (i, j) of `rows` rows] = the fp32 sum of partial's slots src * SPLITS + s (each
     slot_elems long): `parts` slices from source split_src (every source when it is -1), one from
     the others."""
+    acc, offs, mask = slots_sum(i, j, parts, split_src, partial, slot_elems, rows, N, WORLD, BLOCK_M, BLOCK_N, SPLITS)
+    tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def slots_sum(i, j, parts, split_src, partial, slot_elems, rows, N, WORLD, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """sum_slots' fp32 sum of tile (i, j), with its offsets and mask: (acc, offs, mask)."""
     offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
@@ -226,7 +234,7 @@ def sum_slots(i, j, parts, split_src, partial, slot_elems, rows, y, N, WORLD, BL
     for src in range(0, WORLD):
         for s in range(0, tl.where((split_src < 0) | (src == split_src), parts, 1)):
             acc += tl.load(partial + (src * SPLITS + s) * slot_elems + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
+    return acc, offs, mask
 
 
 @triton.jit
@@ -419,6 +427,21 @@ def matmul_all_rows(i, j, a, w, y, M, K, N,
 
 
 @triton.jit
+def rows_and_tail_acc(a, w, M, K, N, j, k_lo, k_hi, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 accumulators of a[M rows] @ w[:, column tile j] over steps [k_lo, k_hi), each weight
+    tile loaded once (a descriptor): rows [0, BLOCK_M) and, transposed, the TAIL_M after them."""
+    b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
+    for k in range(k_lo, k_hi):
+        b = b_d.load([k * BLOCK_K, j * BLOCK_N])
+        acc = tl.dot(rows_box(a, M, K, 0, k * BLOCK_K, BLOCK_M, BLOCK_K), b, acc)
+        acc_t = tl.dot(tl.trans(b), tl.trans(rows_box(a, M, K, BLOCK_M, k * BLOCK_K, TAIL_M, BLOCK_K)), acc_t)
+    return acc, acc_t
+
+
+@triton.jit
 def matmul_rows_and_tail(j, a, w, y, M, K, N, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
     """y[all M rows, column tile j] = a[M rows] @ w for BLOCK_M < M <= BLOCK_M + TAIL_M, each weight
@@ -427,13 +450,7 @@ def matmul_rows_and_tail(j, a, w, y, M, K, N, BLOCK_M: tl.constexpr, TAIL_M: tl.
     tile and a 32-row one do 160 rows of work where two 128-row tiles would do 256, or read the
     weights twice. The rows load through masked pointers (a ragged tail)."""
     async_proxy_fence(USE_ASM)   # `a` holds rows gathered in this launch
-    b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        b = b_d.load([k * BLOCK_K, j * BLOCK_N])
-        acc = tl.dot(rows_box(a, M, K, 0, k * BLOCK_K, BLOCK_M, BLOCK_K), b, acc)
-        acc_t = tl.dot(tl.trans(b), tl.trans(rows_box(a, M, K, BLOCK_M, k * BLOCK_K, TAIL_M, BLOCK_K)), acc_t)
+    acc, acc_t = rows_and_tail_acc(a, w, M, K, N, j, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
     store_tile(acc, y, N, M, N, 0, j, BLOCK_M, BLOCK_N)
     offs_m = BLOCK_M + tl.arange(0, TAIL_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -481,15 +498,10 @@ def matmul_scatter_rows_and_tail_slice(j, s, x, w, partial, partial_peers, M, K,
     """matmul_scatter_rows_slice over every M rows (BLOCK_M < M <= BLOCK_M + TAIL_M): contraction
     slice s of column tile j, each weight tile loaded once for the first BLOCK_M rows and,
     transposed, the TAIL_M after them; each owner's rows into its partial[RANK * SPLITS + s]."""
-    b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
     steps = tl.cdiv(K, BLOCK_K)
     per = tl.cdiv(steps, SPLITS)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
-    for k in range(s * per, tl.minimum(steps, (s + 1) * per)):
-        b = b_d.load([k * BLOCK_K, j * BLOCK_N])
-        acc = tl.dot(rows_box(x, M, K, 0, k * BLOCK_K, BLOCK_M, BLOCK_K), b, acc)
-        acc_t = tl.dot(tl.trans(b), tl.trans(rows_box(x, M, K, BLOCK_M, k * BLOCK_K, TAIL_M, BLOCK_K)), acc_t)
+    acc, acc_t = rows_and_tail_acc(x, w, M, K, N, j, s * per, tl.minimum(steps, (s + 1) * per), BLOCK_M, TAIL_M,
+                                   BLOCK_N, BLOCK_K)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     store_to_owners(acc, tl.arange(0, BLOCK_M), offs_n, partial, partial_peers, RANK * SPLITS + s, M, N, WORLD)
     store_to_owners(tl.trans(acc_t), BLOCK_M + tl.arange(0, TAIL_M), offs_n, partial, partial_peers,
@@ -550,14 +562,7 @@ def sum_partials_to_all(i, j, parts, partial, y_all, y_all_peers, M, N, RANK, WO
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The owner's sum of tile (i, j) (sum_partials' slots, fp32), into every rank's y_all (the
     peers first, this rank last)."""
-    offs_m = i * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    offs = offs_m[:, None] * N + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for src in range(0, WORLD):
-        for s in range(0, parts):
-            acc += tl.load(partial + (src * SPLITS + s) * M * N + offs, mask=mask, other=0.0).to(tl.float32)
+    acc, offs, mask = slots_sum(i, j, parts, -1, partial, M * N, M, N, WORLD, BLOCK_M, BLOCK_N, SPLITS)
     for k in range(1, WORLD + 1):
         out = aligned_peer(y_all, y_all_peers, (RANK + k) % WORLD)
         tl.store(out + offs, acc.to(y_all.dtype.element_ty), mask=mask)

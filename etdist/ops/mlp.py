@@ -14,7 +14,7 @@ from ..fusion.errors import InputError
 from ..collectives.custom_op import call_op
 from ..workloads import mlp as mlp_graph
 from . import cpu_path
-from .ag_gemm import whole_tile, whole_width
+from .ag_gemm import tail_tile, whole_tile, whole_width
 from .common import (RepeatedCall, cached_kernel, check_operands, no_rows, plan_config, refusal_reaches_peers,
                      total_rows_of)
 from .config import PlanConfig, TileConfig, fp32_config
@@ -137,15 +137,12 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     tail_plan finds a ragged wave. Cached: the op asks at every call (2-6 us uncached on our CPU
     host); config is part of the key."""
     whole, cfg, align = size_class(M, H, I, dtype, config)
-    if not whole and config.whole_tail_m and align == 16 and world > 1:   # a row tile and a tail in each task
-        tile = whole_tile("tensor_parallel_mlp", config.whole_max_m, config)
-        tile = fp32_config(tile) if dtype == torch.float32 else tile
-        # as ag_gemm's: past a class of at most 128 rows (four 256-row accumulators spill)
-        if 0 < config.whole_max_m <= tile.block_m <= 128 and M <= tile.block_m + config.whole_tail_m:
-            return tile, functools.partial(mlp_graph.tp_mlp_whole, tile.block_m, tile.block_n, dtype, tile.block_k,
-                                           align, down_splits=whole_down_splits(tile.block_m, H, tile, sms),
-                                           up_n=min(TAIL_UP_N, whole_width(tile.block_m, I, tile, sms)),
-                                           tail_m=config.whole_tail_m), {"M": M}
+    tile = tail_tile("tensor_parallel_mlp", M, align, world, dtype, config)
+    if tile is not None:   # a row tile and a tail in each task
+        return tile, functools.partial(mlp_graph.tp_mlp_whole, tile.block_m, tile.block_n, dtype, tile.block_k,
+                                       align, down_splits=whole_down_splits(tile.block_m, H, tile, sms),
+                                       up_n=min(TAIL_UP_N, whole_width(tile.block_m, I, tile, sms)),
+                                       tail_m=config.whole_tail_m), {"M": M}
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:
         return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms),
