@@ -344,15 +344,12 @@ def _op_kernels():
     cfg, _, _, build = rs_op.kernel_plan(128, 6144, 4096, bf, 132, 2, dataclasses.replace(P, local_sums_min_m=0))
     assert "local_sums" not in build.keywords
     yield "gemm_rs M=128 slices to the owners", build, cfg.num_warps, cfg.num_stages
-    # all_gather_gemm just past the whole class: a 128-row accumulator and a 32-row tail (an option)
-    cfg, build = ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2, P.override("whole_tail_m=32"))
+    # all_gather_gemm just past the whole class: a 128-row accumulator and a 32-row tail
+    cfg, build = ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2, P)
     assert build.keywords["tail_m"] == 32
     yield "ag_gemm tail M=129", build, cfg.num_warps, cfg.num_stages
-    cfg, build, _ = mlp_op.kernel_plan(129, 8192, 14336, bf, 132, 2, P.override("whole_tail_m=32"))
-    assert build.keywords["tail_m"] == 32
-    yield "mlp tail M=129", build, cfg.num_warps, cfg.num_stages
-    # the replicated MLP's 128-row class with each output tile summed on its owner (an option)
-    cfg, build, _ = mlp_op.replicated_plan(128, 4096, 6144, bf, 132, 2, P.override("replicated_owners_min_m=65"))
+    # the replicated MLP's 128-row class with each output tile summed on its owner
+    cfg, build, _ = mlp_op.replicated_plan(128, 4096, 6144, bf, 132, 2, P)
     assert build.keywords["owners"]
     yield "mlp_replicated owners M=128", build, cfg.num_warps, cfg.num_stages
     # a decode candidate (a 16-row skinny class, swapped)

@@ -883,8 +883,9 @@ def test_a_class_config_changes_only_its_own_class():
 
 def test_whole_gather_ops_take_their_tile_class_by_m(monkeypatch):
     """all_gather_gemm and tensor_parallel_mlp at M <= 128 (whole gather): the 32-row tile up to 32
-    rows, then each op's own tile (the MLP's two weight tiles keep it at 64 deep); the large tiles
-    above. What the ops hand to the compile, caught before it."""
+    rows, then each op's own tile (the MLP's two weight tiles keep it at 64 deep); all_gather_gemm's
+    128-row tile with a tail up to 160 rows; the large tiles above. What the ops hand to the compile,
+    caught before it."""
     import types
     from etdist.ops import ag_gemm as ag_op, mlp as mlp_op
 
@@ -902,7 +903,7 @@ def test_whole_gather_ops_take_their_tile_class_by_m(monkeypatch):
     H, I = 256, 128
     x = torch.randn(4, H, dtype=torch.bfloat16)
     w, wgu, wd = (torch.randn(*s, dtype=torch.bfloat16) for s in ((H, I), (H, 2 * I), (I, H)))
-    for M in (1, 32, 33, 64, 65, 128, 129):
+    for M in (1, 32, 33, 64, 65, 128, 129, 161):
         with pytest.raises(LookupError):
             ag_op.all_gather_gemm(x, w, mesh=mesh, total_rows=M)
         with pytest.raises(LookupError):
@@ -910,9 +911,9 @@ def test_whole_gather_ops_take_their_tile_class_by_m(monkeypatch):
     small, ag, mlp_tile, big = P.whole_32, P.whole_ag, P.whole_mlp, P.whole_128
     assert (small.block_m, small.swap_ab, ag.block_k, mlp_tile.block_k, big.block_m) == (32, True, 128, 64, 128)
     assert [cfg for cfg, _ in asked] == [small, small, small, small, ag, mlp_tile, ag, mlp_tile,
-                                         big, big, big, big, P.large, P.mlp_tiles]
+                                         big, big, big, big, big, P.mlp_tiles, P.large, P.mlp_tiles]
     assert [name for _, name in asked[:2]] == ["ag_gemm_whole", "mlp_whole"]
-    assert [name for _, name in asked[-2:]] == ["ag_gemm", "mlp"]
+    assert [name for _, name in asked[-4:]] == ["ag_gemm_whole", "mlp", "ag_gemm", "mlp"]
 
 
 def test_ag_gemm_takes_narrower_large_tiles_where_they_fill_the_last_wave():
@@ -1305,7 +1306,8 @@ def test_interleaved_sources_only_where_each_source_is_one_row_tile():
     per-owner graph, put the sources' (owners') tiles side by side at two or more ranks where each
     rank's rows are one row tile (M <= 256 at world 2, <= 512 at world 4), the MLP only with its
     down tiles all whole or all in slices, gemm_rs in place of its own tiles last (whole tiles:
-    llama31_405b's shape at M <= 256); nowhere at one rank or at the skinny / whole-gather sizes."""
+    llama31_405b's shape at M <= 256); nowhere at one rank or at the skinny / whole-gather sizes
+    (all_gather_gemm's 128-row tile with a tail included: M 129-160)."""
     from etdist.ops import ag_gemm as ag_op
     from etdist.ops import gemm_rs as rs_op
     from etdist.ops import mlp as mlp_op
@@ -1317,7 +1319,8 @@ def test_interleaved_sources_only_where_each_source_is_one_row_tile():
         rs = rs_op.kernel_plan(M, 24576, 12288, bf, 132, world, P)[3].keywords
         return ag.get("interleave", False), mlp.get("interleave", False), rs.get("interleave", False)
 
-    want = {(128, 2): (False, False, False), (129, 2): (True, True, True), (256, 2): (True, True, True),
+    want = {(128, 2): (False, False, False), (129, 2): (False, True, True), (161, 2): (True, True, True),
+            (256, 2): (True, True, True),
             (257, 2): (False, False, False), (129, 1): (False, False, False), (512, 4): (True, True, True),
             (1000, 2): (False, False, False)}
     assert {c: plans(*c) for c in want} == want

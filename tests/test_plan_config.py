@@ -213,28 +213,49 @@ def test_local_sums_from_a_row_count_on():
         cfg.override("combine_one_wave=1")
 
 
-def test_replicated_owners_from_a_row_count_on():
-    """replicated_owners_min_m (an option, 0 by default): from that many rows the replicated MLP's
-    output tiles are summed on one owner rank each; never on one rank, never below the bound."""
+def test_replicated_owners_in_the_whole_classes_above_32_rows():
+    """The replicated MLP's output tiles are summed on one owner rank each in the whole-gather
+    classes from replicated_owners_min_m (33) rows: not at 32 rows or fewer, not above
+    whole_max_m (the sequence-parallel tiles), never on one rank; 0 turns it off."""
     from etdist.ops import mlp as mlp_op
     bf = torch.bfloat16
     owners = lambda M, world, config: mlp_op.replicated_plan(M, 4096, 6144, bf, 132, world, config)[1].keywords.get(  # noqa: E731
         "owners", False)
-    assert DEFAULT_PLAN.replicated_owners_min_m == 0 and not owners(128, 2, DEFAULT_PLAN)
-    cfg = DEFAULT_PLAN.override("replicated_owners_min_m=65")
-    assert [owners(M, 2, cfg) for M in (16, 64, 65, 128, 1024)] == [False, False, True, True, True]
-    assert not owners(128, 1, cfg) and owners(128, 4, cfg)
+    assert DEFAULT_PLAN.replicated_owners_min_m == 33
+    assert [owners(M, 2, DEFAULT_PLAN) for M in (16, 32, 33, 64, 128, 129, 1024)] == \
+        [False, False, True, True, True, False, False]
+    assert not owners(128, 1, DEFAULT_PLAN) and owners(128, 4, DEFAULT_PLAN)
+    assert not owners(128, 2, DEFAULT_PLAN.override("replicated_owners_min_m=0"))
+    assert [owners(M, 2, DEFAULT_PLAN.override("replicated_owners_min_m=65")) for M in (64, 65)] == [False, True]
+
+
+def test_skinny_slices_may_take_more_waves_where_tiles_leave_sms_idle():
+    """skinny_waves (an option, 1 by default): with more waves allowed, the skinny classes' slices
+    are those whose waves per slice are fewest (gpt3_175b's 96 column tiles: 4 slices in 3 waves;
+    gemma2_27b's 36: 7 in 2), at most 8; shapes whose tiles fill the SMs keep their slices."""
+    from etdist.ops import gemm_rs as rs_op
+    from etdist.ops.gemm_rs import skinny_splits
+    assert [skinny_splits(N, 132, 128) for N in (4096, 3584, 4608, 5120, 8192, 12288, 16384)] == [4, 4, 3, 3, 2, 1, 1]
+    assert [skinny_splits(N, 132, 128, 3) for N in (4096, 3584, 4608, 5120, 8192, 12288, 16384)] == [4, 4, 7, 3, 2, 4, 1]
+    assert skinny_splits(12288, 132, 128, 2) == 1 and skinny_splits(128, 132, 64, 3) == 8
+    assert DEFAULT_PLAN.skinny_waves == 1
+    cfg = DEFAULT_PLAN.override("skinny_waves=3")
+    for M in (16, 64, 128):
+        assert rs_op.kernel_plan(M, 24576, 12288, torch.bfloat16, 132, 2, DEFAULT_PLAN)[1] == 1
+        assert rs_op.kernel_plan(M, 24576, 12288, torch.bfloat16, 132, 2, cfg)[1] == 4
+    with pytest.raises(ValueError, match="skinny_waves"):
+        DEFAULT_PLAN.override("skinny_waves=0")
 
 
 def test_ag_gemm_rows_just_past_the_whole_class_take_a_tail():
-    """whole_tail_m (an option, 0 by default): all_gather_gemm from whole_max_m + 1 rows up to the
-    class's block_m + whole_tail_m runs one task per column tile over every row (a tail accumulator),
-    aligned sizes on two or more ranks only; above it, the per-source graph as before."""
+    """whole_tail_m (32): all_gather_gemm from whole_max_m + 1 rows up to the class's block_m +
+    whole_tail_m runs one task per column tile over every row (a tail accumulator), aligned sizes on
+    two or more ranks only; above it, the per-source graph; 0 turns it off."""
     from etdist.ops import ag_gemm as ag_op
     bf = torch.bfloat16
     plan = lambda M, config, world=2, K=8192: ag_op.kernel_plan(M, K, 28672, bf, 132, world, config)[1]  # noqa: E731
-    assert DEFAULT_PLAN.whole_tail_m == 0 and "tail_m" not in plan(129, DEFAULT_PLAN).keywords
-    cfg = DEFAULT_PLAN.override("whole_tail_m=32")
+    assert DEFAULT_PLAN.whole_tail_m == 32 and "tail_m" not in plan(129, DEFAULT_PLAN.override("whole_tail_m=0")).keywords
+    cfg = DEFAULT_PLAN
     assert [plan(M, cfg).keywords.get("tail_m") for M in (128, 129, 160, 161)] == [None, 32, 32, None]
     assert plan(161, cfg).func.__name__ == "all_gather_gemm"
     assert "tail_m" not in plan(129, cfg, world=1).keywords and "tail_m" not in plan(129, cfg, K=8190).keywords
@@ -245,17 +266,11 @@ def test_ag_gemm_rows_just_past_the_whole_class_take_a_tail():
         DEFAULT_PLAN.override("whole_tail_m=24")
 
 
-def test_the_mlp_rows_just_past_the_whole_class_take_a_tail():
-    """whole_tail_m for tensor_parallel_mlp (sequence-parallel): from whole_max_m + 1 rows up to the
-    class's block_m + whole_tail_m, the whole graph with every row in each task, gate/up tiles at
-    most TAIL_UP_N wide (four accumulators); the replicated MLP keeps its plans."""
+def test_the_mlp_takes_no_tail():
+    """The MLP's tail form (four accumulators) was 5% slower on two GPUs and is gone: past
+    whole_max_m rows both MLPs take their per-source and sequence-parallel plans."""
     from etdist.ops import mlp as mlp_op
     bf = torch.bfloat16
-    plan = lambda M, config, world=2: mlp_op.kernel_plan(M, 8192, 14336, bf, 132, world, config)[1]  # noqa: E731
-    assert "tail_m" not in plan(129, DEFAULT_PLAN).keywords
-    cfg = DEFAULT_PLAN.override("whole_tail_m=32")
-    assert [plan(M, cfg).keywords.get("tail_m") for M in (128, 129, 160, 161)] == [None, 32, 32, None]
-    assert plan(129, cfg).keywords["up_n"] <= mlp_op.TAIL_UP_N and "tail_m" not in plan(129, cfg, world=1).keywords
-    assert "tail_m" not in mlp_op.replicated_plan(129, 8192, 14336, bf, 132, 2, cfg)[1].keywords
-    assert all(plan(M, cfg.override("whole_max_m=0")).func.__name__ == "tp_mlp" for M in (1, 16, 48))
-    assert "tail_m" not in plan(257, cfg.override("whole_max_m=256")).keywords
+    for M in (129, 160):
+        assert "tail_m" not in mlp_op.kernel_plan(M, 8192, 14336, bf, 132, 2, DEFAULT_PLAN)[1].keywords
+        assert "tail_m" not in mlp_op.replicated_plan(M, 8192, 14336, bf, 132, 2, DEFAULT_PLAN)[1].keywords

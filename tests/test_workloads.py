@@ -117,24 +117,6 @@ def test_all_gather_gemm(schedule, world, M, own_from_x):
 
 
 @pytest.mark.parametrize("world", FEW_WORLDS)
-@pytest.mark.parametrize("M", [48, 37, 3])
-@pytest.mark.parametrize("splits", [1, 2])
-def test_tensor_parallel_mlp_with_a_tail_takes_every_row_in_one_task(schedule, world, M, splits):
-    """tp_mlp_whole's tail_m: gate/up and down tasks over every row (32 + 16 here), the down tiles'
-    contraction in `splits` slices; more rows are refused before the launch."""
-    kernel = et.compile(mlp.tp_mlp_whole(32, 16, torch.float32, 16, align=16, down_splits=splits, tail_m=16),
-                        schedule=schedule, programs=3)
-    inputs = mlp.make_inputs(world, M, 32, 48 * world, seed=world * 10 + M)
-    want = mlp.reference([i["x"] for i in inputs], [i["w_gate_up"] for i in inputs], [i["w_down"] for i in inputs])
-    for seed in SEEDS:
-        got = kernel.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
-        for r in range(world):
-            assert got[r]["y"].shape == want[r].shape and rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
-    with pytest.raises(et.InputError, match="at most block_m \\+ tail_m = 48 rows"):
-        kernel.run(mlp.make_inputs(world, 49, 32, 48 * world, seed=1), sizes={"M": 49})
-
-
-@pytest.mark.parametrize("world", FEW_WORLDS)
 @pytest.mark.parametrize("M", [48, 37, 17, 3])
 def test_all_gather_gemm_with_a_tail_takes_every_row_in_one_task(schedule, world, M):
     """tail_m: up to block_m + tail_m rows in one task per column tile (32 + 16 here): past the

@@ -62,12 +62,12 @@ def large_tile(M: int, N: int, world: int, sms: int, config: PlanConfig) -> Tile
     return config.large_narrow if NARROW_RATE * busy(config.large_narrow) > busy(config.large) else config.large
 
 
-def tail_tile(op: str, M: int, align: int, world: int, dtype: torch.dtype, config: PlanConfig) -> Optional[TileConfig]:
+def tail_tile(M: int, align: int, world: int, dtype: torch.dtype, config: PlanConfig) -> Optional[TileConfig]:
     """The whole class's tile where M rows take it with a tail (config.whole_tail_m: just past a
     class of at most 128 rows that whole_max_m fills; aligned, two ranks or more), else None."""
     if M <= config.whole_max_m or not config.whole_tail_m or align != 16 or world < 2:
         return None
-    cfg = whole_tile(op, config.whole_max_m, config)
+    cfg = whole_tile("all_gather_gemm", config.whole_max_m, config)
     cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
     # 0: no whole-gather graph at all; past 128 rows the accumulators spill
     return cfg if 0 < config.whole_max_m <= cfg.block_m <= 128 and M <= cfg.block_m + config.whole_tail_m else None
@@ -82,7 +82,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     the key."""
     whole = M <= config.whole_max_m
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1
-    tail = tail_tile("all_gather_gemm", M, align, world, dtype, config)
+    tail = tail_tile(M, align, world, dtype, config)
     if tail is not None:   # a row tile and a tail in one task
         return tail, functools.partial(ag_gemm.all_gather_gemm_whole, tail.block_m, tail.block_n, dtype, tail.block_k,
                                        align, gemm_n=whole_width(tail.block_m, N, tail, sms),

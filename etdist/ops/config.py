@@ -49,14 +49,19 @@ class PlanConfig:
     skinny_128: TileConfig = TileConfig(128, 128, 128, 8, 3, swap_ab=True)  # M <= 128: the same
     large: TileConfig = TileConfig(128, 256, 64, 8, 4)   # above, all_gather_gemm's too: gemm_rs_narrow_ab.jsonl
     max_splits: int = 4                                  # slices of a large tile: gemm_rs_split_ab.jsonl
+    # the most waves of split-K tasks a skinny class's slices may make (1: one task per SM at most;
+    # more: ops.gemm_rs.skinny_splits' least waves per slice); an option until a two-GPU A/B decides it
+    skinny_waves: int = 1
     local_sums_min_m: int = 65      # from this many rows the skinny slices are summed on their GPU (0: never): gemm_rs_ab.jsonl
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
     # every row, the weights read once), a tile class per bound; above, per-source tiles
     whole_max_m: int = 128          # ag_gemm_ab.jsonl / mlp_ab.jsonl, variant WHOLE_MAX_M=256
-    # all_gather_gemm and the MLP just past it: up to the class's block_m + whole_tail_m rows, one task
-    # per column tile holds every row, a second accumulator for the tail over one load of each weight
-    # tile (0: none; a power of two >= 16); an option until a two-GPU A/B decides it
-    whole_tail_m: int = 0
+    # all_gather_gemm just past it: up to the class's block_m + whole_tail_m rows, one task per column
+    # tile holds every row, a second accumulator for the tail over one load of each weight tile (0:
+    # none; a power of two >= 16). Two GPUs at 28cbec2, M 129/144/160 x 8 shapes (records ag_gemm_ab,
+    # mlp_ab): ag_gemm 5% faster in geomean (7 of 8 shapes; llama31_405b 10% slower at 144-160);
+    # the MLP's form 5% slower (its four accumulators): gone.
+    whole_tail_m: int = 32
     whole_32: TileConfig = TileConfig(32, 128, 64, 4, 6, swap_ab=True)     # M <= 32, both ops: whole_swap_ab.jsonl
     whole_ag: TileConfig = TileConfig(64, 128, 128, 4, 4)   # all_gather_gemm's M <= 64: gemm_rs_skinny_ab.jsonl
     whole_mlp: TileConfig = TileConfig(64, 128, 64, 4, 4)   # the MLP's M <= 64 (two weight tiles): the same
@@ -68,11 +73,13 @@ class PlanConfig:
     mlp_tiles: TileConfig = TileConfig(128, 128, 64, 8, 3)   # gate/up tiles (two accumulators: 128 x 256 spills)
     mlp_down_n: int = 256                                    # the down tiles' width: mlp_down_ab.jsonl
     mlp_tail_splits: int = 3        # slices of the last down tiles of a ragged wave (1: whole): mlp_w1_ab.jsonl
-    # the replicated MLP from this many rows (0: never): each output tile's partials go to one owner
-    # rank, who sends the sum to every rank (workloads.mlp.tp_mlp_replicated(owners=True)), instead
-    # of every rank's partials to every rank; an option until a two-GPU A/B decides it (its y_all,
-    # M x H more symmetric memory, is not in ops.mlp.replicated_rows' budget yet)
-    replicated_owners_min_m: int = 0
+    # the replicated MLP's whole-gather classes (M <= whole_max_m) from this many rows (0: never):
+    # each output tile's partials go to one owner rank, who sends the sum to every rank
+    # (workloads.mlp.tp_mlp_replicated(owners=True)), instead of every rank's partials to every
+    # rank. Two GPUs at 28cbec2 (records mlp_replicated_ab): M=128 16-22% faster on the 8-9B shapes,
+    # M=64 within 1-3%, M=256 mixed (-5..+4%), M=1024 2-6% slower: the whole classes above 32 rows.
+    # Its y_all (M x H more symmetric memory) is outside ops.mlp.replicated_rows' budget: M <= 128.
+    replicated_owners_min_m: int = 33
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -129,7 +136,7 @@ def override_fields(config: str, fields: list, text: str) -> list:
 
 
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
-_LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
+_LEAST = {"max_splits": 1, "skinny_waves": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
           "replicated_owners_min_m": 0,
           "whole_tail_m": 0}
 

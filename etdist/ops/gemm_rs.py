@@ -123,11 +123,20 @@ def skinny_reduce_n(block_n: int, n_tiles: int, sms: int) -> int:
     return block_n // sub
 
 
-def skinny_splits(N: int, sms: int, block_n: int) -> int:
-    """Contraction slices so that slices x column tiles gives every SM at most one task (each task
-    drains and refills its load pipeline, so one long task each runs best: records gemm_rs_ab at e16cc6e),
-    rounded down, as a few tasks over make a whole extra wave."""
-    return max(1, min(8, sms // -(-N // block_n)))
+def skinny_splits(N: int, sms: int, block_n: int, waves: int = 1) -> int:
+    """Contraction slices of the skinny classes (at most 8). With waves=1: slices x column tiles
+    gives every SM at most one task (each task drains and refills its load pipeline, so one long
+    task each runs best: records gemm_rs_ab at e16cc6e), rounded down, as a few tasks over make a
+    whole extra wave. With more waves allowed: the slices whose waves of tasks take the least time
+    (waves / slices; the fewest where equal), so that column tiles much fewer than SMs still stream
+    on every SM (gpt3_175b's 96 tiles on 132 SMs: 4 slices in 3 waves, 0.75 of one slice's time)."""
+    n_tiles = -(-N // block_n)
+    best = max(1, min(8, sms // n_tiles))
+    for s in range(best + 1, 9):
+        w = -(-n_tiles * s // sms)
+        if w <= waves and w * best < s * -(-n_tiles * best // sms):   # w / s < the best's waves / slices
+            best = s
+    return best
 
 
 @functools.lru_cache(maxsize=4096)
@@ -150,7 +159,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
                                                      cfg.block_k, align, splits=splits, wave=wave,
                                                      row_pointers=row_pointers(rows, cfg.block_m),
                                                      interleave=interleave)
-    splits = skinny_splits(N, sms, cfg.block_n)
+    splits = skinny_splits(N, sms, cfg.block_n, config.skinny_waves)
     local = 0 < config.local_sums_min_m <= M and splits > 1 and world > 1   # the class's M all alike: one binary
     n_tiles = -(-N // cfg.block_n)
     # the reduce's width; with local sums the combine tasks' too, one per owner: sized to one wave of SMs

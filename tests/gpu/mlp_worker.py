@@ -20,9 +20,10 @@ def main():
     R, r, dev = mesh.world_size, mesh.rank, mesh.device
     torch.manual_seed(0)  # the same full tensors on every rank
     K, N = 1024, 512
-    # every whole-gather class at its edges, ragged, large; fp32 (transposed 32-row tiles) in each class
-    cases = [(M, torch.bfloat16) for M in (16, 32, 33, 64, 65, 100, 128, 1000, 4096)]
-    for M, dtype in cases + [(M, torch.float32) for M in (16, 64, 100)]:
+    # every whole-gather class at its edges, the 128-row class's tail (129-160), ragged, large; fp32
+    # (transposed 32-row tiles) in each class
+    cases = [(M, torch.bfloat16) for M in (16, 32, 33, 64, 65, 100, 128, 129, 160, 161, 1000, 4096)]
+    for M, dtype in cases + [(M, torch.float32) for M in (16, 64, 100, 150)]:
         x = torch.randn(M, K, device=dev, dtype=dtype)
         w = torch.randn(K, N * R, device=dev, dtype=dtype) / K ** 0.5
         C = -(-M // R)

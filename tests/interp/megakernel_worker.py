@@ -144,9 +144,6 @@ def cases():
                                                       swap_ab=True), \
         lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M, replicated=True), _replicated, \
         ("x", "w_gate_up", "w_down"), {"TAIL": 1}
-    # gate/up and down tasks over every row: a 2T-row accumulator and a T-row tail, down in 2 slices
-    yield "mlp_whole_tail_tma", mlp.tp_mlp_whole(2 * T, T, torch.float32, T, align=16, down_splits=2, tail_m=T), \
-        lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
     # each output tile summed on one owner rank (column tile j: rank j % R), who sends it to every rank
     yield "mlp_replicated_owners_tma", mlp.tp_mlp_replicated(T, 2 * T, torch.float32, T, align=16, down_splits=2,
                                                              up_n=T, swap_ab=True, owners=True), \
