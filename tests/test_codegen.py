@@ -395,9 +395,9 @@ def _op_kernels():
                                                tail_splits=3, padded=True, **own), T.num_warps, T.num_stages
     yield "ag_gemm narrow rows", lambda: ag_gemm.all_gather_gemm(A.block_m, A.block_n, bf, A.block_k, 16,
                                                                  row_pointers=True, **own), A.num_warps, A.num_stages
-    # the plans at M = 129 on two ranks: the sources' (owners') tiles side by side
-    # (ops.plan_model.interleave_sources); gemm_rs in 2 slices (llama31_70b) and whole (gpt3_175b)
-    for name, (cfg, build) in (("ag_gemm interleaved", ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2, P)),
+    # the plans at M = 129 (ag_gemm: 161, past its tail) on two ranks: the sources' (owners') tiles
+    # side by side (ops.plan_model.interleave_sources); gemm_rs in 2 slices (llama31_70b) and whole (gpt3_175b)
+    for name, (cfg, build) in (("ag_gemm interleaved", ag_op.kernel_plan(161, 8192, 28672, bf, 132, 2, P)),
                                ("mlp interleaved", mlp_op.kernel_plan(129, 8192, 14336, bf, 132, 2, P)[:2]),
                                ("gemm_rs interleaved", rs_op.kernel_plan(129, 14336, 8192, bf, 132, 2, P)[::3]),
                                ("gemm_rs interleaved whole", rs_op.kernel_plan(129, 24576, 12288, bf, 132, 2, P)[::3])):
