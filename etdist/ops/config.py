@@ -49,9 +49,6 @@ class PlanConfig:
     skinny_128: TileConfig = TileConfig(128, 128, 128, 8, 3, swap_ab=True)  # M <= 128: the same
     large: TileConfig = TileConfig(128, 256, 64, 8, 4)   # above, all_gather_gemm's too: gemm_rs_narrow_ab.jsonl
     max_splits: int = 4                                  # slices of a large tile: gemm_rs_split_ab.jsonl
-    # the most waves of split-K tasks a skinny class's slices may make (1: one task per SM at most;
-    # more: ops.gemm_rs.skinny_splits' least waves per slice); an option until a two-GPU A/B decides it
-    skinny_waves: int = 1
     local_sums_min_m: int = 65      # from this many rows the skinny slices are summed on their GPU (0: never): gemm_rs_ab.jsonl
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
     # every row, the weights read once), a tile class per bound; above, per-source tiles
@@ -136,7 +133,7 @@ def override_fields(config: str, fields: list, text: str) -> list:
 
 
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
-_LEAST = {"max_splits": 1, "skinny_waves": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
+_LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
           "replicated_owners_min_m": 0,
           "whole_tail_m": 0}
 

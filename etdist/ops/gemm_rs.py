@@ -28,6 +28,7 @@ HBM_TBS = 4.3   # the weights' streaming rate (H200): records gemm_rs_split_ab.j
 # The skinny classes' owner sums column tiles down to SKINNY_REDUCE_N wide, about one reduce task
 # per SM (skinny_reduce_n): records gemm_rs_w1_ab.jsonl.
 SKINNY_REDUCE_N = 32
+SKINNY_WAVES = 3   # skinny_splits' most waves where one leaves SMs idle
 _KERNELS: dict = {}
 _REPEAT = RepeatedCall()
 
@@ -123,18 +124,21 @@ def skinny_reduce_n(block_n: int, n_tiles: int, sms: int) -> int:
     return block_n // sub
 
 
-def skinny_splits(N: int, sms: int, block_n: int, waves: int = 1) -> int:
-    """Contraction slices of the skinny classes (at most 8). With waves=1: slices x column tiles
-    gives every SM at most one task (each task drains and refills its load pipeline, so one long
-    task each runs best: records gemm_rs_ab at e16cc6e), rounded down, as a few tasks over make a
-    whole extra wave. With more waves allowed: the slices whose waves of tasks take the least time
-    (waves / slices; the fewest where equal), so that column tiles much fewer than SMs still stream
-    on every SM (gpt3_175b's 96 tiles on 132 SMs: 4 slices in 3 waves, 0.75 of one slice's time)."""
+def skinny_splits(N: int, sms: int, block_n: int) -> int:
+    """Contraction slices of the skinny classes (at most 8): slices x column tiles gives every SM at
+    most one task (each task drains and refills its load pipeline, so one long task each runs
+    best: records gemm_rs_ab at e16cc6e), rounded down, as a few tasks over make a whole extra wave.
+    Where that leaves over a quarter of the SMs idle, the slices whose waves (at most SKINNY_WAVES)
+    per slice are fewest: gpt3_175b's 96 column tiles on 132 SMs in 4 slices, 3 waves (4-10%
+    faster at M 16-100; gemma2_27b's 108 busy SMs in 7 slices, 2 waves: 12-22% slower; records
+    gemm_rs_ab at 19c5c8e, variant skinny_waves=3)."""
     n_tiles = -(-N // block_n)
     best = max(1, min(8, sms // n_tiles))
+    if 4 * n_tiles * best >= 3 * sms:
+        return best
     for s in range(best + 1, 9):
         w = -(-n_tiles * s // sms)
-        if w <= waves and w * best < s * -(-n_tiles * best // sms):   # w / s < the best's waves / slices
+        if w <= SKINNY_WAVES and w * best < s * -(-n_tiles * best // sms):   # w / s < the best's waves / slices
             best = s
     return best
 
@@ -159,7 +163,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
                                                      cfg.block_k, align, splits=splits, wave=wave,
                                                      row_pointers=row_pointers(rows, cfg.block_m),
                                                      interleave=interleave)
-    splits = skinny_splits(N, sms, cfg.block_n, config.skinny_waves)
+    splits = skinny_splits(N, sms, cfg.block_n)
     local = 0 < config.local_sums_min_m <= M and splits > 1 and world > 1   # the class's M all alike: one binary
     n_tiles = -(-N // cfg.block_n)
     # the reduce's width; with local sums the combine tasks' too, one per owner: sized to one wave of SMs
