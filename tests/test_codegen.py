@@ -395,6 +395,10 @@ def _op_kernels():
                                                tail_splits=3, padded=True, **own), T.num_warps, T.num_stages
     yield "ag_gemm narrow rows", lambda: ag_gemm.all_gather_gemm(A.block_m, A.block_n, bf, A.block_k, 16,
                                                                  row_pointers=True, **own), A.num_warps, A.num_stages
+    # all_gather_gemm past 256 rows where the large tiles fill their waves: the whole-gather graph
+    cfg, build = ag_op.kernel_plan(384, 8192, 28672, bf, 132, 2, P)
+    assert build.func.__name__ == "all_gather_gemm_whole" and cfg is P.large
+    yield "ag_gemm whole large M=384", build, cfg.num_warps, cfg.num_stages
     # the plans at M = 129 (ag_gemm: 161, past its tail) on two ranks: the sources' (owners') tiles
     # side by side (ops.plan_model.interleave_sources); gemm_rs in 2 slices (llama31_70b) and whole (gpt3_175b)
     for name, (cfg, build) in (("ag_gemm interleaved", ag_op.kernel_plan(161, 8192, 28672, bf, 132, 2, P)),

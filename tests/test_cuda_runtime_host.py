@@ -1336,7 +1336,7 @@ def test_all_gather_gemm_reads_half_full_row_tiles_through_pointers():
     from etdist.ops import gemm_rs as rs_op
     from etdist.ops.plan_model import row_pointers
     bf = torch.bfloat16
-    assert ag_op.kernel_plan(384, 8192, 28672, bf, 132, 2, P)[1].keywords["row_pointers"]
+    assert ag_op.kernel_plan(384, 4096, 14336, bf, 132, 2, P)[1].keywords["row_pointers"]
     assert not ag_op.kernel_plan(1000, 8192, 28672, bf, 132, 2, P)[1].keywords["row_pointers"]
     assert not rs_op.kernel_plan(384, 14336, 8192, bf, 132, 2, P)[3].keywords["row_pointers"]
     assert row_pointers(192, 128, at_half=True) and not row_pointers(192, 128)

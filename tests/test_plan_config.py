@@ -154,8 +154,10 @@ _PLANS = {
                                          {"gemm_n": 128, "row_pointers": True, "swap_ab": True}, None),
     ("ag_gemm", "llama31_8b", 1000, 2, bf): ("128,128,64,8,4", "all_gather_gemm", (128, 128, bf, 64, 16),
                                              {"interleave": False, "own_from_x": True, "row_pointers": False}, None),
-    ("ag_gemm", "llama31_70b", 384, 2, bf): ("128,128,64,8,4", "all_gather_gemm", (128, 128, bf, 64, 16),
-                                             {"interleave": False, "own_from_x": True, "row_pointers": True}, None),
+    ("ag_gemm", "llama31_8b", 384, 2, bf): ("128,256,64,8,4", "all_gather_gemm", (128, 256, bf, 64, 16),
+                                            {"interleave": False, "own_from_x": True, "row_pointers": True}, None),
+    ("ag_gemm", "llama31_70b", 384, 2, bf): ("128,256,64,8,4", "all_gather_gemm_whole", (128, 256, bf, 64, 16),
+                                             {"swap_ab": False, "gemm_n": 256, "row_pointers": False}, None),
     ("ag_gemm", "gemma2_9b", 100, 4, f32): ("128,128,32,8,3", "all_gather_gemm_whole", (128, 128, f32, 32, 16),
                                             {"gemm_n": 64, "row_pointers": True, "swap_ab": False}, None),
     ("mlp", "gemma2_27b", 1024, 2, bf): ("128,128,64,8,3", "tp_mlp", (128, 128, bf, 64, 16),
@@ -270,3 +272,20 @@ def test_the_mlp_takes_no_tail():
     for M in (129, 160):
         assert "tail_m" not in mlp_op.kernel_plan(M, 8192, 14336, bf, 132, 2, DEFAULT_PLAN)[1].keywords
         assert "tail_m" not in mlp_op.replicated_plan(M, 8192, 14336, bf, 132, 2, DEFAULT_PLAN)[1].keywords
+
+
+def test_ag_gemm_past_256_rows_gathers_whole_where_large_tiles_fill_their_waves():
+    """whole_large_m (640): all_gather_gemm from 257 rows to 640 takes the whole-gather graph with
+    PlanConfig.large's tiles where those fill at least 3/4 of their waves (gemma2_27b's 144 column
+    tiles at 384 rows: 432 tiles, 4 waves), else the per-source graph (llama31_8b's 56 at 384: 168
+    tiles, 2 waves); only at world 2 (where it was measured); 0 turns it off."""
+    from etdist.ops import ag_gemm as ag_op
+    bf = torch.bfloat16
+    name = lambda M, N, world=2, config=DEFAULT_PLAN: ag_op.kernel_plan(M, 4096, N, bf, 132, world, config)[1].func.__name__  # noqa: E731
+    assert [name(M, 36864) for M in (256, 257, 384, 640, 641)] == \
+        ["all_gather_gemm", "all_gather_gemm_whole", "all_gather_gemm_whole", "all_gather_gemm_whole", "all_gather_gemm"]
+    assert name(384, 14336) == "all_gather_gemm" and name(640, 12288) == "all_gather_gemm_whole"
+    assert name(384, 36864, world=4) == "all_gather_gemm" and name(384, 36864, world=1) == "all_gather_gemm"
+    assert name(384, 36864, config=DEFAULT_PLAN.override("whole_large_m=0")) == "all_gather_gemm"
+    cfg, build = ag_op.kernel_plan(384, 4096, 36864, bf, 132, 2, DEFAULT_PLAN)
+    assert cfg is DEFAULT_PLAN.large and build.keywords["gemm_n"] == DEFAULT_PLAN.large.block_n

@@ -23,6 +23,12 @@ from .plan_model import interleave_sources, row_pointers, sm_count
 # whole_width halves them while twice as many still fit in one wave, down to WHOLE_MIN_N (records
 # whole_width_ab.jsonl: 32 wide lost, as did halving tiles that already fill a wave).
 WHOLE_MIN_N = 64
+# whole_large_m's whole-gather plan where PlanConfig.large's tiles over every row fill at least this
+# share of their waves: at M 384/640 on two GPUs 13-32% faster on the shapes at 76-98% (gemma2_27b and
+# up, qwen3_8b at 640), 10-15% slower at 55-71% (the 8-9B shapes' 2-3 waves); at 256 mixed. Records
+# ag_gemm_ab at 0d891ba (variant whole_max_m=640+whole_256=128,256,64,8,4). Measured at world 2 only.
+WHOLE_LARGE_BUSY = 0.75
+WHOLE_LARGE_WORLDS = (2,)
 NARROW_RATE = 0.94   # PlanConfig.large_narrow's work per SM-second against large's, in full waves
 _KERNELS: dict = {}
 _REPEAT = RepeatedCall()
@@ -62,6 +68,16 @@ def large_tile(M: int, N: int, world: int, sms: int, config: PlanConfig) -> Tile
     return config.large_narrow if NARROW_RATE * busy(config.large_narrow) > busy(config.large) else config.large
 
 
+def whole_large(M: int, N: int, world: int, sms: int, config: PlanConfig) -> bool:
+    """Whether M rows past 256 (up to config.whole_large_m) take the whole-gather graph with
+    config.large's tiles: where those fill at least WHOLE_LARGE_BUSY of their waves."""
+    if not 256 < M <= config.whole_large_m or world not in WHOLE_LARGE_WORLDS:
+        return False
+    large = config.large
+    tiles = -(-M // large.block_m) * -(-N // whole_width(M, N, large, sms))
+    return tiles >= WHOLE_LARGE_BUSY * -(-tiles // sms) * sms
+
+
 def tail_tile(M: int, align: int, world: int, dtype: torch.dtype, config: PlanConfig) -> Optional[TileConfig]:
     """The whole class's tile where M rows take it with a tail (config.whole_tail_m: just past a
     class of at most 128 rows that whole_max_m fills; aligned, two ranks or more), else None."""
@@ -77,17 +93,20 @@ def tail_tile(M: int, align: int, world: int, dtype: torch.dtype, config: PlanCo
 def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int, config: PlanConfig):
     """What the op compiles for x [M, K] gathered @ w [K, N] on a GPU of `sms` SMs among `world`
     ranks with `config`: (tile config, a builder of the graph). At most config.whole_max_m rows the
-    whole-gather graph (its size class's tile, GEMM tiles narrowed by whole_width), above the
-    per-source graph with large_tile's tiles. Cached (~1.5 us a call uncached); config is part of
-    the key."""
-    whole = M <= config.whole_max_m
+    whole-gather graph (its size class's tile, GEMM tiles narrowed by whole_width; a tail up to
+    whole_tail_m more), above the per-source graph with large_tile's tiles, but where whole_large
+    holds the whole-gather graph with config.large's. Cached (~1.5 us a call uncached); config is
+    part of the key."""
+    big = whole_large(M, N, world, sms, config)
+    whole = M <= config.whole_max_m or big
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1
     tail = tail_tile(M, align, world, dtype, config)
     if tail is not None:   # a row tile and a tail in one task
         return tail, functools.partial(ag_gemm.all_gather_gemm_whole, tail.block_m, tail.block_n, dtype, tail.block_k,
                                        align, gemm_n=whole_width(tail.block_m, N, tail, sms),
                                        tail_m=config.whole_tail_m)
-    cfg = whole_tile("all_gather_gemm", M, config) if whole else large_tile(M, N, world, sms, config)
+    cfg = config.large if big else whole_tile("all_gather_gemm", M, config) if whole else \
+        large_tile(M, N, world, sms, config)
     cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:   # the GEMM tiles span every row

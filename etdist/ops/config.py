@@ -59,6 +59,9 @@ class PlanConfig:
     # mlp_ab): ag_gemm 5% faster in geomean (7 of 8 shapes; llama31_405b 10% slower at 144-160);
     # the MLP's form 5% slower (its four accumulators): gone.
     whole_tail_m: int = 32
+    # all_gather_gemm from 257 rows up to whole_large_m: the whole-gather graph with `large` tiles
+    # where they fill their waves (ops.ag_gemm.whole_large; 0: never)
+    whole_large_m: int = 640
     whole_32: TileConfig = TileConfig(32, 128, 64, 4, 6, swap_ab=True)     # M <= 32, both ops: whole_swap_ab.jsonl
     whole_ag: TileConfig = TileConfig(64, 128, 128, 4, 4)   # all_gather_gemm's M <= 64: gemm_rs_skinny_ab.jsonl
     whole_mlp: TileConfig = TileConfig(64, 128, 64, 4, 4)   # the MLP's M <= 64 (two weight tiles): the same
@@ -135,7 +138,7 @@ def override_fields(config: str, fields: list, text: str) -> list:
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
 _LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
           "replicated_owners_min_m": 0,
-          "whole_tail_m": 0}
+          "whole_tail_m": 0, "whole_large_m": 0}
 
 
 def _parse(name: str, text: str):

@@ -30,6 +30,14 @@ def main():
         y = et.ops.all_gather_gemm(x[r * C:(r + 1) * C].contiguous(), w[:, r * N:(r + 1) * N].contiguous(),
                                    mesh=mesh, total_rows=M)
         assert rel(y, x.float() @ w[:, r * N:(r + 1) * N].float()) < 1e-2, (M, dtype)
+    # past 256 rows, columns enough for the whole-gather graph's large tiles to fill their waves
+    # (ops.ag_gemm.whole_large), ragged M
+    for M, n in ((300, 20480), (640, 20480)):
+        x = torch.randn(M, 512, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(512, n, device=dev, dtype=torch.bfloat16) / 512 ** 0.5
+        C = -(-M // R)
+        y = et.ops.all_gather_gemm(x[r * C:(r + 1) * C].contiguous(), w, mesh=mesh, total_rows=M)
+        assert rel(y, x.float() @ w.float()) < 1e-2, M
     print(f"OK ag_gemm rank {r}", flush=True)
     H, I = 1024, 4096
     dense = nn.Module()
