@@ -225,3 +225,18 @@ def test_the_repository_document_shows_a_model_by_m_grid():
     assert "| model | M=16 | M=1024 |" in lines
     assert f"| {a.model} | **0.50** (1.25) | 1.60 |" in lines, block
     assert "| llama31_70b | 2.00 |  |" in lines, block
+
+
+def test_a_decode_sweep_gets_its_own_time_plot(tmp_path):
+    """A (workload, schedule, world, model) measured at SWEEP_POINTS or more M values up to 256 gets
+    a time plot (ours, the best baseline, the floor against M), linked under its workload's table;
+    a model with fewer decode M values gets none."""
+    d = tmp_path / "results"
+    for M in range(1, 1 + report.SWEEP_POINTS):
+        append(d / "gemm_rs.jsonl", rec(M=M * 12, ours=30.0 + M, graph=40.0, eager=50.0))
+    append(d / "gemm_rs.jsonl", rec(model="llama31_70b", M=16))
+    out = tmp_path / "benchmarks.md"
+    block = report.write_report(d, out, tmp_path / "plots")
+    sweeps = sorted(p.name for p in (tmp_path / "plots").glob("*_decode.png"))
+    assert sweeps == ["gemm_rs_qwen3_8b_static_w2_decode.png"]
+    assert "![gemm_rs qwen3_8b at decode sizes, static world 2](plots/gemm_rs_qwen3_8b_static_w2_decode.png)" in block

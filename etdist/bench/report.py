@@ -279,10 +279,11 @@ def render(records: Sequence[Record], plots: Optional[dict[tuple, pathlib.Path]]
     order = {w: k for k, w in enumerate(DOC_WORKLOADS)}
     for workload in sorted(by_workload, key=lambda w: (order.get(w, len(order)), w)):
         parts.append((pivot_table if compact else workload_table)(workload, by_workload[workload]))
-        for (w, schedule, world), p in sorted((plots or {}).items()):
-            if w == workload:
+        for key, p in sorted((plots or {}).items(), key=lambda kv: tuple(map(str, kv[0]))):
+            if key[0] == workload:   # (workload, schedule, world) or, a decode sweep's, (..., model)
                 rel = pathlib.Path(os.path.relpath(p, out_dir)).as_posix()
-                parts.append(f"![{workload} {schedule} world {world}]({rel})")
+                what = f"{key[3]} at decode sizes, " if len(key) > 3 else ""
+                parts.append(f"![{workload} {what}{key[1]} world {key[2]}]({rel})")
         parts.append("")
     return "\n".join(parts).rstrip("\n") + "\n"
 
@@ -334,6 +335,54 @@ def plot_speedups(records: Sequence[Record], folder) -> dict[tuple, pathlib.Path
     return written
 
 
+DECODE_M, SWEEP_POINTS = 256, 20   # a decode sweep: at least this many M values up to DECODE_M
+
+
+def plot_decode_sweeps(records: Sequence[Record], folder) -> dict[tuple, pathlib.Path]:
+    """One PNG per (workload, schedule, world, model) measured at SWEEP_POINTS or more M values up
+    to DECODE_M: time (us) against M of ours (eager, and in a CUDA graph where timed), the best
+    baseline and the floor, so that a cliff between size classes shows. Returns
+    {(workload, schedule, world, model): file written}."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = pathlib.Path(folder)
+    groups: dict[tuple, list[Record]] = defaultdict(list)
+    for r in records:
+        if r.M <= DECODE_M and r.ours_us > 0 and best_baseline(r) is not None:
+            groups[(r.workload, r.schedule, r.world, r.model)].append(r)
+    written = {}
+    for key, recs in sorted(groups.items(), key=lambda kv: (kv[0][:3], _model_key(kv[0][3]))):
+        if len({r.M for r in recs}) < SWEEP_POINTS:
+            continue
+        workload, schedule, world, model = key
+        recs = sorted(recs, key=lambda r: r.M)
+        ms = [r.M for r in recs]
+        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+        ax.plot(ms, [r.ours_us for r in recs], marker="o", markersize=3, label="ours")
+        graph = [(r.M, ours_graph_us(r)) for r in recs if ours_graph_us(r)]
+        if graph:
+            ax.plot([m for m, _ in graph], [g for _, g in graph], marker="o", markersize=3, label="ours, CUDA graph")
+        ax.plot(ms, [best_baseline(r) for r in recs], marker="s", markersize=3, label="best cuBLAS+NCCL")
+        if any(r.floor_us for r in recs):
+            ax.plot([r.M for r in recs if r.floor_us], [r.floor_us for r in recs if r.floor_us], color="black",
+                    linestyle="--", linewidth=1, label="floor (HBM bytes / FLOPs)")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("tokens M")
+        ax.set_ylabel("us per call (slower rank)")
+        ax.set_title(f"{workload} {model}, world {world}, {schedule}: decode sizes")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / re.sub(r"[^A-Za-z0-9_.-]", "-", f"{workload}_{model}_{schedule}_w{world}_decode.png")
+        fig.savefig(path)
+        plt.close(fig)
+        written[key] = path
+    return written
+
+
 def _tick_values(ms: set[int]) -> list[int]:
     """The M values to label: powers of two first, then others not crowding them (1000 vs 1024)."""
     ticks: list[int] = []
@@ -369,7 +418,7 @@ def _write(results, out, plots, workloads: Optional[Sequence[str]] = None,
     """write_report's work: (the records shown, the plots written, the block)."""
     out = pathlib.Path(out)
     records = newest_per_cell(load_results(results, workloads))
-    written = plot_speedups(records, plots)
+    written = {**plot_speedups(records, plots), **plot_decode_sweeps(records, plots)}
     old = out.read_text() if out.exists() else ""
     own_summary = SUMMARY_BEGIN in old and bool(records)
     block = render(records, written, out.parent, source=os.path.relpath(results, out.parent),
