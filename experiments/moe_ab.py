@@ -1,6 +1,6 @@
 """A/B of nn.MoE graph variants, alternated in one process (EP = world; one GPU is EP=1):
 
-    VARIANTS="base;router_slice=512" MODELS=qwen3_30b_a3b,mixtral_8x7b TOKENS=128,1024,4096 \
+    VARIANTS="base;route_block=32" MODELS=qwen3_30b_a3b,mixtral_8x7b TOKENS=128,1024,4096 \
         SKEW=1.5 SCHED=dynamic ROUNDS=3 torchrun --nproc_per_node=1 experiments/moe_ab.py
 
 A variant is moe_layer arguments replacing the layer's own (`key=value`, joined by `+`; `base`: the
@@ -27,7 +27,7 @@ from etdist.bench.measure.timing import time_ranks
 
 
 def variant(text: str) -> dict:
-    """`half_tails=false+router_slice=512` -> {"half_tails": False, "router_slice": 512}; `base` -> {}."""
+    """`half_tails=false+route_block=32` -> {"half_tails": False, "route_block": 32}; `base` -> {}."""
     options = {}
     for part in filter(None, text.split("+")):
         if part != "base":

@@ -58,22 +58,19 @@ def test_counts_read_from_tensors_rearm_every_launch(schedule):
     assert rc == 0 and out.count(f"OK data-dependent {schedule}") == 2, out[-5000:]
 
 
-@pytest.mark.parametrize("world,schedule,early,tail", [
+@pytest.mark.parametrize("world,schedule,early", [
     # nn.MoE's settings at EP=2 first; every case in the slow set (~60 s each)
-    *(pytest.param(*case, marks=slow) for case in [(2, "dynamic", "2", "1"), (2, "static", "2", "1"),
-                                                   (1, "static", "2", "1"),
-                                                   (1, "dynamic", "2", "1"),
-                                                   (3, "dynamic", "2", "1"), (2, "dynamic", "1", "1"),
-                                                   (2, "dynamic", "0", "1"), (2, "dynamic", "2", "0")])])
-def test_moe_kernel_with_in_kernel_routing(world, schedule, early, tail):
+    *(pytest.param(*case, marks=slow) for case in [(2, "dynamic", "2"), (2, "static", "2"), (1, "static", "2"),
+                                                   (1, "dynamic", "2"), (3, "dynamic", "2"), (2, "dynamic", "1"),
+                                                   (2, "dynamic", "0")])])
+def test_moe_kernel_with_in_kernel_routing(world, schedule, early):
     """The EP MoE graph's GPU bodies: routing (softmax top-k) in the kernel decides which expert
     tiles exist; dispatch and combine by peer stores (one rank: no rows move, gate/up reads x and
     the combine expert_out); uniform and skewed routing. Dynamic: the
     gate/up and down tiles seeded at launch (early 2, nn.MoE's), the gate/up tiles
     alone (early 1, et.compile's default: act_ready releases the down tiles) or neither (early 0:
-    the tile table releases gate/up);
-    the return and combine walked as the tail (tail 1, the default) or queued (tail 0)."""
-    rc, out = interpreted("moe_worker.py", world, schedule, 600, f"--early-push={early}", f"--tail={tail}")
+    the tile table releases gate/up)."""
+    rc, out = interpreted("moe_worker.py", world, schedule, 600, f"--early-push={early}")
     assert rc == 0 and out.count(f"OK moe {schedule}") == world, out[-5000:]
 
 

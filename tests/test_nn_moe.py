@@ -286,9 +286,9 @@ def test_graph_options_replace_the_layers_own_for_ab_runs():
     layer = et.nn.MoE(512, 128, 16, 8, simulate_world=1)
     tiles, align, _ = layer._plan("cuda", True)
     grids = {}
-    for options in ({}, {"router_slice": 512}):
+    for options in ({}, {"route_block": 16}):
         ir = layer._graph("cuda", tiles, align, True, **options).to_ir()
         grids[bool(options)] = next(t.grid for t in ir.tasks if t.name == "logits")
     sizes = dict(T=4096, H=512)
     assert [evaluate(n, sizes) for n in grids[False]] == [64, 2]      # 64-token blocks, 256-column slices
-    assert [evaluate(n, sizes) for n in grids[True]] == [64, 1]
+    assert [evaluate(n, sizes) for n in grids[True]] == [256, 2]     # 16-token blocks

@@ -91,45 +91,38 @@ def test_cpu_runtime_runs_the_pinned_prefix_on_its_static_programs(interleave):
 
 
 @pytest.mark.parametrize("chains", [True, False], ids=["chains", "pinned-only"])
-@pytest.mark.parametrize("tail", [True, False], ids=["tail", "queued-tail"])
-def test_moe_router_chain_is_pinned_and_walked_before_the_queue(tail, chains):
+def test_moe_router_chain_is_pinned_and_walked_before_the_queue(chains):
     """nn.MoE's logits -> route -> dispatch -> plan -> tile_table run at every routing: the static
     formula walks them (spinning waits), then programs pop the expert tasks, then walk the tail
-    (send_back, combine; moe_layer(tail=False) queues them). Events that only pinned, early-pushed
-    or tail tasks wait on are plain notifies; those a queued task waits on release consumers.
-    chains (early_push=2, nn.MoE's): the down tiles are early-pushed behind
-    the gate/up tiles, so act_ready no longer releases anything."""
+    (send_back, combine). Events that only pinned, early-pushed or tail tasks wait on are plain
+    notifies; those a queued task waits on release consumers. chains (early_push=2, nn.MoE's): the
+    down tiles are early-pushed behind the gate/up tiles, so act_ready no longer releases anything."""
     ir = moe.moe_layer(top_k=8, block_m=64, dtype=torch.bfloat16, max_experts=128, block=64, block_n=128,
-                       align=16, tail=tail).to_ir()
+                       align=16).to_ir()
     assert [t.name for t in ir.tasks if t.pinned] == ["logits", "route", "dispatch", "plan", "tile_table"]
-    assert [t.name for t in ir.tasks if t.tail] == (["send_back", "combine"] if tail else [])
+    assert [t.name for t in ir.tasks if t.tail] == ["send_back", "combine"]
     early = ir_early(ir, chains=chains)
     src = generate(ir, dynamic=True, early=early)
     if not chains:
         assert src == generate(ir, dynamic=True)   # generate's default (early_push=1)
     walk = src.index("for _et_gid in range(_et_pid, _et_end4, NUM_PROGRAMS):")
     pop = src.index("while _et_more != 0:")
-    last = src.index("for _et_gid in range(_et_end6 + _et_pid, _et_end8, NUM_PROGRAMS):") if tail else \
-        src.index("_et_last = _et_finish(")
+    last = src.index("for _et_gid in range(_et_end6 + _et_pid, _et_end8, NUM_PROGRAMS):")
     assert walk < pop < last and "_et_push" not in src   # the seeded tasks are read, not pushed
     assert "_et_take(rq, _et_claimed, rq_q, _et_limit, rq_init, rq_ninit, rq_seed_base, rq_total," in src
     pinned, queued, after = src[walk:pop], src[pop:last], src[last:]
     sections = {"logits": pinned, "route": pinned, "dispatch": pinned, "plan": pinned, "tile_table": pinned,
-                "gate_up": queued, "down": queued, "send_back": after if tail else queued,
-                "combine": after if tail else queued}
+                "gate_up": queued, "down": queued, "send_back": after, "combine": after}
     for name, where in sections.items():
         assert sum(f"_et_body_{name}(" in x for x in (pinned, queued, after)) == 1 and f"_et_body_{name}(" in where
     # gate_up is early-pushed (it waits on tiled alone) and spins on it; with chains, down too (it
     # waits on act_ready, which only gate_up notifies); send_back never (done's count reads ntiles)
     assert early == ({"gate_up", "down"} if chains else {"gate_up"})
     acts = 0 if chains else 1   # act_ready: released by gate_up's notify unless down is early
-    if tail:   # tiled, done and returned are waited in the tail
-        assert pinned.count("_et_notify(") == 6 and pinned.count("_et_release(") == 0
-        assert queued.count("_et_notify(") == 2 - acts and queued.count("_et_release(") == acts
-        assert after.count("_et_notify(") == 1 and after.count("_et_release(") == 0 and "_et_wait(" in after
-    else:      # tiled and done (send_back waits) release too, and returned (combine waits)
-        assert pinned.count("_et_notify(") == 4 and pinned.count("_et_release(") == 2
-        assert queued.count("_et_notify(") == 1 - acts and queued.count("_et_release(") == 2 + acts
+    # tiled, done and returned are waited in the tail: plain notifies
+    assert pinned.count("_et_notify(") == 6 and pinned.count("_et_release(") == 0
+    assert queued.count("_et_notify(") == 2 - acts and queued.count("_et_release(") == acts
+    assert after.count("_et_notify(") == 1 and after.count("_et_release(") == 0 and "_et_wait(" in after
     assert "_et_wait(" in pinned
 
 

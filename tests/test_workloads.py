@@ -344,15 +344,8 @@ def test_moe_degenerate_sizes_are_refused_before_running(schedule):
     for bad in (0, 2.0, True, 2 ** 31):
         with pytest.raises(et.GraphError, match=rf"combine_tasks must be a positive int \(below 2\*\*31\), got {bad!r}"):
             moe.moe_layer(combine_tasks=bad)
-    with pytest.raises(et.GraphError, match="combine_step must be a power of two >= 16 .*got 48"):
-        moe.moe_layer(combine_step=48)
-    with pytest.raises(et.GraphError, match=r"combine_step \(64\) must not exceed combine_width \(32\)"):
-        moe.moe_layer(combine_width=32, combine_step=64)
     with pytest.raises(et.GraphError, match=r"topk_block \(64\) must not exceed route_block \(32\)"):
         moe.moe_layer(route_block=32, topk_block=64)
-    for bad in (8, 24, True):
-        with pytest.raises(et.GraphError, match=rf"router_slice must be a positive multiple of block \(16.*got {bad!r}"):
-            moe.moe_layer(router_slice=bad)
     for bad in (0, 24, True):
         with pytest.raises(et.GraphError, match=rf"gate_up_interleave must be a positive multiple of block_n \(16.*got {bad!r}"):
             moe.moe_layer(gate_up_interleave=bad)
@@ -368,19 +361,6 @@ def test_moe_degenerate_sizes_are_refused_before_running(schedule):
             f(w, 32)
 
 
-def test_moe_router_slices_have_their_own_width(schedule):
-    """router_slice: hidden columns per logits task (a multiple of block, not a power of two; H
-    ragged against it): the logits grid and the routing's sum over the slices."""
-    from etdist.fusion.expr import evaluate
-    graph = moe.moe_layer(top_k=2, block_m=4, block=16, router_slice=48)
-    kernel = et.compile(graph, schedule=schedule, programs=3)
-    inputs, (wg, w1, w2) = moe.make_inputs(2, 9, 100, 20, E=4, seed=2, skew=1.0)
-    want = moe.reference([i["x"] for i in inputs], wg, w1, w2, top_k=2)
-    assert all(rel_err(g["y"], w) < TOL for g, w in zip(kernel.run(inputs), want))
-    logits = next(t for t in graph.to_ir().tasks if t.name == "logits")
-    assert [evaluate(n, dict(T=9, H=100)) for n in logits.grid] == [1, 3]        # slices of 48: 48, 48, 4
-
-
 def test_moe_routing_and_combine_have_their_own_blocks(schedule):
     """topk_block (routing tasks smaller than the logits' blocks: several wait on one) and the
     combine's own rows and columns per task (nn.MoE's combine covers the SMs): their grids, the
@@ -388,7 +368,7 @@ def test_moe_routing_and_combine_have_their_own_blocks(schedule):
     from etdist.fusion.expr import evaluate
     for tasks, rows, width in ((None, 3, 16), (4, 2, 16), (1, 1, 32)):   # tasks 4 -> 2 rows (cdiv(4, 3 slabs))
         graph = moe.moe_layer(top_k=2, block_m=4, block=16, route_block=32, topk_block=16, combine_block=16,
-                              combine_width=width, combine_tasks=tasks, combine_step=16)
+                              combine_width=width, combine_tasks=tasks)
         kernel = et.compile(graph, schedule=schedule, programs=3)
         for T, H in ((45, 40), (7, 72)):
             inputs, (wg, w1, w2) = moe.make_inputs(2, T, H, 20, E=4, seed=T, skew=1.0)

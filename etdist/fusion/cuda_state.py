@@ -184,7 +184,7 @@ class StateMixin:
         if len({row[5] for row in shared}) > 1:   # likewise a notify one rank makes plain, another walks
             raise GraphError(f"graph {self.ir.name!r}: the ranks disagree on which tasks are pinned or the tail "
                              f"(first queued and first tail task ids {[row[5] for row in shared]}); build the graph "
-                             "alike on every rank (moe_layer: the same pin_router and tail)")
+                             "alike on every rank (the same TaskSpec.pinned and tail)")
         T_max, C_max, I_max, N_max = (max(v) for v in zip(*(row[:4] for row in shared)))
         Q = 1 << max(0, (N_max - 1).bit_length())
         lay = {"rq_q": Q, "rq_pending": 2 + Q, "rq_rowptr": 2 + Q + T_max}

@@ -81,12 +81,6 @@ def graph_blocks(top_k: int, large: bool = False) -> dict:
     return blocks
 
 
-# Expert GEMM tiles walk groups of this many row tiles per weight block (moe_layer's group_m); the
-# router's chain runs pinned under the dynamic schedule (pin_router) and the return and combine as
-# its tail (tail): each faster than without (records moe_group_ab, moe_pin_ab, moe_tail_ab)
-GROUP_M = 8
-
-
 # Down tiles DOWN_WIDE columns wide where the down GEMM's contraction (I) is at most SHORT_DOWN_K: a short
 # tile's fixed costs (gathered rows, pipeline fill, store) are paid once per 256 columns (records moe_tiles_ab).
 DOWN_WIDE, SHORT_DOWN_K = 256, 2048
@@ -308,7 +302,7 @@ class MoE(nn.Module):
         options: moe_layer arguments that replace the layer's own (A/B runs: experiments/moe_ab.py)."""
         dtype = self.router.dtype
         if target == "cpu":
-            return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts, tail=True,
+            return moe_graph.moe_layer(self.top_k, block_m=4, dtype=dtype, max_experts=self.num_experts,
                                        gate_up_interleave=self.gate_up_block)
         if self.gate_up_block and self.gate_up_block % tiles.block_n:
             raise InputError(f"MoE: gate/up tiles {tiles.block_n} columns wide (MoEConfig.tiles"
@@ -317,8 +311,8 @@ class MoE(nn.Module):
         # one GPU: nothing to move or plan, routing places the slots (moe_layer's one_rank)
         args = dict(block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts, block=tiles.block,
                     block_n=tiles.block_n, down_block_n=tiles.down_n, half_tails=tiles.half_tails, align=align,
-                    group_m=GROUP_M, pin_router=True, tail=True, one_rank=self.world == 1,
-                    gate_up_interleave=self.gate_up_block, **graph_blocks(self.top_k, large))
+                    one_rank=self.world == 1, gate_up_interleave=self.gate_up_block,
+                    **graph_blocks(self.top_k, large))
         return moe_graph.moe_layer(self.top_k, **{**args, **options})
 
     def _kernel(self, target: str, large: bool = False):

@@ -40,45 +40,44 @@ from .params import positive_int
 
 
 # The routing loads the router slices' logits this many fp32 values at a time at most (64 registers
-# a thread at 8 warps; 0: one slice at a time, as before, for A/B runs)
+# a thread at 8 warps; 0: one slice at a time)
 ROUTE_SUM_ELEMENTS = 16384
+
+# The expert GEMM tiles walk groups of this many row tiles per weight column block (et.grouped;
+# records moe_group_ab)
+GROUP_M = 8
 
 
 def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float32, max_experts: int = 128,
-              block: int = 16, block_n: int | None = None, align: int = 1, group_m: int = 8,
-              pin_router: bool = True, tail: bool = True, route_block: int = 16, plan_block: int = 1024,
-              one_rank: bool = False, down_block_n: int | None = None, half_tails: bool = False,
-              topk_block: int | None = None, combine_block: int | None = None,
+              block: int = 16, block_n: int | None = None, align: int = 1, route_block: int = 16,
+              plan_block: int = 1024, one_rank: bool = False, down_block_n: int | None = None,
+              half_tails: bool = False, topk_block: int | None = None, combine_block: int | None = None,
               combine_width: int | None = None, combine_tasks: int | None = None,
-              combine_step: int | None = None, gate_up_interleave: int | None = None,
-              router_slice: int | None = None) -> et.Graph:
+              gate_up_interleave: int | None = None) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
     kernel vectorise its loads, which is what lets Triton pipeline the expert GEMMs' loops).
-    group_m: the expert GEMM tiles run in groups of that many row tiles per weight column block
-    (et.grouped). pin_router: the router's chain (logits to tile_table) is pinned (TaskSpec.pinned:
-    the static formula under the dynamic schedule too); False queues it, for A/B runs. tail: the
-    return and the combine are the tail (TaskSpec.tail: under the dynamic schedule, dealt by the
-    static formula once the queue is drained, so they spin instead of each waiting for a queue hop);
-    False queues them, for A/B runs. route_block: tokens per router task (the logits' and the
-    routing's blocks; 16 is tl.dot's least, what decode wants); plan_block: received slots per
-    step of an expert's plan (its stream compaction walks all of them in steps of this many).
+    The expert GEMM tiles run in groups of GROUP_M row tiles per weight column block (et.grouped).
+    The router's chain (logits to tile_table) is pinned (TaskSpec.pinned: the static formula under
+    the dynamic schedule too); the return and the combine are the tail (TaskSpec.tail: under the
+    dynamic schedule, dealt by the static formula once the queue is drained, so they spin instead
+    of each waiting for a queue hop).
+    route_block: tokens per router task (the logits' and the routing's blocks; 16 is tl.dot's
+    least, what decode wants); a logits task takes 4 * block hidden columns, the routing sums the
+    cdiv(H, 4 * block) slices. plan_block: received slots per step of an expert's plan (its
+    stream compaction walks all of them in steps of this many).
     one_rank: a graph for world size 1 only (refused on more) that moves no rows and plans nothing
     (route places the slots in the experts' lists).
     down_block_n: columns per down tile (default block_n). half_tails: an expert's last row tile,
     where it has at most block_m / 2 rows, runs a block_m / 2-row GEMM body (needs block_m >= 32).
     topk_block: tokens per routing (softmax top-k) task, at most route_block (default route_block).
     combine_block, combine_width: tokens and hidden columns per combine task (default block_m and
-    8 * block): the combine is the launch's tail, so its tasks should cover the SMs.
+    8 * block): the combine is the launch's tail, so its tasks should cover the SMs. A combine task
+    steps over its columns min(block, combine_width) at a time, each step loading its top_k rows.
     combine_tasks: the combine grid has min(token blocks, cdiv(combine_tasks, slabs)) rows (None:
     one per token block), a task taking every rows-th token block: about combine_tasks tasks, never
     fewer than the slabs, however many tokens.
-    combine_step: hidden columns per step of a combine task, at most combine_width (default
-    min(block, combine_width)): each step loads its top_k rows of that many columns at once.
-    router_slice: hidden columns per logits task (default 4 * block; a multiple of block): the
-    router's logits are summed over cdiv(H, router_slice) slices. (1024 or 2048 in nn.MoE's large
-    class lost 1-11% on one H200, records moe_router_slice_ab: the default stays.)
     gate_up_interleave: w_gate_up's layout. None: [gate | up] along its last dimension; N: their
     column blocks of N interleaved, [gate 0:N | up 0:N | gate N:2N | up N:2N | ...]
     (interleave_gate_up; I must be a multiple of N, and N of block_n). Where N = block_n and the
@@ -87,8 +86,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     positive_int("moe_layer", "top_k", top_k)
     widths = (("route_block", route_block), ("plan_block", plan_block)) + tuple(
         (name, v) for name, v in (("down_block_n", down_block_n), ("topk_block", topk_block),
-                                  ("combine_block", combine_block), ("combine_width", combine_width),
-                                  ("combine_step", combine_step))
+                                  ("combine_block", combine_block), ("combine_width", combine_width))
         if v is not None)
     for name, v in widths:
         if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1):
@@ -96,16 +94,9 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     if combine_tasks is not None and (isinstance(combine_tasks, bool) or not isinstance(combine_tasks, int)
                                       or not 1 <= combine_tasks < 2 ** 31):
         raise et.GraphError(f"moe_layer: combine_tasks must be a positive int (below 2**31), got {combine_tasks!r}")
-    if combine_step is not None and combine_step > (combine_width or 8 * block):
-        raise et.GraphError(f"moe_layer: combine_step ({combine_step}) must not exceed combine_width "
-                            f"({combine_width or 8 * block}): a step is a part of a task's slab")
     if topk_block is not None and topk_block > route_block:
         raise et.GraphError(f"moe_layer: topk_block ({topk_block}) must not exceed route_block ({route_block}): "
                             "a routing task waits on the one logits block that holds its tokens")
-    if router_slice is not None and (isinstance(router_slice, bool) or not isinstance(router_slice, int)
-                                     or router_slice < block or router_slice % block):
-        raise et.GraphError(f"moe_layer: router_slice must be a positive multiple of block ({block}: the logits "
-                            f"tasks' contraction steps), got {router_slice!r}")
     ILV = gate_up_interleave or 0
     if gate_up_interleave is not None:
         if isinstance(ILV, bool) or not isinstance(ILV, int) or ILV < 1 or ILV % (block_n or block):
@@ -137,7 +128,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     KP = 1 << (top_k - 1).bit_length()                 # top_k as a Triton block (a power of two)
     # One task over all of H is a long chain of load latencies, even at one token: copies and sums take
     # slabs of WH columns and the router's logits RH-column slices, run side by side (records moe_trace)
-    WH, RH = 8 * block, router_slice or 4 * block
+    WH, RH = 8 * block, 4 * block
     slabs, slices = et.cdiv(H, WH), et.cdiv(H, RH)
     one = bool(one_rank)
     copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH)
@@ -193,9 +184,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
 
     # The router, dispatch and tile planning run at every routing: pinned (the static formula under
     # the dynamic schedule too), their chain of five steps costs no queue hop (records moe_pin_ab, moe_trace)
-    pin = bool(pin_router)
     @g.task(grid=(et.cdiv(T, BT), slices), notify=lambda i, k: scored[i], triton=moe_tiles.moe_logits,
-            constexprs=dict(BT=BT, BE=BE, BK=block, RH=RH), pinned=pin)
+            constexprs=dict(BT=BT, BE=BE, BK=block, RH=RH), pinned=True)
     def logits(t, i, k):                                 # token block i's logits over hidden slice k
         rows, cols = et.block(i, BT, t.T), et.block(k, RH, t.H)
         t.logits[k, rows, :t.E] = t.x[rows, cols].float() @ t.wg[cols].float()
@@ -204,7 +194,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # or plan follows: those walk every slot and held the expert tiles back (records moe_route_place_ab)
     @g.task(grid=(et.cdiv(T, BTK),), wait=lambda i: scored[i // (BT // BTK)], notify=lambda i: routed[0],
             triton=moe_tiles.moe_route_place if one else moe_tiles.moe_route,
-            constexprs=dict(TOP_K=top_k, KP=KP, BT=BTK, BE=BE, RH=RH, SU=SU), pinned=pin)
+            constexprs=dict(TOP_K=top_k, KP=KP, BT=BTK, BE=BE, RH=RH, SU=SU), pinned=True)
     def route(t, i):
         rows = et.block(i, BTK, t.T)
         probs = torch.softmax(t.logits[:, rows, :t.E].sum(0), dim=-1)
@@ -222,7 +212,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     if not one:
         @g.task(grid=(R, slot_blocks, slabs), wait=lambda d, b, c: routed[0],
                 notify=lambda d, b, c: dispatched[(me + d) % R], triton=moe_tiles.moe_dispatch, constexprs=copy,
-                pinned=pin)
+                pinned=True)
         def dispatch(t, d, b, c):                        # my slots in block b whose expert lives on rank me + d
             dst, n_local = (t.rank + d) % t.world, t.E_local
             s, hs = et.block(b, BS, t.T * top_k), et.block(c, WH, t.H)
@@ -235,7 +225,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
                 peer.recv_expert[t.rank][s] = torch.where(mine, ids % n_local, -1)
 
         @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: planned[0],
-                triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=plan_block), pinned=pin)
+                triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=plan_block), pinned=True)
         def plan(t, e):
             found = (t.recv_expert.reshape(-1) == e).nonzero().flatten()
             t.counts[e] = found.numel()
@@ -243,7 +233,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
 
     @g.task(grid=(1,), wait=lambda _: routed[0] if one else planned[0], notify=lambda _: [tiled[0], done[0]],
             triton=moe_tiles.moe_tile_table_take if one else moe_tiles.moe_tile_table,
-            constexprs=dict(BM=block_m, BE=BE), pinned=pin)
+            constexprs=dict(BM=block_m, BE=BE), pinned=True)
     def tile_table(t, _):
         if one:                                          # the counts route made; fill left zero
             t.counts[:] = t.fill
@@ -258,14 +248,14 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         first = int(t.tile_end[e - 1]) if e else 0
         return e, t.slots[e, et.block(j - first, block_m, int(t.counts[e]))]
 
-    # The expert GEMM tiles walk groups of group_m row tiles per weight column block (et.grouped):
+    # The expert GEMM tiles walk groups of GROUP_M row tiles per weight column block (et.grouped):
     # a wave of programs then reads each weight block once per group, not once per row tile. Row
     # tiles are numbered expert after expert, so a group shares one expert's weights wherever the
     # expert has several (mixtral at 4096 tokens: 16 row tiles per expert; walked row tile after row
     # tile, its 112 gate/up column blocks re-read the expert's weights from HBM for every one).
     gu_tiles, h_tiles = et.cdiv(I, BN), et.cdiv(H, BND)
-    gu = lambda q: et.grouped(q, max_tiles, gu_tiles, group_m)   # noqa: E731  (row tile j, column block n)
-    dn = lambda q: et.grouped(q, max_tiles, h_tiles, group_m)    # noqa: E731  (row tile j, column block h)
+    gu = lambda q: et.grouped(q, max_tiles, gu_tiles, GROUP_M)   # noqa: E731  (row tile j, column block n)
+    dn = lambda q: et.grouped(q, max_tiles, h_tiles, GROUP_M)    # noqa: E731  (row tile j, column block h)
 
     @g.task(grid=(max_tiles * gu_tiles,), wait=lambda q: tiled[0], notify=lambda q: act_ready[gu(q)[0]],
             triton=moe_tiles.moe_gate_up, constexprs=dict(expert_gemm, BN=BN, TOP_K=top_k, ONE_RANK=one, ILV=ILV),
@@ -294,11 +284,12 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         cols = et.block(h, BND, t.H)
         t.expert_out.reshape(-1, t.H)[rows, cols] = t.act[rows] @ t.w_down[e][:, cols]
 
-    # tiled first: done's count reads ntiles, which tile_table writes
+    # tiled first: done's count reads ntiles, which tile_table writes. The return and the combine are
+    # the tail: they spin on their waits instead of each waiting for a queue hop (records moe_tail_ab)
     if not one:
         @g.task(grid=(R, slot_blocks, slabs), wait=lambda d, b, c: [tiled[0], done[0]],
                 notify=lambda d, b, c: returned[(me + d) % R], triton=moe_tiles.moe_send_back, constexprs=copy,
-                tail=tail)
+                tail=True)
         def send_back(t, d, b, c):                       # rank me + d's slots in block b that I served
             dst = (t.rank + d) % t.world
             s, hs = et.block(b, BS, t.T * top_k), et.block(c, WH, t.H)
@@ -314,14 +305,14 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # Task (i, c) sums token blocks i, i + G, ... (G = the grid's rows: one block each up to
     # combine_tasks tasks, strides past it) over hidden slab c.
     CB, CW, CT = combine_block or block_m, combine_width or WH, combine_tasks or 0
-    CS = min(combine_step or block, CW)
+    CS = min(block, CW)
     c_blocks, c_slabs = et.cdiv(T, CB), et.cdiv(H, CW)
     c_rows = et.minimum(c_blocks, et.cdiv(CT, c_slabs)) if CT else c_blocks
     @g.task(grid=(c_rows, c_slabs), wait=lambda i, c: [tiled[0], done[0]] if one else returned[me],
             triton=moe_tiles.moe_combine,
             constexprs=dict(TOP_K=top_k, KP=KP, BM=CB, BH=CS, WH=CW,
                             STRIDED=bool(CT)),
-            bind=dict(G=c_rows, **({"back": "expert_out"} if one else {})), tail=tail)
+            bind=dict(G=c_rows, **({"back": "expert_out"} if one else {})), tail=True)
     def combine(t, i, c):
         stride, hs = t(c_rows), et.block(c, CW, t.H)
         for b in range(i, t(c_blocks), stride):

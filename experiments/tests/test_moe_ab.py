@@ -10,4 +10,4 @@ def test_variant_text_parses_into_layer_arguments():
     moe_ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(moe_ab)
     assert moe_ab.variant("base") == {}
-    assert moe_ab.variant("half_tails=false+router_slice=512") == {"half_tails": False, "router_slice": 512}
+    assert moe_ab.variant("half_tails=false+route_block=32") == {"half_tails": False, "route_block": 32}

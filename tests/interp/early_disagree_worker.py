@@ -2,12 +2,15 @@
 would walk `tiled` on one rank and not on the other. Every rank must refuse at the first call,
 before anything launches, naming the difference (not hang until the watchdog): the call agreement
 (mesh/calls.py) names the early-pushed tasks of each rank's kernel. Then they disagree on the tail
-(rank 1 queues the return and combine): `returned` would be a plain notify on one rank and walked on
-the other, and a queued combine never pushed: the kernels' sources differ.
+(rank 1's graph has its return and combine queued, TaskSpec.tail cleared): `returned` would be a
+plain notify on one rank and walked on the other, and a queued combine never pushed: the kernels'
+sources differ.
 
     TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/early_disagree_worker.py
         -> 'OK early disagree rank r', 'OK tail disagree rank r'
 """
+
+import dataclasses
 
 import etdist as et
 from etdist.workloads import moe
@@ -24,8 +27,10 @@ def main():
     except et.ShapeMismatchError as e:
         assert "early_push: ('gate_up',)" in str(e) and "early_push: ()" in str(e), e
         print(f"OK early disagree rank {r}", flush=True)
-    kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, tail=r == 0), schedule="dynamic",
-                        target="cuda")
+    ir = moe.moe_layer(top_k=2, block_m=16, max_experts=16).to_ir()
+    if r == 1:   # the return and combine queued
+        ir = dataclasses.replace(ir, tasks=tuple(dataclasses.replace(t, tail=False) for t in ir.tasks))
+    kernel = et.compile(ir, schedule="dynamic", target="cuda")
     try:
         kernel(mesh, **ranks[r])
     except et.ShapeMismatchError as e:

@@ -3,8 +3,7 @@ under Triton's interpreter, one process per rank, against the float64 reference:
 
     TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/moe_worker.py [--dynamic] [options]
 
---early-push 0|1|2 is compile's early_push (default 1); --tail 0 queues the return and combine
-(moe_layer's tail=False; default 1, the tail).
+--early-push 0|1|2 is compile's early_push (default 1).
 """
 import argparse
 import sys
@@ -23,9 +22,8 @@ def main(args):
     ap = argparse.ArgumentParser()
     ap.add_argument("--dynamic", action="store_true")
     ap.add_argument("--early-push", type=int, choices=(0, 1, 2), default=1)
-    ap.add_argument("--tail", type=int, choices=(0, 1), default=1)
     opts = ap.parse_args(args)
-    schedule, tail = "dynamic" if opts.dynamic else "static", opts.tail == 1
+    schedule = "dynamic" if opts.dynamic else "static"
     mesh = et.init_mesh(backend="cpu")
     R, r = mesh.world_size, mesh.rank
 
@@ -35,7 +33,7 @@ def main(args):
         return ranks[r], weights, moe.reference([i["x"] for i in ranks], *weights, top_k=top_k)[r]
 
     one = R == 1   # one rank: the graph nn.MoE builds there, whose bodies move no rows (one_rank)
-    kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, tail=tail, one_rank=one), schedule=schedule,
+    kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, one_rank=one), schedule=schedule,
                         target="cuda", early_push=opts.early_push)
     for T, skew, seed in ((5, 0.0, 1), (19, 4.0, 2), (3, 0.0, 3)):   # skew: most tokens to few experts
         mine, _, want = case(T, 24, 20, seed, skew)
@@ -43,7 +41,7 @@ def main(args):
             err = rel_err(kernel(mesh, **mine)["y"], want)
             assert err < 1e-4, (schedule, T, skew, err)
     # blocks of 32 (the router keeps 16-token blocks: three route tasks here, each over 32-wide K steps)
-    wide = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block=32, tail=tail, one_rank=one),
+    wide = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block=32, one_rank=one),
                       schedule=schedule, target="cuda")
     mine, _, want = case(37, 40, 20, seed=5, skew=1.0)
     assert rel_err(wide(mesh, **mine)["y"], want) < 1e-4, ("block 32", schedule)
@@ -52,7 +50,7 @@ def main(args):
     # block, a plan over several steps, two router slices (64 columns) summed in one unrolled step
     # and the combine in its own blocks (16 tokens x 32 columns), ragged, its 3 x 3 blocks in 2 x 3
     # tasks (combine_tasks 4: the first task row takes token blocks 0 and 2)
-    big = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, route_block=32, plan_block=32, tail=tail,
+    big = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, route_block=32, plan_block=32,
                                    one_rank=one, topk_block=16, combine_block=16, combine_width=32,
                                    combine_tasks=4),
                      schedule=schedule, target="cuda")
@@ -62,7 +60,7 @@ def main(args):
     # (half_tails), down tiles wider than the gate/up ones: skewed, so experts end in tiles of 1-16
     # rows, of 17-32 and whole ones
     halves = et.compile(moe.moe_layer(top_k=2, block_m=32, max_experts=16, block_n=16, down_block_n=32,
-                                      half_tails=True, tail=tail, one_rank=one), schedule=schedule, target="cuda")
+                                      half_tails=True, one_rank=one), schedule=schedule, target="cuda")
     for T, seed in ((45, 8), (29, 9)):
         mine, _, want = case(T, 48, 40, seed=seed, skew=1.0)
         assert rel_err(halves(mesh, **mine)["y"], want) < 1e-4, ("half tails", schedule, T)
@@ -71,26 +69,26 @@ def main(args):
     mine, _, want = case(21, 200, 20, seed=6, skew=1.0)
     assert rel_err(kernel(mesh, **mine)["y"], want) < 1e-4, ("slabs", schedule)
     # sizes promised multiples of 16 (nn.MoE's GPU graph when H and I allow it: vectorised loads)
-    aligned = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, align=16, tail=tail, one_rank=one),
+    aligned = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, align=16, one_rank=one),
                          schedule=schedule, target="cuda")
     mine, _, want = case(7, 32, 16, seed=4, skew=2.0)
     assert rel_err(aligned(mesh, **mine)["y"], want) < 1e-4, ("aligned", schedule)
     # w_gate_up in interleaved blocks of 16 columns (nn.MoE's layout where I allows): with TMA one
     # dot over gate and up (blocks as wide as the tiles); two, from blocks of 32, with TMA and without
     for ilv, bn, align in ((16, 16, 16), (32, 16, 16), (32, 16, 1)):
-        mixed = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block_n=bn, align=align, tail=tail,
+        mixed = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block_n=bn, align=align,
                                          one_rank=one, gate_up_interleave=ilv), schedule=schedule, target="cuda")
         mine, _, want = case(15, 32, 64, seed=12, skew=1.0)
         mine = dict(mine, w_gate_up=moe.interleave_gate_up(mine["w_gate_up"], ilv))
         assert rel_err(mixed(mesh, **mine)["y"], want) < 1e-4, ("interleaved gate/up", ilv, schedule)
     # [gate | up] through one descriptor, I ragged against the tiles: the last gate block's box runs
     # into up's columns, which no store keeps
-    ragged = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block_n=32, align=16, tail=tail,
+    ragged = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, block_n=32, align=16,
                                       one_rank=one), schedule=schedule, target="cuda")
     mine, _, want = case(9, 32, 48, seed=13, skew=1.0)
     assert rel_err(ragged(mesh, **mine)["y"], want) < 1e-4, ("ragged I, one descriptor", schedule)
     # top-3: the routing keeps its picks in a block of 4 (a padded lane that must store nothing)
-    three = et.compile(moe.moe_layer(top_k=3, block_m=16, max_experts=16, tail=tail, one_rank=one),
+    three = et.compile(moe.moe_layer(top_k=3, block_m=16, max_experts=16, one_rank=one),
                        schedule=schedule, target="cuda")
     mine, _, want = case(13, 24, 20, seed=11, skew=1.0, top_k=3)
     assert rel_err(three(mesh, **mine)["y"], want) < 1e-4, ("top-3", schedule)
