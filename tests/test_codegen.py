@@ -344,6 +344,11 @@ def _op_kernels():
     cfg, _, _, build = rs_op.kernel_plan(128, 6144, 4096, bf, 132, 2, dataclasses.replace(P, local_sums_min_m=0))
     assert "local_sums" not in build.keywords
     yield "gemm_rs M=128 slices to the owners", build, cfg.num_warps, cfg.num_stages
+    # gemm_rs just past the skinny classes: a 128-row accumulator and a 32-row tail (an option), bf16 and fp32
+    for dt in (bf, torch.float32):
+        cfg, _, _, build = rs_op.kernel_plan(129, 6144, 4096, dt, 132, 2, P.override("skinny_tail_m=32"))
+        assert build.keywords["tail_m"] == 32
+        yield f"gemm_rs skinny tail M=129 {dt}", build, cfg.num_warps, cfg.num_stages
     # all_gather_gemm just past the whole class: a 128-row accumulator and a 32-row tail
     cfg, build = ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2, P)
     assert build.keywords["tail_m"] == 32

@@ -289,3 +289,20 @@ def test_ag_gemm_past_256_rows_gathers_whole_where_large_tiles_fill_their_waves(
     assert name(384, 36864, config=DEFAULT_PLAN.override("whole_large_m=0")) == "all_gather_gemm"
     cfg, build = ag_op.kernel_plan(384, 4096, 36864, bf, 132, 2, DEFAULT_PLAN)
     assert cfg is DEFAULT_PLAN.large and build.keywords["gemm_n"] == DEFAULT_PLAN.large.block_n
+
+
+def test_gemm_rs_rows_just_past_the_skinny_classes_take_a_tail():
+    """skinny_tail_m (an option, 0 by default): gemm_reduce_scatter from 129 rows up to
+    skinny_tail's block_m + skinny_tail_m runs the skinny graph with a tail accumulator, its slices
+    summed locally; aligned sizes on two ranks or more only; past it, the large graph."""
+    from etdist.ops import gemm_rs as rs_op
+    bf = torch.bfloat16
+    plan = lambda M, config, world=2, K=6144: rs_op.kernel_plan(M, K, 4096, bf, 132, world, config)[3]  # noqa: E731
+    assert DEFAULT_PLAN.skinny_tail_m == 0 and plan(129, DEFAULT_PLAN).func.__name__ == "gemm_reduce_scatter"
+    cfg = DEFAULT_PLAN.override("skinny_tail_m=32")
+    assert [plan(M, cfg).keywords.get("tail_m") for M in (128, 129, 160, 161)] == [None, 32, 32, None]
+    assert plan(129, cfg).keywords["local_sums"] and plan(161, cfg).func.__name__ == "gemm_reduce_scatter"
+    assert rs_op.kernel_plan(129, 6144, 4096, bf, 132, 2, cfg)[0] is cfg.skinny_tail
+    assert "tail_m" not in plan(129, cfg, world=1).keywords and "tail_m" not in plan(129, cfg, K=6143).keywords
+    with pytest.raises(ValueError, match="skinny_tail_m must be 0 or a power of two >= 16"):
+        DEFAULT_PLAN.override("skinny_tail_m=24")

@@ -99,6 +99,31 @@ def test_gemm_reduce_scatter_skinny(schedule, world, M, reduce_n, local_sums):
         gemm_rs.gemm_reduce_scatter_skinny(block_m=16, block_n=8, reduce_n=3)
 
 
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("M", [48, 40, 33, 5])
+def test_gemm_rs_skinny_with_a_tail_takes_every_row_in_one_task(schedule, world, M):
+    """tail_m (local sums): up to block_m + tail_m rows in one matmul task per slice and column tile
+    (32 + 16 here; 5 leaves the tail empty); more rows, or an owner's rows past one tile (one rank),
+    are refused before the launch; tail_m wants local sums and a power of two >= 16."""
+    kernel = et.compile(gemm_rs.gemm_reduce_scatter_skinny(block_m=32, block_n=16, block_k=16, splits=3, align=16,
+                                                           local_sums=True, tail_m=16),
+                        schedule=schedule, programs=3)
+    inputs = gemm_rs.make_inputs(world, M, 64, 48, seed=world * 10 + M)
+    want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
+    for seed in range(0, 20, 2):
+        got = kernel.run(inputs, interleave="random", seed=seed)
+        for r in range(world):
+            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+    with pytest.raises(et.InputError, match="M must be <= 48"):
+        kernel.run(gemm_rs.make_inputs(world, 49, 64, 48))
+    with pytest.raises(et.InputError, match="an owner's rows must fit one 32-row tile"):
+        kernel.run(gemm_rs.make_inputs(1, 40, 64, 48))
+    for bad in (dict(tail_m=24, local_sums=True, align=16), dict(tail_m=16, local_sums=False, align=16),
+                dict(tail_m=16, local_sums=True, align=1)):
+        with pytest.raises(et.GraphError, match="tail_m must be 0 or a power of two >= 16"):
+            gemm_rs.gemm_reduce_scatter_skinny(block_m=32, block_n=16, block_k=16, **bad)
+
+
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 3])
 @pytest.mark.parametrize("own_from_x", [False, True])

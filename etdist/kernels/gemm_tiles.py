@@ -267,6 +267,25 @@ def gemm_rs_skinny_matmul_local(s, j, x, w, slices, M, K, N, SPLITS: tl.constexp
 
 
 @triton.jit
+def gemm_rs_skinny_matmul_local_tail(s, j, x, w, slices, M, K, N, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                                     TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                     USE_ASM: tl.constexpr):
+    """gemm_rs_skinny_matmul_local for BLOCK_M < M <= BLOCK_M + TAIL_M: contraction slice s of
+    column tile j over every row, each weight tile loaded once (a descriptor) for the first BLOCK_M
+    rows and, transposed, the TAIL_M after them (rows_and_tail_acc), into slices[s] (fp32)."""
+    steps = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K)   # a slice's steps, as skinny_slice's KB
+    acc, acc_t = rows_and_tail_acc(x, w, M, K, N, j, s * steps, tl.minimum(tl.cdiv(K, BLOCK_K), (s + 1) * steps),
+                                   BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    out = slices + s * M * N
+    offs_m = tl.arange(0, BLOCK_M)
+    tl.store(out + offs_m[:, None] * N + offs_n[None, :], acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    offs_t = BLOCK_M + tl.arange(0, TAIL_M)
+    tl.store(out + offs_t[:, None] * N + offs_n[None, :], tl.trans(acc_t),
+             mask=(offs_t[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
 def gemm_rs_skinny_combine(d, j, slices, partial, partial_peers, M, N, RANK, WORLD, SPLITS: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Owner d's rows of columns tile j summed over this rank's SPLITS slices, into d's

@@ -49,6 +49,12 @@ class PlanConfig:
     skinny_128: TileConfig = TileConfig(128, 128, 128, 8, 3, swap_ab=True)  # M <= 128: the same
     large: TileConfig = TileConfig(128, 256, 64, 8, 4)   # above, all_gather_gemm's too: gemm_rs_narrow_ab.jsonl
     max_splits: int = 4                                  # slices of a large tile: gemm_rs_split_ab.jsonl
+    # just past the skinny classes, up to skinny_tail's block_m + skinny_tail_m rows: the skinny graph
+    # with each task's rows in skinny_tail's accumulator and a transposed tail one over one load of
+    # each weight tile, its slices summed locally (0: none; a power of two >= 16); an option until a
+    # two-GPU A/B decides it
+    skinny_tail: TileConfig = TileConfig(128, 128, 64, 8, 4)
+    skinny_tail_m: int = 0
     local_sums_min_m: int = 65      # from this many rows the skinny slices are summed on their GPU (0: never): gemm_rs_ab.jsonl
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
     # every row, the weights read once), a tile class per bound; above, per-source tiles
@@ -89,8 +95,10 @@ class PlanConfig:
                     raise ValueError(f"PlanConfig.{f.name} must be a TileConfig, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int) or v < _LEAST[f.name]:
                 raise ValueError(f"PlanConfig.{f.name} must be an int >= {_LEAST[f.name]}, got {v!r}")
-        if self.whole_tail_m and (self.whole_tail_m < 16 or self.whole_tail_m & (self.whole_tail_m - 1)):
-            raise ValueError(f"PlanConfig.whole_tail_m must be 0 or a power of two >= 16, got {self.whole_tail_m}")
+        for name in ("whole_tail_m", "skinny_tail_m"):
+            v = getattr(self, name)
+            if v and (v < 16 or v & (v - 1)):
+                raise ValueError(f"PlanConfig.{name} must be 0 or a power of two >= 16, got {v}")
         if self.mlp_down_n < 16 or self.mlp_down_n & (self.mlp_down_n - 1):
             raise ValueError(f"PlanConfig.mlp_down_n must be a power of two >= 16, got {self.mlp_down_n}")
         # the plan caches hash it on every call of an op: once here, not per call
@@ -138,7 +146,7 @@ def override_fields(config: str, fields: list, text: str) -> list:
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
 _LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
           "replicated_owners_min_m": 0,
-          "whole_tail_m": 0, "whole_large_m": 0}
+          "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0}
 
 
 def _parse(name: str, text: str):

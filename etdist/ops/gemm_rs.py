@@ -114,6 +114,15 @@ def chosen_plan(M: int, K: int, N: int, world: int, sms: int, config: PlanConfig
     return splits, 0
 
 
+def skinny_tail(M: int, align: int, world: int, config: PlanConfig) -> Optional[TileConfig]:
+    """config.skinny_tail where M rows just past the skinny classes take it (up to its block_m +
+    config.skinny_tail_m; aligned, two ranks or more, so that an owner's rows fit one tile), else None."""
+    cfg = config.skinny_tail
+    if not config.skinny_tail_m or align != 16 or world < 2 or skinny_class(M, config) is not None:
+        return None
+    return cfg if M <= cfg.block_m + config.skinny_tail_m and -(-M // world) <= cfg.block_m else None
+
+
 def skinny_reduce_n(block_n: int, n_tiles: int, sms: int) -> int:
     """Width of the skinny graph's reduce tiles: block_n cut in a power of two of parts, no narrower
     than SKINNY_REDUCE_N, and no more reduce tasks than SMs (qwen3_8b's 32 column tiles on 132 SMs:
@@ -148,12 +157,13 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     """What the op compiles for x [M, K] @ w [K, N] on a GPU of `sms` SMs among `world` ranks with
     `config`: (tile config, split-K slices, alignment, a builder of the graph). Cached (~1.7 us a
     call uncached, on the eager decode path); config is part of the key."""
-    cfg = skinny_class(M, config)
+    align = 16 if K % 16 == 0 and N % 16 == 0 else 1  # aligned rows vectorise
+    tail = skinny_tail(M, align, world, config)
+    cfg = skinny_class(M, config) or tail
     skinny = cfg is not None
     cfg = cfg or config.large
     if dtype == torch.float32:
         cfg = fp32_config(cfg)
-    align = 16 if K % 16 == 0 and N % 16 == 0 else 1  # aligned rows vectorise
     # builders as partials: `build.func` names the graph, which the op's kernel cache keys on
     if not skinny:
         rows = -(-M // world)                            # rows per owner
@@ -164,14 +174,16 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
                                                      row_pointers=row_pointers(rows, cfg.block_m),
                                                      interleave=interleave)
     splits = skinny_splits(N, sms, cfg.block_n)
-    local = 0 < config.local_sums_min_m <= M and splits > 1 and world > 1   # the class's M all alike: one binary
+    # the class's M all alike: one binary; the tail class sums its slices locally (its body's form)
+    local = tail is not None or (0 < config.local_sums_min_m <= M and splits > 1 and world > 1)
     n_tiles = -(-N // cfg.block_n)
     # the reduce's width; with local sums the combine tasks' too, one per owner: sized to one wave of SMs
     # (two waves: 3-12% slower on the 8-9B and 32B shapes at M 96/128, records gemm_rs_ab at 9e7952a)
     reduce_n = skinny_reduce_n(cfg.block_n, n_tiles * (world if local else 1), sms)
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,
                                                  cfg.block_k, splits, align, cfg.swap_ab, reduce_n=reduce_n,
-                                                 **({"local_sums": True} if local else {}))
+                                                 **({"local_sums": True} if local else {}),
+                                                 **({"tail_m": config.skinny_tail_m} if tail is not None else {}))
 
 
 def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, *, mesh=None, schedule: str = "static",

@@ -129,7 +129,7 @@ def make_inputs(world: int, M: int, K: int, N: int, seed: int = 0, dtype=torch.f
 def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                                block_k: int = 128, splits: int = 4, align: int = 1,
                                swap_ab: bool = False, reduce_n: int | None = None,
-                               local_sums: bool = False) -> et.Graph:
+                               local_sums: bool = False, tail_m: int = 0) -> et.Graph:
     """The decode-sized variant (M <= block_m): one tile holds every row, so each rank reads its
     weights once (the graph above reads them once per destination rank). The contraction is
     split in `splits` slices to give every SM work; fp32 partials, summed by the owner.
@@ -140,7 +140,14 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
     matmuls (ops.gemm_rs.skinny_reduce_n; records gemm_rs_w1_ab.jsonl).
     local_sums: the slices stay on their GPU and a combine task per owner and column tile sums
     them before one partial goes to the owner: R partials per tile cross the links instead of
-    R x splits (at 128 rows, 4 slices of qwen3_8b put 4 MB on the links per rank)."""
+    R x splits (at 128 rows, 4 slices of qwen3_8b put 4 MB on the links per rank).
+    tail_m (with local_sums, align 16): up to block_m + tail_m rows, each matmul task's first
+    block_m rows in one accumulator and the tail_m after them, transposed, in another, over one
+    load of each weight tile (gemm_tiles.gemm_rs_skinny_matmul_local_tail); each owner's rows must
+    still fit one block_m tile (the combine and reduce tiles): two ranks or more."""
+    if tail_m and (tail_m & (tail_m - 1) or tail_m < 16 or align % 16 or not local_sums):
+        raise et.GraphError(f"gemm_reduce_scatter_skinny: tail_m must be 0 or a power of two >= 16, with align 16 "
+                            f"and local_sums, got tail_m={tail_m!r}, align={align}, local_sums={local_sums}")
     reduce_n = reduce_n or block_n
     if isinstance(reduce_n, bool) or not isinstance(reduce_n, int) or reduce_n < 1 or block_n % reduce_n:
         raise et.GraphError(f"gemm_reduce_scatter_skinny: reduce_n must divide block_n={block_n}, got {reduce_n!r}")
@@ -148,8 +155,10 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
     g = et.Graph("gemm_rs_skinny")
     M, K, N = g.size("M"), g.size("K", multiple_of=align), g.size("N", multiple_of=align)
     R, me = g.world, g.rank
-    g.check(M <= block_m, f"this variant holds every row in one tile: M must be <= {block_m}")
+    g.check(M <= block_m + tail_m, f"this variant holds every row in one tile: M must be <= {block_m + tail_m}")
     C, owned = et.row_chunks(M, R)       # rows per owner, ragged at the end
+    if tail_m:
+        g.check(C <= block_m, f"an owner's rows must fit one {block_m}-row tile (the tail needs two ranks or more)")
     KB = et.cdiv(et.cdiv(K, splits), block_k) * block_k   # contraction per slice
     n_tiles = et.cdiv(N, block_n)
     consts = dict(SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n)
@@ -179,7 +188,9 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
         ready = lambda j: arrived[me, j]   # noqa: E731
 
         @g.task(grid=(splits, n_tiles), notify=lambda s, j: sliced[j],
-                triton=gemm_tiles.gemm_rs_skinny_matmul_local, constexprs=mm)
+                **(dict(triton=gemm_tiles.gemm_rs_skinny_matmul_local_tail,
+                        constexprs=dict(SPLITS=splits, BLOCK_M=block_m, TAIL_M=tail_m, BLOCK_N=block_n, BLOCK_K=block_k))
+                   if tail_m else dict(triton=gemm_tiles.gemm_rs_skinny_matmul_local, constexprs=mm)))
         def matmul(t, s, j):                                 # slice s of tile j, every row, kept here
             cols, ks = et.block(j, block_n, t.N), et.block(s, t(KB), t.K)
             t.slices[s, :, cols] = t.x[:, ks].float() @ t.w[ks, cols].float()
@@ -197,5 +208,5 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
         t.y[:, cols] = t.partial[:, :rows, cols].sum(0).to(t.y.dtype)
 
     g.sample(M=5, K=3, N=7)
-    g.sample(M=block_m, K=block_k + 1, N=block_n + 3)
+    g.sample(M=block_m + tail_m, K=block_k + 1, N=block_n + 3)
     return g
