@@ -1,5 +1,5 @@
 """The decode ceiling on one GPU: how fast the hardware streams one rank's weights, and how close
-GEMM tile bodies get to that with the math inside (issue 42: measure the ceiling first).
+GEMM tile bodies get to that with the math inside: the ceiling each decode body is judged against.
 
 For each of the 8 MLP shapes at TP=2 (gemm_rs: w_down shard [I/2, H]; ag_gemm: w_gate_up shard
 [H, I]), on bf16 weights in 4 rotated copies, timed from a CUDA graph of 20 calls back to back

@@ -1,4 +1,4 @@
-"""A fused MoE of the kind serving engines run (issue 7's third baseline), written here in Triton.
+"""A fused MoE of the kind serving engines run (the MoE benchmark's third baseline), written here in Triton.
 
 Serving engines (vLLM, SGLang) run a bf16 MoE layer as: route -> *align* (each expert's (token, k)
 slots sorted together and padded to a multiple of the row block BM, so that every row block of the

@@ -1,4 +1,4 @@
-"""The MoE layer as a serving stack writes it in torch: the baseline of issue 7.
+"""The MoE layer as a serving stack writes it in torch: the MoE benchmark's baseline.
 
 route (softmax top-k, renormalised) -> (token, k) slots sorted by expert -> for expert-parallel
 ranks, the rows travel to the rank owning their expert with all_to_all_single -> SwiGLU experts

@@ -1,4 +1,4 @@
-"""The shapes we measure: the paper's eight dense MLPs (ANCHORS.md), the two MoE layers of issue 7
+"""The shapes we measure: the paper's eight dense MLPs (ANCHORS.md), the two MoE layers
 and the token counts M.
 
 Names and sizes match etdist/bench/conf/model/<name>.yaml (tests/test_measure.py checks that they agree).
