@@ -349,6 +349,11 @@ def _op_kernels():
         cfg, _, _, build = rs_op.kernel_plan(129, 6144, 4096, dt, 132, 2, P.override("skinny_tail_m=32"))
         assert build.keywords["tail_m"] == 32
         yield f"gemm_rs skinny tail M=129 {dt}", build, cfg.num_warps, cfg.num_stages
+    # the skinny classes' partials in bf16 (an option), with and without local sums
+    for M in (16, 128):
+        cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132, 2, P.override("skinny_x_partials=1"))
+        assert build.keywords["x_partials"]
+        yield f"gemm_rs skinny bf16 partials M={M}", build, cfg.num_warps, cfg.num_stages
     # all_gather_gemm just past the whole class: a 128-row accumulator and a 32-row tail
     cfg, build = ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2, P)
     assert build.keywords["tail_m"] == 32

@@ -306,3 +306,17 @@ def test_gemm_rs_rows_just_past_the_skinny_classes_take_a_tail():
     assert "tail_m" not in plan(129, cfg, world=1).keywords and "tail_m" not in plan(129, cfg, K=6143).keywords
     with pytest.raises(ValueError, match="skinny_tail_m must be 0 or a power of two >= 16"):
         DEFAULT_PLAN.override("skinny_tail_m=24")
+
+
+def test_skinny_partials_cross_in_x_dtype_as_an_option():
+    """skinny_x_partials (an option, 0 by default; 0 or 1): the skinny classes' partials cross to
+    the owners in x's dtype, at two ranks or more and for bf16/fp16 only."""
+    from etdist.ops import gemm_rs as rs_op
+    kw = lambda M, config, world=2, dt=torch.bfloat16: rs_op.kernel_plan(M, 6144, 4096, dt, 132, world, config)[3].keywords  # noqa: E731
+    assert DEFAULT_PLAN.skinny_x_partials == 0 and "x_partials" not in kw(16, DEFAULT_PLAN)
+    cfg = DEFAULT_PLAN.override("skinny_x_partials=1")
+    assert all(kw(M, cfg)["x_partials"] for M in (1, 16, 64, 128))
+    assert "x_partials" not in kw(16, cfg, world=1) and "x_partials" not in kw(16, cfg, dt=torch.float32)
+    assert "x_partials" not in kw(1024, cfg)   # the large graph's partials are in x's dtype already
+    with pytest.raises(ValueError, match="skinny_x_partials must be 0 or 1"):
+        DEFAULT_PLAN.override("skinny_x_partials=2")

@@ -124,6 +124,25 @@ def test_gemm_rs_skinny_with_a_tail_takes_every_row_in_one_task(schedule, world,
             gemm_rs.gemm_reduce_scatter_skinny(block_m=32, block_n=16, block_k=16, **bad)
 
 
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("local_sums", [False, True])
+def test_gemm_rs_skinny_partials_in_x_dtype(schedule, world, local_sums):
+    """x_partials: the partials that cross to the owners are bf16 (x's dtype), summed in fp32: within
+    bf16's rounding of the float64 reference, with and without local sums; fp32 graphs keep fp32."""
+    graph = gemm_rs.gemm_reduce_scatter_skinny(block_m=16, block_n=8, block_k=4, splits=3, dtype=torch.bfloat16,
+                                               local_sums=local_sums, x_partials=True)
+    assert graph.to_ir().tensor("partial").dtype == torch.bfloat16
+    assert gemm_rs.gemm_reduce_scatter_skinny(block_m=16, block_n=8, block_k=4, x_partials=True).to_ir().tensor(
+        "partial").dtype == torch.float32
+    kernel = et.compile(graph, schedule=schedule, programs=3)
+    inputs = gemm_rs.make_inputs(world, 13, 21, 19, seed=world, dtype=torch.bfloat16)
+    want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
+    for seed in range(0, 20, 4):
+        got = kernel.run(inputs, interleave="random", seed=seed)
+        for r in range(world):
+            assert got[r]["y"].dtype == torch.bfloat16 and rel_err(got[r]["y"], want[r]) < 2e-2, (r, seed)
+
+
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 3])
 @pytest.mark.parametrize("own_from_x", [False, True])

@@ -299,7 +299,7 @@ def gemm_rs_skinny_combine(d, j, slices, partial, partial_peers, M, N, RANK, WOR
     for s in range(0, SPLITS):
         acc += tl.load(slices + s * M * N + at, mask=ok, other=0.0)
     out = aligned_peer(partial, partial_peers, d) + RANK * C * N
-    tl.store(out + offs_m[:, None] * N + offs_n[None, :], acc, mask=ok)
+    tl.store(out + offs_m[:, None] * N + offs_n[None, :], acc.to(partial.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -334,7 +334,7 @@ def skinny_slice(s, j, x, w, M, K, N, SPLITS: tl.constexpr, BLOCK_M: tl.constexp
 @triton.jit
 def gemm_rs_skinny_reduce(j, partial, y, M, N, RANK, WORLD, SPLITS: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """y[:, tile j] = sum of the WORLD x SPLITS fp32 partials of this rank's rows."""
+    """y[:, tile j] = sum (in fp32) of the WORLD x SPLITS partials of this rank's rows."""
     C = (M + WORLD - 1) // WORLD
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -342,7 +342,7 @@ def gemm_rs_skinny_reduce(j, partial, y, M, N, RANK, WORLD, SPLITS: tl.constexpr
     offs = offs_m[:, None] * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for r in range(0, WORLD * SPLITS):
-        acc += tl.load(partial + r * C * N + offs, mask=mask, other=0.0)
+        acc += tl.load(partial + r * C * N + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
 
 

@@ -183,7 +183,9 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     return cfg, splits, align, functools.partial(gemm_rs.gemm_reduce_scatter_skinny, cfg.block_m, cfg.block_n, dtype,
                                                  cfg.block_k, splits, align, cfg.swap_ab, reduce_n=reduce_n,
                                                  **({"local_sums": True} if local else {}),
-                                                 **({"tail_m": config.skinny_tail_m} if tail is not None else {}))
+                                                 **({"tail_m": config.skinny_tail_m} if tail is not None else {}),
+                                                 **({"x_partials": True} if config.skinny_x_partials and world > 1
+                                                    and dtype != torch.float32 else {}))
 
 
 def gemm_reduce_scatter(x: torch.Tensor, w: torch.Tensor, *, mesh=None, schedule: str = "static",

@@ -129,7 +129,7 @@ def make_inputs(world: int, M: int, K: int, N: int, seed: int = 0, dtype=torch.f
 def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                                block_k: int = 128, splits: int = 4, align: int = 1,
                                swap_ab: bool = False, reduce_n: int | None = None,
-                               local_sums: bool = False, tail_m: int = 0) -> et.Graph:
+                               local_sums: bool = False, tail_m: int = 0, x_partials: bool = False) -> et.Graph:
     """The decode-sized variant (M <= block_m): one tile holds every row, so each rank reads its
     weights once (the graph above reads them once per destination rank). The contraction is
     split in `splits` slices to give every SM work; fp32 partials, summed by the owner.
@@ -144,7 +144,9 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
     tail_m (with local_sums, align 16): up to block_m + tail_m rows, each matmul task's first
     block_m rows in one accumulator and the tail_m after them, transposed, in another, over one
     load of each weight tile (gemm_tiles.gemm_rs_skinny_matmul_local_tail); each owner's rows must
-    still fit one block_m tile (the combine and reduce tiles): two ranks or more."""
+    still fit one block_m tile (the combine and reduce tiles): two ranks or more.
+    x_partials: the partials that cross the links are in x's dtype (half the bytes of fp32 for
+    bf16/fp16, as the large graph's are), still summed in fp32 by the owner."""
     if tail_m and (tail_m & (tail_m - 1) or tail_m < 16 or align % 16 or not local_sums):
         raise et.GraphError(f"gemm_reduce_scatter_skinny: tail_m must be 0 or a power of two >= 16, with align 16 "
                             f"and local_sums, got tail_m={tail_m!r}, align={align}, local_sums={local_sums}")
@@ -167,7 +169,7 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
 
     g.input("x", (M, K), dtype)
     g.input("w", (K, N), dtype)
-    g.scratch("partial", (R * per_owner, C, N), torch.float32, symmetric=True)  # on the owner: [src, slice]
+    g.scratch("partial", (R * per_owner, C, N), dtype if x_partials else torch.float32, symmetric=True)  # [src, slice]
     g.output("y", (owned(me), N), dtype)
     if not local_sums:
         arrived = g.event("arrived", (R, n_tiles), count=R * splits, distributed=True)
@@ -205,7 +207,7 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
             triton=gemm_tiles.gemm_rs_skinny_reduce, constexprs=dict(consts, SPLITS=per_owner, BLOCK_N=reduce_n))
     def reduce(t, j):                                    # columns j of reduce_n: part of tile j // sub
         cols, rows = et.block(j, reduce_n, t.N), t(owned(me))
-        t.y[:, cols] = t.partial[:, :rows, cols].sum(0).to(t.y.dtype)
+        t.y[:, cols] = t.partial[:, :rows, cols].float().sum(0).to(t.y.dtype)
 
     g.sample(M=5, K=3, N=7)
     g.sample(M=block_m + tail_m, K=block_k + 1, N=block_n + 3)

@@ -81,6 +81,12 @@ def cases():
     yield "ag_gemm_whole_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
     # every row in one task: a 2T-row accumulator and a T-row tail (M=37: 32 + 5; M=5: the tail empty)
+    # fp16, the partials crossing to the owners in fp16 (x_partials), summed in fp32
+    yield "gemm_rs_skinny_x_partials_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float16, T, splits=3,
+                                                                              align=16, swap_ab=True, reduce_n=T,
+                                                                              local_sums=True, x_partials=True), \
+        lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M, dtype=torch.float16), gemm_rs.reference, \
+        ("x", "w")
     # every row in one matmul task per slice and column tile: a 2T-row accumulator and a T-row tail
     yield "gemm_rs_skinny_tail_tma", gemm_rs.gemm_reduce_scatter_skinny(2 * T, 2 * T, torch.float32, T, splits=3,
                                                                         align=16, reduce_n=T, local_sums=True,
@@ -179,7 +185,8 @@ def main(args):
             for launch in range(2):      # the second launch re-arms the counters
                 y = kernel(mesh, sizes={"M": M_run, **sizes}, **inputs[r])["y"]
                 err = ((y.double() - want).abs().max() / want.abs().max().clamp_min(1e-12)).item() if want.numel() else 0.0
-                assert y.shape == want.shape and err < 1e-4, (name, M, launch, tuple(y.shape), err)
+                tol = 1e-4 if y.dtype == torch.float32 else 1e-2   # fp16 graphs: its rounding
+                assert y.shape == want.shape and err < tol, (name, M, launch, tuple(y.shape), err)
             print(f"OK {name} M={M} {schedule} rank {r}", flush=True)
     mesh.close()
 
