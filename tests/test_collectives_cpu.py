@@ -93,6 +93,14 @@ def test_single_rank_ops_are_identities(mesh):
     assert all_reduce(x, out) is out
 
 
+def test_two_shot_all_reduce_on_one_rank_and_its_bad_arguments(mesh):
+    """two_shot on one rank is the identity; a two_shot that is not a bool is named."""
+    x = torch.arange(6, dtype=torch.float32)
+    assert torch.equal(all_reduce(x, two_shot=True), x)
+    with pytest.raises(MeshError, match="two_shot must be True or False, got 'yes'"):
+        all_reduce(x, two_shot="yes")
+
+
 def test_bad_arguments_say_what_to_fix(mesh):
     with pytest.raises(MeshError, match="not supported for sums"):
         all_reduce(torch.ones(4, dtype=torch.int64))

@@ -82,7 +82,9 @@ def time_graph(g, stream) -> float:
     return time_batch(g.replay, stream, calls=1)
 
 
-def make_ops(mesh, op: str, nbytes: int, dtype, symmetric_out: bool = False):
+def make_ops(mesh, op: str, nbytes: int, dtype, variant: str = ""):
+    """(x, out, ref, ours, nccl, link bytes, bus bytes) of one cell; variant "symmetric_out"
+    (all_gather into a symmetric out) or "two_shot" (all_reduce as reduce_scatter + all_gather)."""
     w, es = mesh.world_size, torch.empty((), dtype=dtype).element_size()
     total = nbytes // es
     if op == "reduce_scatter":
@@ -95,7 +97,7 @@ def make_ops(mesh, op: str, nbytes: int, dtype, symmetric_out: bool = False):
     elif op == "all_gather":
         x = torch.empty(total // w, dtype=dtype, device=mesh.device)
         out, ref = (torch.empty(total, dtype=dtype, device=mesh.device) for _ in range(2))
-        if symmetric_out:  # peers write it directly (collectives/ops.py: DIRECT)
+        if variant == "symmetric_out":  # peers write it directly (collectives/ops.py: DIRECT)
             out = mesh.empty((total,), dtype)
         ours = lambda: all_gather(x, out, mesh=mesh, check=False)  # noqa: E731
         nccl = lambda: dist.all_gather_into_tensor(ref, x)  # noqa: E731
@@ -109,15 +111,16 @@ def make_ops(mesh, op: str, nbytes: int, dtype, symmetric_out: bool = False):
             ref.copy_(x)
             dist.all_reduce(ref)
 
-        ours = lambda: all_reduce(x, out, mesh=mesh, check=False)  # noqa: E731
-        link_bytes = nbytes * (w - 1)  # one shot: all of x to every peer
+        two = variant == "two_shot"
+        ours = lambda: all_reduce(x, out, mesh=mesh, check=False, two_shot=two)  # noqa: E731
+        link_bytes = 2 * nbytes * (w - 1) / w if two else nbytes * (w - 1)  # one shot: all of x to every peer
         bus_bytes = 2 * nbytes * (w - 1) / w  # NCCL's busbw convention
     return x, out, ref, ours, nccl, link_bytes, bus_bytes
 
 
-def correctness(mesh, op, nbytes, symmetric_out=False) -> float:
+def correctness(mesh, op, nbytes, variant="") -> float:
     """fp32 integer sums must match NCCL exactly; returns bf16 max relative error vs NCCL."""
-    x, out, ref, ours, nccl, _, _ = make_ops(mesh, op, nbytes, torch.float32, symmetric_out)
+    x, out, ref, ours, nccl, _, _ = make_ops(mesh, op, nbytes, torch.float32, variant)
     x.copy_(torch.randint(-64, 65, x.shape, device=x.device, dtype=torch.float32))
     out.fill_(float("nan"))
     ours()
@@ -126,7 +129,7 @@ def correctness(mesh, op, nbytes, symmetric_out=False) -> float:
     torch.cuda.synchronize()
     if not torch.equal(out, ref):
         raise RuntimeError(f"{op} {nbytes} B fp32: differs from NCCL (max abs {(out - ref).abs().max().item()})")
-    x, out, ref, ours, nccl, _, _ = make_ops(mesh, op, nbytes, torch.bfloat16, symmetric_out)
+    x, out, ref, ours, nccl, _, _ = make_ops(mesh, op, nbytes, torch.bfloat16, variant)
     x.copy_(torch.randn(x.shape, device=x.device))
     out.fill_(float("nan"))
     ours()
@@ -156,6 +159,7 @@ def main(argv=None):
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--no-symmetric", action="store_true", help="skip all_gather into a symmetric out (*)")
+    ap.add_argument("--no-two-shot", action="store_true", help="skip all_reduce as reduce_scatter + all_gather (+)")
     args = ap.parse_args(argv)
     mesh = init_mesh()
     if why := timing_refused():   # its own CUDA-event timing, not etdist.bench.measure's (and NCCL refuses shared GPUs)
@@ -166,14 +170,16 @@ def main(argv=None):
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
                 commit=records.git_commit(), date=datetime.date.today().isoformat())
     rows = []
-    cells = [(op, False) for op in args.ops.split(",")]
+    cells = [(op, "") for op in args.ops.split(",")]
     if "all_gather" in args.ops and not args.no_symmetric:
-        cells.append(("all_gather", True))
-    for op, symmetric in cells:
+        cells.append(("all_gather", "symmetric_out"))
+    if "all_reduce" in args.ops and not args.no_two_shot and w > 1:
+        cells.append(("all_reduce", "two_shot"))
+    for op, variant in cells:
         for label in args.sizes.split(","):
             nbytes = SIZES[label]
-            err = correctness(mesh, op, nbytes, symmetric)
-            x, out, ref, ours, nccl, link, bus = make_ops(mesh, op, nbytes, torch.bfloat16, symmetric)
+            err = correctness(mesh, op, nbytes, variant)
+            x, out, ref, ours, nccl, link, bus = make_ops(mesh, op, nbytes, torch.bfloat16, variant)
             x.copy_(torch.randn(x.shape, device=x.device))
             for _ in range(3):
                 ours()
@@ -190,7 +196,7 @@ def main(argv=None):
                 mesh.barrier()
             mesh.check()
             floor = link / (ce * 1e3)
-            rec = dict(workload=op, model="bytes_symmetric_out" if symmetric else "bytes", M=nbytes, world=w, schedule="n/a", ours_us=round(t_ours, 2),
+            rec = dict(workload=op, model=f"bytes_{variant}" if variant else "bytes", M=nbytes, world=w, schedule="n/a", ours_us=round(t_ours, 2),
                        baselines=dict(eager=round(t_eager, 2), graph=round(t_graph, 2)),
                        floor_us=round(floor, 2), rel_err=err,
                        extra=dict(ours_graph_us=round(t_ours_graph, 2), ours_single_us=round(t_single, 2),
@@ -203,12 +209,12 @@ def main(argv=None):
                     f.write(json.dumps(rec) + "\n")
                 best = min(t_eager, t_graph) if t_graph == t_graph else t_eager
                 ours_best = min(t_ours, t_ours_graph) if t_ours_graph == t_ours_graph else t_ours
-                print(f"{op + ('*' if symmetric else ''):15s} {label:>5s} ours {t_ours:8.1f} us (graph {t_ours_graph:8.1f}, single {t_single:7.1f}) "
+                print(f"{op + {'symmetric_out': '*', 'two_shot': '+'}.get(variant, ''):15s} {label:>5s} ours {t_ours:8.1f} us (graph {t_ours_graph:8.1f}, single {t_single:7.1f}) "
                       f"| nccl eager {t_eager:8.1f} graph {t_graph:8.1f} single {t_nccl_single:7.1f} "
                       f"| best/best {best / ours_best:5.2f}x eager/eager {t_eager / t_ours:5.2f}x | busbw {bus / t_ours / 1e3:6.1f} vs {bus / t_eager / 1e3:6.1f} GB/s | rel_err {err:.1e}",
                       flush=True)
     if r == 0:
-        print(f"* = out allocated with mesh.empty (peers write it directly); "
+        print(f"* = out allocated with mesh.empty (peers write it directly); + = all_reduce(two_shot=True); "
               f"peer copy (copy engine) {ce:.1f} GB/s; device {meta['device']}; torch {meta['torch']}")
     mesh.close()
 
