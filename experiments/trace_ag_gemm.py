@@ -48,7 +48,7 @@ if mesh.rank == 0:
     flops, mm_rate = 2 * cfg.block_m * width * K, 2 * M * N * K / mm_us / sms   # flop per tile; flop/us per SM
     for rank in range(R):
         print(tr.summary(rows, rank), flush=True)
-        body = tr.median_body_us(rows, rank, "matmul")
+        body = tr.median_body_us(rows, rank, "matmul_with_tail" if "tail_m" in build.keywords else "matmul")
         if body:
             print(f"  matmul: median tile {body:.1f} us less its wait: {flops / body / 1e6:.2f} TF/s per SM, "
                   f"torch.mm {mm_rate / 1e6:.2f} (whole-GPU rate / {sms})", flush=True)

@@ -438,7 +438,8 @@ def _op_kernels():
 
 # one kernel of each family in the default set (a cold compile takes 3-15 s); every one in the slow set
 DEFAULT_KERNELS = {"gemm_rs M=16", "gemm_rs M=129", "gemm_rs M=8192", "gemm_rs tail", "ag_gemm_whole M=16",
-                   "mlp_whole M=16", "mlp_whole M=127 rows", "ag_gemm", "mlp", "mlp tail", "gemm_rs interleaved", "moe"}
+                   "mlp_whole M=16", "mlp_whole M=127 rows", "ag_gemm", "mlp", "mlp tail", "gemm_rs interleaved", "moe",
+                   "ag_gemm tail M=129"}
 
 
 @pytest.mark.parametrize("name,build,warps,stages", [k if k[0] in DEFAULT_KERNELS else

@@ -218,7 +218,8 @@ def test_local_sums_from_a_row_count_on():
 def test_replicated_owners_in_the_whole_classes_above_32_rows():
     """The replicated MLP's output tiles are summed on one owner rank each in the whole-gather
     classes from replicated_owners_min_m (33) rows: not at 32 rows or fewer, not above
-    whole_max_m (the sequence-parallel tiles), never on one rank; 0 turns it off."""
+    whole_max_m (the sequence-parallel tiles), never on one rank, at four only with plan_worlds=4
+    (measured on two GPUs); 0 turns it off."""
     from etdist.ops import mlp as mlp_op
     bf = torch.bfloat16
     owners = lambda M, world, config: mlp_op.replicated_plan(M, 4096, 6144, bf, 132, world, config)[1].keywords.get(  # noqa: E731
@@ -226,7 +227,8 @@ def test_replicated_owners_in_the_whole_classes_above_32_rows():
     assert DEFAULT_PLAN.replicated_owners_min_m == 33
     assert [owners(M, 2, DEFAULT_PLAN) for M in (16, 32, 33, 64, 128, 129, 1024)] == \
         [False, False, True, True, True, False, False]
-    assert not owners(128, 1, DEFAULT_PLAN) and owners(128, 4, DEFAULT_PLAN)
+    assert not owners(128, 1, DEFAULT_PLAN) and not owners(128, 4, DEFAULT_PLAN)
+    assert owners(128, 4, DEFAULT_PLAN.override("plan_worlds=4"))
     assert not owners(128, 2, DEFAULT_PLAN.override("replicated_owners_min_m=0"))
     assert [owners(M, 2, DEFAULT_PLAN.override("replicated_owners_min_m=65")) for M in (64, 65)] == [False, True]
 
@@ -257,6 +259,8 @@ def test_ag_gemm_rows_just_past_the_whole_class_take_a_tail():
     assert [plan(M, cfg).keywords.get("tail_m") for M in (128, 129, 160, 161)] == [None, 32, 32, None]
     assert plan(161, cfg).func.__name__ == "all_gather_gemm"
     assert "tail_m" not in plan(129, cfg, world=1).keywords and "tail_m" not in plan(129, cfg, K=8190).keywords
+    assert "tail_m" not in plan(129, cfg, world=4).keywords and plan(129, cfg.override("plan_worlds=4"), world=4).keywords[
+        "tail_m"] == 32
     # no whole-gather graph (whole_max_m=0) stays none; past a 256-row class no tail (its accumulators spill)
     assert all(plan(M, cfg.override("whole_max_m=0")).func.__name__ == "all_gather_gemm" for M in (1, 16, 48))
     assert "tail_m" not in plan(257, cfg.override("whole_max_m=256")).keywords
@@ -278,7 +282,8 @@ def test_ag_gemm_past_256_rows_gathers_whole_where_large_tiles_fill_their_waves(
     """whole_large_m (640): all_gather_gemm from 257 rows to 640 takes the whole-gather graph with
     PlanConfig.large's tiles where those fill at least 3/4 of their waves (gemma2_27b's 144 column
     tiles at 384 rows: 432 tiles, 4 waves), else the per-source graph (llama31_8b's 56 at 384: 168
-    tiles, 2 waves); only at world 2 (where it was measured); 0 turns it off."""
+    tiles, 2 waves); aligned sizes; only at world 2 (where it was measured) unless plan_worlds
+    says more; never where whole_max_m is 0 or reaches M; 0 turns it off."""
     from etdist.ops import ag_gemm as ag_op
     bf = torch.bfloat16
     name = lambda M, N, world=2, config=DEFAULT_PLAN: ag_op.kernel_plan(M, 4096, N, bf, 132, world, config)[1].func.__name__  # noqa: E731
@@ -287,6 +292,11 @@ def test_ag_gemm_past_256_rows_gathers_whole_where_large_tiles_fill_their_waves(
     assert name(384, 14336) == "all_gather_gemm" and name(640, 12288) == "all_gather_gemm_whole"
     assert name(384, 36864, world=4) == "all_gather_gemm" and name(384, 36864, world=1) == "all_gather_gemm"
     assert name(384, 36864, config=DEFAULT_PLAN.override("whole_large_m=0")) == "all_gather_gemm"
+    assert name(384, 36864, world=4, config=DEFAULT_PLAN.override("plan_worlds=4")) == "all_gather_gemm_whole"
+    assert name(384, 36866) == "all_gather_gemm"   # unaligned
+    assert name(384, 36864, config=DEFAULT_PLAN.override("whole_max_m=0")) == "all_gather_gemm"
+    wide = DEFAULT_PLAN.override("whole_max_m=640")   # its own whole classes serve up to 640, not large's tiles
+    assert ag_op.kernel_plan(384, 4096, 36864, bf, 132, 2, wide)[0] is wide.whole_256
     cfg, build = ag_op.kernel_plan(384, 4096, 36864, bf, 132, 2, DEFAULT_PLAN)
     assert cfg is DEFAULT_PLAN.large and build.keywords["gemm_n"] == DEFAULT_PLAN.large.block_n
 

@@ -16,19 +16,22 @@ from .plan_model import interleave_sources, row_pointers, sm_count
 
 # The plan (kernel_plan): up to PlanConfig.whole_max_m rows the gather (tiny) completes first and
 # GEMM tiles span every row, so the weights are read once (the whole-gather graph, a tile class per
-# bound: whole_tile); above, row tiles start per source as its rows arrive (overlap), this rank's
-# own row tiles reading x itself (the gather copies to the peers only: records own_from_x_ab5.jsonl).
+# bound: whole_tile; to whole_tail_m more rows with a tail accumulator: tail_tile); above, row tiles
+# start per source as its rows arrive (overlap), this rank's own row tiles reading x itself (the
+# gather copies to the peers only: records own_from_x_ab5.jsonl); from 257 rows to whole_large_m
+# the whole-gather graph again where its large tiles fill their waves (whole_large).
 
 # The whole-gather GEMM tiles span every row, so at decode sizes they can be fewer than the SMs:
 # whole_width halves them while twice as many still fit in one wave, down to WHOLE_MIN_N (records
 # whole_width_ab.jsonl: 32 wide lost, as did halving tiles that already fill a wave).
 WHOLE_MIN_N = 64
 # whole_large_m's whole-gather plan where PlanConfig.large's tiles over every row fill at least this
-# share of their waves: at M 384/640 on two GPUs 13-32% faster on the shapes at 76-98% (gemma2_27b and
-# up, qwen3_8b at 640), 10-15% slower at 55-71% (the 8-9B shapes' 2-3 waves); at 256 mixed. Records
-# ag_gemm_ab at 0d891ba (variant whole_max_m=640+whole_256=128,256,64,8,4). Measured at world 2 only.
+# share of their waves. Two GPUs, 8 shapes (records ag_gemm_ab at 0d891ba, variant
+# whole_max_m=640+whole_256=128,256,64,8,4, and at f12f1e6, variant whole_large_m=0): at M 300/384/640
+# 13-46% faster on the shapes at 76-98% (gemma2_27b and up; qwen3_8b at 640: 20%), 10-15% slower at
+# 55-71% (the 8-9B shapes' 2-3 waves), which it leaves; at 512 gemma2_27b and up within -2..+7%, but
+# llama31_8b and gemma2_9b (85%) 5-9% slower, which it takes too; at 256 mixed.
 WHOLE_LARGE_BUSY = 0.75
-WHOLE_LARGE_WORLDS = (2,)
 NARROW_RATE = 0.94   # PlanConfig.large_narrow's work per SM-second against large's, in full waves
 _KERNELS: dict = {}
 _REPEAT = RepeatedCall()
@@ -68,10 +71,12 @@ def large_tile(M: int, N: int, world: int, sms: int, config: PlanConfig) -> Tile
     return config.large_narrow if NARROW_RATE * busy(config.large_narrow) > busy(config.large) else config.large
 
 
-def whole_large(M: int, N: int, world: int, sms: int, config: PlanConfig) -> bool:
-    """Whether M rows past 256 (up to config.whole_large_m) take the whole-gather graph with
-    config.large's tiles: where those fill at least WHOLE_LARGE_BUSY of their waves."""
-    if not 256 < M <= config.whole_large_m or world not in WHOLE_LARGE_WORLDS:
+def whole_large(M: int, N: int, align: int, world: int, sms: int, config: PlanConfig) -> bool:
+    """Whether M rows past 256 and whole_max_m (up to config.whole_large_m) take the whole-gather
+    graph with config.large's tiles: where those fill at least WHOLE_LARGE_BUSY of their waves;
+    aligned sizes (their loads through descriptors), worlds 2 .. config.plan_worlds."""
+    if not max(256, config.whole_max_m) < M <= config.whole_large_m or not config.whole_max_m or align != 16 \
+            or not 2 <= world <= config.plan_worlds:
         return False
     large = config.large
     tiles = -(-M // large.block_m) * -(-N // whole_width(M, N, large, sms))
@@ -81,7 +86,7 @@ def whole_large(M: int, N: int, world: int, sms: int, config: PlanConfig) -> boo
 def tail_tile(M: int, align: int, world: int, dtype: torch.dtype, config: PlanConfig) -> Optional[TileConfig]:
     """The whole class's tile where M rows take it with a tail (config.whole_tail_m: just past a
     class of at most 128 rows that whole_max_m fills; aligned, two ranks or more), else None."""
-    if M <= config.whole_max_m or not config.whole_tail_m or align != 16 or world < 2:
+    if M <= config.whole_max_m or not config.whole_tail_m or align != 16 or not 2 <= world <= config.plan_worlds:
         return None
     cfg = whole_tile("all_gather_gemm", config.whole_max_m, config)
     cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
@@ -97,9 +102,9 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     whole_tail_m more), above the per-source graph with large_tile's tiles, but where whole_large
     holds the whole-gather graph with config.large's. Cached (~1.5 us a call uncached); config is
     part of the key."""
-    big = whole_large(M, N, world, sms, config)
-    whole = M <= config.whole_max_m or big
     align = 16 if K % 16 == 0 and N % 16 == 0 else 1
+    big = whole_large(M, N, align, world, sms, config)
+    whole = M <= config.whole_max_m or big
     tail = tail_tile(M, align, world, dtype, config)
     if tail is not None:   # a row tile and a tail in one task
         return tail, functools.partial(ag_gemm.all_gather_gemm_whole, tail.block_m, tail.block_n, dtype, tail.block_k,

@@ -50,9 +50,9 @@ class PlanConfig:
     large: TileConfig = TileConfig(128, 256, 64, 8, 4)   # above, all_gather_gemm's too: gemm_rs_narrow_ab.jsonl
     max_splits: int = 4                                  # slices of a large tile: gemm_rs_split_ab.jsonl
     # just past the skinny classes, up to skinny_tail's block_m + skinny_tail_m rows: the skinny graph
-    # with each task's rows in skinny_tail's accumulator and a transposed tail one over one load of
-    # each weight tile, its slices summed locally (0: none; a power of two >= 16); an option until a
-    # two-GPU A/B decides it
+    # with each task's rows in skinny_tail's accumulator and the tail rows, transposed, in a second
+    # one, over one load of each weight tile; its slices summed locally (0: none; a power of two
+    # >= 16); an option until a two-GPU A/B decides it
     skinny_tail: TileConfig = TileConfig(128, 128, 64, 8, 4)
     skinny_tail_m: int = 0
     # 1: the skinny classes' partials cross the links in x's dtype (bf16/fp16: half of fp32's
@@ -60,7 +60,8 @@ class PlanConfig:
     skinny_x_partials: int = 0
     local_sums_min_m: int = 65      # from this many rows the skinny slices are summed on their GPU (0: never): gemm_rs_ab.jsonl
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
-    # every row, the weights read once), a tile class per bound; above, per-source tiles
+    # every row, the weights read once), a tile class per bound; above, per-source tiles (but for
+    # all_gather_gemm's tail and whole_large_m below; 0: no whole-gather graph at all)
     whole_max_m: int = 128          # ag_gemm_ab.jsonl / mlp_ab.jsonl, variant WHOLE_MAX_M=256
     # all_gather_gemm just past it: up to the class's block_m + whole_tail_m rows, one task per column
     # tile holds every row, a second accumulator for the tail over one load of each weight tile (0:
@@ -71,6 +72,9 @@ class PlanConfig:
     # all_gather_gemm from 257 rows up to whole_large_m: the whole-gather graph with `large` tiles
     # where they fill their waves (ops.ag_gemm.whole_large; 0: never)
     whole_large_m: int = 640
+    # the plans measured on two GPUs only (whole_tail_m, whole_large_m, replicated_owners_min_m)
+    # apply at worlds 2 .. plan_worlds (4: try them at four ranks, as a four-GPU A/B's variant)
+    plan_worlds: int = 2
     whole_32: TileConfig = TileConfig(32, 128, 64, 4, 6, swap_ab=True)     # M <= 32, both ops: whole_swap_ab.jsonl
     whole_ag: TileConfig = TileConfig(64, 128, 128, 4, 4)   # all_gather_gemm's M <= 64: gemm_rs_skinny_ab.jsonl
     whole_mlp: TileConfig = TileConfig(64, 128, 64, 4, 4)   # the MLP's M <= 64 (two weight tiles): the same
@@ -87,7 +91,7 @@ class PlanConfig:
     # (workloads.mlp.tp_mlp_replicated(owners=True)), instead of every rank's partials to every
     # rank. Two GPUs at 28cbec2 (records mlp_replicated_ab): M=128 16-22% faster on the 8-9B shapes,
     # M=64 within 1-3%, M=256 mixed (-5..+4%), M=1024 2-6% slower: the whole classes above 32 rows.
-    # Its y_all (M x H more symmetric memory) is outside ops.mlp.replicated_rows' budget: M <= 128.
+    # Its y_all (M x H more symmetric memory) is outside ops.mlp.replicated_rows' budget: M <= whole_max_m.
     replicated_owners_min_m: int = 33
 
     def __post_init__(self):
@@ -151,7 +155,7 @@ def override_fields(config: str, fields: list, text: str) -> list:
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
 _LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
           "replicated_owners_min_m": 0,
-          "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0, "skinny_x_partials": 0}
+          "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0, "skinny_x_partials": 0, "plan_worlds": 2}
 
 
 def _parse(name: str, text: str):

@@ -177,7 +177,9 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
     slices where they leave SMs idle (whole_down_splits); above, the sequence-parallel graph's
     gate/up (config.mlp_tiles) and down (config.mlp_down_n wide) tiles: where the down tiles fit in
     one wave, all of them in few_down_splits' slices; with more, the last ones in
-    config.mlp_tail_splits slices where least_busy_tail finds a ragged last wave."""
+    config.mlp_tail_splits slices where least_busy_tail finds a ragged last wave. In the whole
+    classes from config.replicated_owners_min_m rows (worlds 2 .. plan_worlds) each output tile is
+    summed on one owner rank, who sends the sum to all (tp_mlp_replicated(owners=True))."""
     whole, cfg, align = size_class(M, H, I, dtype, config)
     down_n = cfg.block_n if whole else config.mlp_down_n
     up_n = whole_width(M, I, cfg, sms) if whole else cfg.block_n
@@ -197,7 +199,8 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
     build = functools.partial(mlp_graph.tp_mlp_replicated, cfg.block_m, down_n, dtype, cfg.block_k, align,
                               down_splits=splits, up_n=up_n, swap_ab=cfg.swap_ab,
                               row_pointers=row_pointers(M, cfg.block_m),
-                              **({"owners": True} if whole and 0 < config.replicated_owners_min_m <= M and world > 1 else {}))
+                              **({"owners": True} if whole and 0 < config.replicated_owners_min_m <= M
+                                 and 2 <= world <= config.plan_worlds else {}))
     return cfg, build, ({"M": M, "TAIL": tail} if splits > 1 else {"M": M})
 
 

@@ -80,18 +80,19 @@ def cases():
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
     yield "ag_gemm_whole_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
-    # every row in one task: a 2T-row accumulator and a T-row tail (M=37: 32 + 5; M=5: the tail empty)
     # fp16, the partials crossing to the owners in fp16 (x_partials), summed in fp32
     yield "gemm_rs_skinny_x_partials_tma", gemm_rs.gemm_reduce_scatter_skinny(T, 2 * T, torch.float16, T, splits=3,
                                                                               align=16, swap_ab=True, reduce_n=T,
                                                                               local_sums=True, x_partials=True), \
         lambda R, M: gemm_rs.make_inputs(R, min(M, T), 48, 48, seed=M, dtype=torch.float16), gemm_rs.reference, \
         ("x", "w")
-    # every row in one matmul task per slice and column tile: a 2T-row accumulator and a T-row tail
+    # gemm_rs's skinny graph with every row in one matmul task per slice and column tile: a 2T-row
+    # accumulator and a T-row tail
     yield "gemm_rs_skinny_tail_tma", gemm_rs.gemm_reduce_scatter_skinny(2 * T, 2 * T, torch.float32, T, splits=3,
                                                                         align=16, reduce_n=T, local_sums=True,
                                                                         tail_m=T), \
         lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
+    # every row in one task: a 2T-row accumulator and a T-row tail (M=37: 32 + 5; M=5: the tail empty)
     yield "ag_gemm_whole_tail_tma", ag_gemm.all_gather_gemm_whole(2 * T, 2 * T, torch.float32, T, align=16,
                                                                   tail_m=T), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
