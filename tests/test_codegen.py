@@ -354,6 +354,11 @@ def _op_kernels():
         cfg, _, _, build = rs_op.kernel_plan(M, 6144, 4096, bf, 132, 2, P.override("skinny_x_partials=1"))
         assert build.keywords["x_partials"]
         yield f"gemm_rs skinny bf16 partials M={M}", build, cfg.num_warps, cfg.num_stages
+    # the whole classes' ragged last wave in slices (an option), at 16 (transposed tiles) and 128 rows
+    for M in (16, 128):
+        cfg, build = ag_op.kernel_plan(M, 4608, 36864, bf, 132, 2, P.override("whole_ragged_splits=8"))
+        assert build.keywords["ragged_splits"] == 5
+        yield f"ag_gemm_whole ragged M={M}", build, cfg.num_warps, cfg.num_stages
     # all_gather_gemm just past the whole class: a 128-row accumulator and a 32-row tail
     cfg, build = ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2, P)
     assert build.keywords["tail_m"] == 32

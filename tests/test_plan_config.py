@@ -330,3 +330,21 @@ def test_skinny_partials_cross_in_x_dtype_as_an_option():
     assert "x_partials" not in kw(1024, cfg)   # the large graph's partials are in x's dtype already
     with pytest.raises(ValueError, match="skinny_x_partials must be 0 or 1"):
         DEFAULT_PLAN.override("skinny_x_partials=2")
+
+
+def test_whole_classes_slice_their_ragged_last_wave_as_an_option():
+    """whole_ragged_splits (an option, 0 by default): the whole classes' GEMM tiles past their last
+    full wave run in as many contraction slices as fill the SMs, at most the option's (gemma2_27b's
+    288 tiles of 128 leave 24 on 132 SMs: 5; llama31_405b's 416 leave 20: 6, or the cap); none
+    where the tiles fill their waves or fit in one, or where slices would be fewer than 2."""
+    from etdist.ops import ag_gemm as ag_op
+    bf = torch.bfloat16
+    kw = lambda M, N, config: ag_op.kernel_plan(M, 4608, N, bf, 132, 2, config)[1].keywords  # noqa: E731
+    assert "ragged_tiles" not in kw(16, 36864, DEFAULT_PLAN)
+    cfg = DEFAULT_PLAN.override("whole_ragged_splits=8")
+    assert [(kw(M, 36864, cfg)["ragged_tiles"], kw(M, 36864, cfg)["ragged_splits"]) for M in (16, 64, 128)] == [(24, 5)] * 3
+    assert (kw(16, 53248, cfg)["ragged_tiles"], kw(16, 53248, cfg)["ragged_splits"]) == (20, 6)
+    assert kw(16, 53248, DEFAULT_PLAN.override("whole_ragged_splits=4"))["ragged_splits"] == 4
+    for N in (12288, 25600, 33792):   # one wave; 200 tiles leave 68 (one slice each); 264: two full waves
+        assert "ragged_tiles" not in kw(16, N, cfg), N
+    assert "ragged_tiles" not in kw(129, 36864, cfg) and "ragged_tiles" not in kw(384, 36864, cfg)   # tail; large

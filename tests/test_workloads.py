@@ -99,6 +99,29 @@ def test_gemm_reduce_scatter_skinny(schedule, world, M, reduce_n, local_sums):
         gemm_rs.gemm_reduce_scatter_skinny(block_m=16, block_n=8, reduce_n=3)
 
 
+@pytest.mark.parametrize("world", FEW_WORLDS)
+@pytest.mark.parametrize("M", [37, 5])
+@pytest.mark.parametrize("tiles,splits", [(2, 3), (3, 2)])
+def test_all_gather_gemm_whole_slices_its_ragged_last_tiles(schedule, world, M, tiles, splits):
+    """ragged_tiles, ragged_splits: the last tiles of the order in contraction slices (K = 21 in
+    steps of 4 over 3 slices: the last one shorter), summed per tile into y; fewer GEMM tiles than
+    that is refused before the launch; bad arguments are named."""
+    kernel = et.compile(ag_gemm.all_gather_gemm_whole(block_m=8, block_n=8, block_k=4, ragged_tiles=tiles,
+                                                      ragged_splits=splits), schedule=schedule, programs=3)
+    inputs = ag_gemm.make_inputs(world, M, 21, 19, seed=world * 100 + M)
+    want = ag_gemm.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
+    for seed in range(0, 20, 2):
+        got = kernel.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
+        for r in range(world):
+            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+    with pytest.raises(et.InputError, match=f"slices the last {tiles} GEMM tiles"):
+        kernel.run(ag_gemm.make_inputs(world, 5, 21, 8, seed=1), sizes={"M": 5})
+    for bad in (dict(ragged_tiles=2, ragged_splits=1), dict(ragged_tiles=-1, ragged_splits=2),
+                dict(ragged_tiles=2, ragged_splits=2, tail_m=16, align=16)):
+        with pytest.raises(et.GraphError, match="ragged_tiles must be an int >= 0"):
+            ag_gemm.all_gather_gemm_whole(block_m=8, block_n=8, block_k=4, **bad)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("M", [48, 40, 33, 5])
 def test_gemm_rs_skinny_with_a_tail_takes_every_row_in_one_task(schedule, world, M):

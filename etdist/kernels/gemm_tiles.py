@@ -446,6 +446,33 @@ def matmul_all_rows(i, j, a, w, y, M, K, N,
 
 
 @triton.jit
+def matmul_all_rows_slice(k, s, i, j, a, w, slices, M, K, N, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, USE_ASM: tl.constexpr,
+                          SWAP_AB: tl.constexpr = False):
+    """Contraction slice s of SPLITS (cdiv(cdiv(K, BLOCK_K), SPLITS) steps each, the last ones
+    shorter or empty) of tile (i, j) of a[M rows] @ w, in fp32 into slices[k * SPLITS + s] (a
+    BLOCK_M x BLOCK_N box): the k-th of the ragged last wave's tiles, summed by sum_slices_tile."""
+    steps = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(steps, SPLITS)
+    acc = mm_acc_steps(a, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per), BLOCK_M, BLOCK_N, BLOCK_K,
+                       TMA, USE_ASM, SWAP_AB)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    tl.store(slices + ((k * SPLITS + s) * BLOCK_M + offs_m[:, None]) * BLOCK_N + offs_n[None, :], acc)
+
+
+@triton.jit
+def sum_slices_tile(k, i, j, slices, y, M, N, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y tile (i, j) = the sum of its SPLITS fp32 slices (matmul_all_rows_slice's boxes k * SPLITS ...)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(0, SPLITS):
+        acc += tl.load(slices + ((k * SPLITS + s) * BLOCK_M + offs_m[:, None]) * BLOCK_N + offs_n[None, :])
+    store_tile(acc, y, N, M, N, i, j, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
 def rows_and_tail_acc(a, w, M, K, N, j, k_lo, k_hi, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """fp32 accumulators of a[M rows] @ w[:, column tile j] over steps [k_lo, k_hi), each weight

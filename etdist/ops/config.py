@@ -75,6 +75,9 @@ class PlanConfig:
     # the plans measured on two GPUs only (whole_tail_m, whole_large_m, replicated_owners_min_m)
     # apply at worlds 2 .. plan_worlds (4: try them at four ranks, as a four-GPU A/B's variant)
     plan_worlds: int = 2
+    # the whole classes' tiles past their last full wave of SMs in up to this many contraction slices
+    # each, summed per tile (ops.ag_gemm.ragged_wave; 0: none); an option until a two-GPU A/B decides it
+    whole_ragged_splits: int = 0
     whole_32: TileConfig = TileConfig(32, 128, 64, 4, 6, swap_ab=True)     # M <= 32, both ops: whole_swap_ab.jsonl
     whole_ag: TileConfig = TileConfig(64, 128, 128, 4, 4)   # all_gather_gemm's M <= 64: gemm_rs_skinny_ab.jsonl
     whole_mlp: TileConfig = TileConfig(64, 128, 64, 4, 4)   # the MLP's M <= 64 (two weight tiles): the same
@@ -155,7 +158,8 @@ def override_fields(config: str, fields: list, text: str) -> list:
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
 _LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
           "replicated_owners_min_m": 0,
-          "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0, "skinny_x_partials": 0, "plan_worlds": 2}
+          "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0, "skinny_x_partials": 0, "plan_worlds": 2,
+          "whole_ragged_splits": 0}
 
 
 def _parse(name: str, text: str):

@@ -65,7 +65,8 @@ def all_gather_gemm(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = t
 def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                           block_k: int = 128, align: int = 1, group_m: int = 8,
                           gemm_n: Optional[int] = None, swap_ab: bool = False,
-                          row_pointers: bool = False, tail_m: int = 0) -> et.Graph:
+                          row_pointers: bool = False, tail_m: int = 0, ragged_tiles: int = 0,
+                          ragged_splits: int = 1) -> et.Graph:
     """The small-M variant: the (small) gather completes first, then GEMM tiles run over all M
     rows at once, so the weights are read once (the graph above reads them once per source).
     gemm_n: the GEMM tiles' width (default block_n, which the gather's copy tiles keep): narrower
@@ -74,8 +75,18 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
     row_pointers: as in all_gather_gemm. tail_m: up to block_m + tail_m rows, each GEMM task takes
     every row, block_m of them in one accumulator and the tail_m after them in a second, over one
     load of each weight tile (gemm_tiles.matmul_rows_and_tail; aligned sizes only): just past a
-    tile of rows, the weights are read once without padding the MMAs to two whole tiles."""
+    tile of rows, the weights are read once without padding the MMAs to two whole tiles.
+    ragged_tiles, ragged_splits: the last ragged_tiles GEMM tiles of the order (the ragged last
+    wave the op's plan counts) each run in ragged_splits contraction slices, fp32 boxes that one
+    task per tile sums into y, so the last wave's tiles keep every SM busy for a fraction of a tile
+    instead of a few SMs for a whole one (not with tail_m)."""
     positive_int("all_gather_gemm_whole", "gemm_n", gemm_n, optional=True)
+    positive_int("all_gather_gemm_whole", "ragged_splits", ragged_splits)
+    if isinstance(ragged_tiles, bool) or not isinstance(ragged_tiles, int) or ragged_tiles < 0 or \
+            (ragged_tiles and (ragged_splits < 2 or tail_m)):
+        raise et.GraphError(f"all_gather_gemm_whole: ragged_tiles must be an int >= 0, and with tiles ragged_splits "
+                            f">= 2 and no tail_m; got ragged_tiles={ragged_tiles!r}, ragged_splits={ragged_splits!r}, "
+                            f"tail_m={tail_m!r}")
     if tail_m and (tail_m & (tail_m - 1) or tail_m < 16 or align % 16):
         raise et.GraphError(f"all_gather_gemm_whole: tail_m must be 0 or a power of two >= 16, with align 16 "
                             f"(the weights load through a descriptor), got tail_m={tail_m!r}, align={align}")
@@ -104,17 +115,42 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
         g.sample(M=block_m + tail_m, K=16, N=gemm_n + 16)
         return g
 
-    @g.task(grid=(m_tiles * n_tiles,), wait=lambda q: all_in[me],
-            triton=gemm_tiles.matmul_all_rows,
-            constexprs=dict(BLOCK_M=block_m, BLOCK_N=gemm_n, BLOCK_K=block_k,
-                            TMA=gemm_tiles.use_tma(align, row_pointers), SWAP_AB=bool(swap_ab)),
+    gemm = dict(BLOCK_M=block_m, BLOCK_N=gemm_n, BLOCK_K=block_k, TMA=gemm_tiles.use_tma(align, row_pointers),
+                SWAP_AB=bool(swap_ab))
+    T, S = ragged_tiles, ragged_splits
+    Q = m_tiles * n_tiles                # GEMM tiles, the last T of them in S slices
+
+    @g.task(grid=(Q - T,), wait=lambda q: all_in[me], triton=gemm_tiles.matmul_all_rows, constexprs=gemm,
             bind=dict(i=lambda q: tile(q)[0], j=lambda q: tile(q)[1], a="gathered"))
     def matmul(t, q):
         rows, cols = et.block(t(tile(q)[0]), block_m, t.M), et.block(t(tile(q)[1]), gemm_n, t.N)
         t.y[rows, cols] = t.gathered[rows] @ t.w[:, cols]
 
-    g.sample(M=5, K=3, N=7)
-    g.sample(M=37, K=4, N=33)
+    if T:
+        g.check(Q >= T, f"this variant slices the last {T} GEMM tiles: it needs at least that many")
+        g.scratch("slices", (T * S, block_m, gemm_n), torch.float32)   # [tile k, slice s]: fp32 boxes
+        sliced = g.event("sliced", (T,), count=S)
+        last = lambda k: tile(Q - T + k)   # noqa: E731
+
+        @g.task(grid=(T, S), wait=lambda k, s: all_in[me], notify=lambda k, s: sliced[k],
+                triton=gemm_tiles.matmul_all_rows_slice, constexprs=dict(gemm, SPLITS=S),
+                bind=dict(i=lambda k, s: last(k)[0], j=lambda k, s: last(k)[1], a="gathered"))
+        def matmul_slice(t, k, s):                           # slice s of the k-th of the last T tiles
+            rows, cols = et.block(t(last(k)[0]), block_m, t.M), et.block(t(last(k)[1]), gemm_n, t.N)
+            ks = et.block(s, t(et.cdiv(K, S * block_k) * block_k), t.K)   # whole steps, as the GPU body
+            box = t.gathered[rows, ks].float() @ t.w[ks, cols].float()
+            t.slices[k * S + s] = 0.0
+            t.slices[k * S + s, :rows.stop - rows.start, :cols.stop - cols.start] = box
+
+        @g.task(grid=(T,), wait=lambda k: sliced[k], triton=gemm_tiles.sum_slices_tile,
+                constexprs=dict(BLOCK_M=block_m, BLOCK_N=gemm_n, SPLITS=S),
+                bind=dict(i=lambda k: last(k)[0], j=lambda k: last(k)[1]))
+        def sum_slices(t, k):
+            rows, cols = et.block(t(last(k)[0]), block_m, t.M), et.block(t(last(k)[1]), gemm_n, t.N)
+            t.y[rows, cols] = t.slices[k * S:(k + 1) * S, :rows.stop - rows.start, :cols.stop - cols.start].sum(0)
+
+    g.sample(M=5, K=3, N=7 + 3 * gemm_n * T)
+    g.sample(M=37, K=4, N=33 + gemm_n * T)
     return g
 
 

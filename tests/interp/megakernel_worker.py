@@ -96,6 +96,10 @@ def cases():
     yield "ag_gemm_whole_tail_tma", ag_gemm.all_gather_gemm_whole(2 * T, 2 * T, torch.float32, T, align=16,
                                                                   tail_m=T), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
+    # the last 3 whole-gather GEMM tiles in 2 contraction slices each, summed per tile (transposed tiles)
+    yield "ag_gemm_whole_ragged_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16, gemm_n=T,
+                                                                    swap_ab=True, ragged_tiles=3, ragged_splits=2), \
+        lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
     # the whole-gather GEMM tiles half as wide as the copy / down tiles (ops.ag_gemm.whole_width),
     # computed transposed (swap_ab: the weights on the MMA's M side), as the 32-row class runs them
     yield "ag_gemm_whole_narrow_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16, gemm_n=T,
