@@ -84,10 +84,10 @@ def whole_large(M: int, N: int, align: int, world: int, sms: int, config: PlanCo
 
 
 def ragged_wave(tiles: int, sms: int, config: PlanConfig) -> dict:
-    """The whole classes' (one row tile) ragged last wave: where `tiles` GEMM tiles leave one on
-    `sms` SMs, its tiles in as many contraction slices as fill the SMs, at most
-    config.whole_ragged_splits ({} where that is under 2: gemma2_27b's 288 tiles of 128 at TP=2
-    leave 24 on 132 SMs: 5 slices each)."""
+    """A whole class's ragged last wave (one row tile, so the same for every M of the class): where
+    `tiles` GEMM tiles leave one on `sms` SMs, its tiles in as many contraction slices as fill the
+    SMs, at most config.whole_ragged_splits ({} where that is under 2: gemma2_27b's 288 tiles of 128
+    at TP=2 leave 24 on 132 SMs: 5 slices each)."""
     ragged = tiles % sms if tiles > sms else 0
     splits = min(config.whole_ragged_splits, sms // ragged) if ragged else 0
     return {"ragged_tiles": ragged, "ragged_splits": splits} if splits >= 2 else {}
@@ -128,7 +128,7 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
         width = whole_width(M, N, cfg, sms)
         return cfg, functools.partial(ag_gemm.all_gather_gemm_whole, *args, swap_ab=cfg.swap_ab, gemm_n=width,
                                       row_pointers=row_pointers(M, cfg.block_m),
-                                      **({} if big else ragged_wave(-(-N // width), sms, config)))
+                                      **(ragged_wave(-(-N // width), sms, config) if M <= cfg.block_m else {}))
     rows = -(-M // world)                                # rows per source
     return cfg, functools.partial(ag_gemm.all_gather_gemm, *args, own_from_x=True,
                                   row_pointers=row_pointers(rows, cfg.block_m, at_half=True),
