@@ -101,7 +101,7 @@ def test_gemm_reduce_scatter_skinny(schedule, world, M, reduce_n, local_sums):
 
 @pytest.mark.parametrize("world", FEW_WORLDS)
 @pytest.mark.parametrize("M", [37, 5])
-@pytest.mark.parametrize("tiles,splits", [(2, 3), (3, 2)])
+@pytest.mark.parametrize("tiles,splits", [(2, 3), pytest.param(3, 2, marks=pytest.mark.slow)])
 def test_all_gather_gemm_whole_slices_its_ragged_last_tiles(schedule, world, M, tiles, splits):
     """ragged_tiles, ragged_splits: the last tiles of the order in contraction slices (K = 21 in
     steps of 4 over 3 slices: the last one shorter), summed per tile into y; fewer GEMM tiles than
@@ -122,7 +122,7 @@ def test_all_gather_gemm_whole_slices_its_ragged_last_tiles(schedule, world, M, 
             ag_gemm.all_gather_gemm_whole(block_m=8, block_n=8, block_k=4, **bad)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("M", [48, 40, 33, 5])
 def test_gemm_rs_skinny_with_a_tail_takes_every_row_in_one_task(schedule, world, M):
     """tail_m (local sums): up to block_m + tail_m rows in one matmul task per slice and column tile
@@ -147,7 +147,7 @@ def test_gemm_rs_skinny_with_a_tail_takes_every_row_in_one_task(schedule, world,
             gemm_rs.gemm_reduce_scatter_skinny(block_m=32, block_n=16, block_k=16, **bad)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("local_sums", [False, True])
 def test_gemm_rs_skinny_partials_in_x_dtype(schedule, world, local_sums):
     """x_partials: the partials that cross to the owners are bf16 (x's dtype), summed in fp32: within

@@ -46,8 +46,10 @@ def check_all(mesh, sizes=(1, 7, 4096, 12_345), dtypes=(torch.float32, torch.bfl
                 _expect(got.reshape(-1), total.view(w, n)[r], f"reduce_scatter n={n} {dtype}")
                 got = all_reduce(x).cpu().to(torch.float64)
                 _expect(got, total, f"all_reduce n={w * n} {dtype}")
-                got = all_reduce(x, two_shot=True).cpu().to(torch.float64)
-                _expect(got, total, f"all_reduce two_shot n={w * n} {dtype}")
+                if rep == 0 and dtype == dtypes[0]:   # the same two collectives as above, composed
+                    got = all_reduce(x, two_shot=True).cpu().to(torch.float64)
+                    _expect(got, total, f"all_reduce two_shot n={w * n} {dtype}")
+                    n_checked += 1
                 got = all_gather(x[:n]).cpu()
                 _expect(got, torch.cat([t[:n] for t in xs]), f"all_gather n={n} {dtype}")
                 if rep == 0:  # into a symmetric out: peers write it directly
@@ -63,7 +65,7 @@ def check_all(mesh, sizes=(1, 7, 4096, 12_345), dtypes=(torch.float32, torch.bfl
                     theirs = torch.arange(sum(sc) * 3, dtype=torch.float32).view(-1, 3) + 1000 * s
                     want.append(theirs[sum(sc[:r]):][:sc[r]])
                 _expect(got, torch.cat(want).to(dtype), f"all_to_all {dtype}")
-                n_checked += 5
+                n_checked += 4
     if w > 1:   # two shots of a length R does not divide: refused on every rank before anything runs
         try:
             all_reduce(torch.ones(3 * w + 1, device=dev), two_shot=True)
