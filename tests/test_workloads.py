@@ -21,16 +21,17 @@ def schedule(request):
     return request.param
 
 
-def _check_gemm_rs(kernel, world, M, K, N, input_seed, seeds):
+def _check_gemm_rs(kernel, world, M, K, N, input_seed, seeds, dtype=torch.float32, tol=TOL):
     """The gemm_rs kernel on fresh random inputs against the float64 reference, one run per
-    interleaving seed: every rank's rows, shape and values."""
-    inputs = gemm_rs.make_inputs(world, M, K, N, seed=input_seed)
+    interleaving seed: every rank's rows, shape and values. Returns the last run's outputs."""
+    inputs = gemm_rs.make_inputs(world, M, K, N, seed=input_seed, dtype=dtype)
     want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
     for seed in seeds:
         got = kernel.run(inputs, interleave="random", seed=seed)
         for r in range(world):
             assert got[r]["y"].shape == want[r].shape
-            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+            assert rel_err(got[r]["y"], want[r]) < tol, (r, seed)
+    return got
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -131,12 +132,7 @@ def test_gemm_rs_skinny_with_a_tail_takes_every_row_in_one_task(schedule, world,
     kernel = et.compile(gemm_rs.gemm_reduce_scatter_skinny(block_m=32, block_n=16, block_k=16, splits=3, align=16,
                                                            local_sums=True, tail_m=16),
                         schedule=schedule, programs=3)
-    inputs = gemm_rs.make_inputs(world, M, 64, 48, seed=world * 10 + M)
-    want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
-    for seed in range(0, 20, 2):
-        got = kernel.run(inputs, interleave="random", seed=seed)
-        for r in range(world):
-            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+    _check_gemm_rs(kernel, world, M, 64, 48, world * 10 + M, range(0, 20, 2))
     with pytest.raises(et.InputError, match="M must be <= 48"):
         kernel.run(gemm_rs.make_inputs(world, 49, 64, 48))
     with pytest.raises(et.InputError, match="an owner's rows must fit one 32-row tile"):
@@ -158,12 +154,8 @@ def test_gemm_rs_skinny_partials_in_x_dtype(schedule, world, local_sums):
     assert gemm_rs.gemm_reduce_scatter_skinny(block_m=16, block_n=8, block_k=4, x_partials=True).to_ir().tensor(
         "partial").dtype == torch.float32
     kernel = et.compile(graph, schedule=schedule, programs=3)
-    inputs = gemm_rs.make_inputs(world, 13, 21, 19, seed=world, dtype=torch.bfloat16)
-    want = gemm_rs.reference([i["x"] for i in inputs], [i["w"] for i in inputs])
-    for seed in range(0, 20, 4):
-        got = kernel.run(inputs, interleave="random", seed=seed)
-        for r in range(world):
-            assert got[r]["y"].dtype == torch.bfloat16 and rel_err(got[r]["y"], want[r]) < 2e-2, (r, seed)
+    got = _check_gemm_rs(kernel, world, 13, 21, 19, world, range(0, 20, 4), dtype=torch.bfloat16, tol=2e-2)
+    assert all(got[r]["y"].dtype == torch.bfloat16 for r in range(world))
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -324,15 +324,22 @@ def plot_speedups(records: Sequence[Record], folder) -> dict[tuple, pathlib.Path
         ax.set_title(f"{workload}, {schedule} schedule, world {world}: {key} baseline / ours")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, ncol=2)
-        with warnings.catch_warnings():   # a long legend: matplotlib says so once per plot
-            warnings.simplefilter("ignore", UserWarning)
-            fig.tight_layout()
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / re.sub(r"[^A-Za-z0-9_.-]", "-", f"{workload}_{schedule}_w{world}.png")  # "n/a" etc.
-        fig.savefig(path)
-        plt.close(fig)
-        written[(workload, schedule, world)] = path
+        written[(workload, schedule, world)] = _save(fig, folder, f"{workload}_{schedule}_w{world}.png")
     return written
+
+
+def _save(fig, folder: pathlib.Path, name: str) -> pathlib.Path:
+    """Lay out, write folder/name (characters a file name should not hold, as in "n/a", as "-"),
+    close; the path written."""
+    import matplotlib.pyplot as plt
+    with warnings.catch_warnings():   # a long legend: matplotlib says so once per plot
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 DECODE_M, SWEEP_POINTS = 256, 20   # a decode sweep: at least this many M values up to DECODE_M
@@ -374,12 +381,7 @@ def plot_decode_sweeps(records: Sequence[Record], folder) -> dict[tuple, pathlib
         ax.set_title(f"{workload} {model}, world {world}, {schedule}: decode sizes")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / re.sub(r"[^A-Za-z0-9_.-]", "-", f"{workload}_{model}_{schedule}_w{world}_decode.png")
-        fig.savefig(path)
-        plt.close(fig)
-        written[key] = path
+        written[key] = _save(fig, folder, f"{workload}_{model}_{schedule}_w{world}_decode.png")
     return written
 
 

@@ -276,13 +276,7 @@ def gemm_rs_skinny_matmul_local_tail(s, j, x, w, slices, M, K, N, SPLITS: tl.con
     steps = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K)   # a slice's steps, as skinny_slice's KB
     acc, acc_t = rows_and_tail_acc(x, w, M, K, N, j, s * steps, tl.minimum(tl.cdiv(K, BLOCK_K), (s + 1) * steps),
                                    BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
-    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    out = slices + s * M * N
-    offs_m = tl.arange(0, BLOCK_M)
-    tl.store(out + offs_m[:, None] * N + offs_n[None, :], acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-    offs_t = BLOCK_M + tl.arange(0, TAIL_M)
-    tl.store(out + offs_t[:, None] * N + offs_n[None, :], tl.trans(acc_t),
-             mask=(offs_t[:, None] < M) & (offs_n[None, :] < N))
+    store_rows_and_tail(acc, acc_t, slices + s * M * N, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
 
 
 @triton.jit
@@ -497,10 +491,17 @@ def matmul_rows_and_tail(j, a, w, y, M, K, N, BLOCK_M: tl.constexpr, TAIL_M: tl.
     weights twice. The rows load through masked pointers (a ragged tail)."""
     async_proxy_fence(USE_ASM)   # `a` holds rows gathered in this launch
     acc, acc_t = rows_and_tail_acc(a, w, M, K, N, j, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
-    store_tile(acc, y, N, M, N, 0, j, BLOCK_M, BLOCK_N)
+    store_rows_and_tail(acc, acc_t, y, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
+
+
+@triton.jit
+def store_rows_and_tail(acc, acc_t, c, M, N, j, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """c[all M rows, column tile j] (row-major [M, N], in c's dtype) from rows_and_tail_acc's two
+    accumulators: rows [0, BLOCK_M) and, transposed back, the TAIL_M after them."""
+    store_tile(acc, c, N, M, N, 0, j, BLOCK_M, BLOCK_N)
     offs_m = BLOCK_M + tl.arange(0, TAIL_M)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(y + offs_m[:, None] * N + offs_n[None, :], tl.trans(acc_t).to(y.dtype.element_ty),
+    tl.store(c + offs_m[:, None] * N + offs_n[None, :], tl.trans(acc_t).to(c.dtype.element_ty),
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 

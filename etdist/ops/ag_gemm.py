@@ -76,7 +76,7 @@ def whole_large(M: int, N: int, align: int, world: int, sms: int, config: PlanCo
     graph with config.large's tiles: where those fill at least WHOLE_LARGE_BUSY of their waves;
     aligned sizes (their loads through descriptors), worlds 2 .. config.plan_worlds."""
     if not max(256, config.whole_max_m) < M <= config.whole_large_m or not config.whole_max_m or align != 16 \
-            or not 2 <= world <= config.plan_worlds:
+            or not config.measured_world(world):
         return False
     large = config.large
     tiles = -(-M // large.block_m) * -(-N // whole_width(M, N, large, sms))
@@ -96,7 +96,7 @@ def ragged_wave(tiles: int, sms: int, config: PlanConfig) -> dict:
 def tail_tile(M: int, align: int, world: int, dtype: torch.dtype, config: PlanConfig) -> Optional[TileConfig]:
     """The whole class's tile where M rows take it with a tail (config.whole_tail_m: just past a
     class of at most 128 rows that whole_max_m fills; aligned, two ranks or more), else None."""
-    if M <= config.whole_max_m or not config.whole_tail_m or align != 16 or not 2 <= world <= config.plan_worlds:
+    if M <= config.whole_max_m or not config.whole_tail_m or align != 16 or not config.measured_world(world):
         return None
     cfg = whole_tile("all_gather_gemm", config.whole_max_m, config)
     cfg = fp32_config(cfg) if dtype == torch.float32 else cfg

@@ -119,6 +119,11 @@ class PlanConfig:
     def __hash__(self) -> int:
         return self._hash
 
+    def measured_world(self, world: int) -> bool:
+        """Whether the plans measured on two GPUs only (whole_tail_m, whole_large_m,
+        replicated_owners_min_m) apply at `world` ranks: 2 .. plan_worlds."""
+        return 2 <= world <= self.plan_worlds
+
     def override(self, text: str) -> "PlanConfig":
         """This config with the fields `text` names changed: "field=value+field=value" ("" or
         "base": none), each value as its field's type reads it (a tile: TileConfig.parse's

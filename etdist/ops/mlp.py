@@ -200,7 +200,7 @@ def replicated_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world:
                               down_splits=splits, up_n=up_n, swap_ab=cfg.swap_ab,
                               row_pointers=row_pointers(M, cfg.block_m),
                               **({"owners": True} if whole and 0 < config.replicated_owners_min_m <= M
-                                 and 2 <= world <= config.plan_worlds else {}))
+                                 and config.measured_world(world) else {}))
     return cfg, build, ({"M": M, "TAIL": tail} if splits > 1 else {"M": M})
 
 

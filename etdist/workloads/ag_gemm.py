@@ -120,10 +120,13 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
     T, S = ragged_tiles, ragged_splits
     Q = m_tiles * n_tiles                # GEMM tiles, the last T of them in S slices
 
+    def box(t, ij):                      # the rows and columns of tile ij = (i, j)
+        return et.block(t(ij[0]), block_m, t.M), et.block(t(ij[1]), gemm_n, t.N)
+
     @g.task(grid=(Q - T,), wait=lambda q: all_in[me], triton=gemm_tiles.matmul_all_rows, constexprs=gemm,
             bind=dict(i=lambda q: tile(q)[0], j=lambda q: tile(q)[1], a="gathered"))
     def matmul(t, q):
-        rows, cols = et.block(t(tile(q)[0]), block_m, t.M), et.block(t(tile(q)[1]), gemm_n, t.N)
+        rows, cols = box(t, tile(q))
         t.y[rows, cols] = t.gathered[rows] @ t.w[:, cols]
 
     if T:
@@ -136,17 +139,17 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
                 triton=gemm_tiles.matmul_all_rows_slice, constexprs=dict(gemm, SPLITS=S),
                 bind=dict(i=lambda k, s: last(k)[0], j=lambda k, s: last(k)[1], a="gathered"))
         def matmul_slice(t, k, s):                           # slice s of the k-th of the last T tiles
-            rows, cols = et.block(t(last(k)[0]), block_m, t.M), et.block(t(last(k)[1]), gemm_n, t.N)
+            rows, cols = box(t, last(k))
             ks = et.block(s, t(et.cdiv(K, S * block_k) * block_k), t.K)   # whole steps, as the GPU body
-            box = t.gathered[rows, ks].float() @ t.w[ks, cols].float()
+            part = t.gathered[rows, ks].float() @ t.w[ks, cols].float()
             t.slices[k * S + s] = 0.0
-            t.slices[k * S + s, :rows.stop - rows.start, :cols.stop - cols.start] = box
+            t.slices[k * S + s, :rows.stop - rows.start, :cols.stop - cols.start] = part
 
         @g.task(grid=(T,), wait=lambda k: sliced[k], triton=gemm_tiles.sum_slices_tile,
                 constexprs=dict(BLOCK_M=block_m, BLOCK_N=gemm_n, SPLITS=S),
                 bind=dict(i=lambda k: last(k)[0], j=lambda k: last(k)[1]))
         def sum_slices(t, k):
-            rows, cols = et.block(t(last(k)[0]), block_m, t.M), et.block(t(last(k)[1]), gemm_n, t.N)
+            rows, cols = box(t, last(k))
             t.y[rows, cols] = t.slices[k * S:(k + 1) * S, :rows.stop - rows.start, :cols.stop - cols.start].sum(0)
 
     g.sample(M=5, K=3, N=7 + 3 * gemm_n * T)

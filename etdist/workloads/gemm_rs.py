@@ -189,10 +189,12 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
         arrived = g.event("arrived", (R, n_tiles * sub), count=R, distributed=True)
         ready = lambda j: arrived[me, j]   # noqa: E731
 
-        @g.task(grid=(splits, n_tiles), notify=lambda s, j: sliced[j],
-                **(dict(triton=gemm_tiles.gemm_rs_skinny_matmul_local_tail,
-                        constexprs=dict(SPLITS=splits, BLOCK_M=block_m, TAIL_M=tail_m, BLOCK_N=block_n, BLOCK_K=block_k))
-                   if tail_m else dict(triton=gemm_tiles.gemm_rs_skinny_matmul_local, constexprs=mm)))
+        body = dict(triton=gemm_tiles.gemm_rs_skinny_matmul_local, constexprs=mm)
+        if tail_m:   # a row tile and a tail over one load of each weight tile
+            body = dict(triton=gemm_tiles.gemm_rs_skinny_matmul_local_tail,
+                        constexprs=dict(consts, BLOCK_K=block_k, TAIL_M=tail_m))
+
+        @g.task(grid=(splits, n_tiles), notify=lambda s, j: sliced[j], **body)
         def matmul(t, s, j):                                 # slice s of tile j, every row, kept here
             cols, ks = et.block(j, block_n, t.N), et.block(s, t(KB), t.K)
             t.slices[s, :, cols] = t.x[:, ks].float() @ t.w[ks, cols].float()
