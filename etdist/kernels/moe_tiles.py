@@ -318,30 +318,6 @@ def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_
 
 
 @triton.jit
-def moe_down_prefetch(j, h, w_down, counts, tile_end, ntiles, H, I, E_local, BM: tl.constexpr, BN: tl.constexpr,
-                      BE: tl.constexpr, USE_ASM: tl.constexpr):
-    """Ask L2 to fetch (and keep: evict_last) the weights of down tile (j, h), w_down[e][:, h*BN:(h+1)*BN],
-    once the routing has named its expert e, so that they stream while the gate/up tiles stream
-    theirs (at decode a down tile otherwise waits idle for its activations, then streams alone).
-    Only an expert's first row tile asks (the others share its weights). A hint: nothing is
-    written or waited for; nothing under the interpreter (USE_ASM False)."""
-    if USE_ASM:
-        if j < tl.load(ntiles):
-            e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
-            if r0 == 0:
-                PER_LINE: tl.constexpr = 1024 // w_down.dtype.element_ty.primitive_bitwidth   # elements a 128 B line
-                LINES: tl.constexpr = (BN + PER_LINE - 1) // PER_LINE
-                ROWS: tl.constexpr = max(1, 256 // LINES)   # one line a thread at 8 warps
-                c = h * BN + tl.arange(0, LINES) * PER_LINE
-                base = w_down + e * I * H
-                for i0 in range(0, I, ROWS):
-                    r = i0 + tl.arange(0, ROWS)
-                    at = tl.where((r[:, None] < I) & (c[None, :] < H), r[:, None].to(tl.int64) * H + c[None, :], 0)
-                    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l",
-                                              [base + at], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def moe_send_back(d, b, c, recv_expert, expert_out, back, back_peers, T, H, RANK, WORLD,
                   TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr):
     """The outputs of rank me + d's slots [b*BS, (b+1)*BS) that my experts served, hidden columns

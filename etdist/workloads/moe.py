@@ -53,7 +53,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
               plan_block: int = 1024, one_rank: bool = False, down_block_n: int | None = None,
               half_tails: bool = False, topk_block: int | None = None, combine_block: int | None = None,
               combine_width: int | None = None, combine_tasks: int | None = None,
-              gate_up_interleave: int | None = None, prefetch_down: bool = False) -> et.Graph:
+              gate_up_interleave: int | None = None) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -82,11 +82,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     column blocks of N interleaved, [gate 0:N | up 0:N | gate N:2N | up N:2N | ...]
     (interleave_gate_up; I must be a multiple of N, and N of block_n). Where N = block_n and the
     weights load through TMA (align 16), a GPU gate/up tile reads both halves in one box and runs
-    one dot twice as wide.
-    prefetch_down: once the routing has planned the row tiles, a task per down tile asks L2 for its
-    weights (moe_tiles.moe_down_prefetch), so that they stream beside the gate/up tiles' instead of
-    after them; a hint on GPUs, nothing on the CPU runtime.
-    """
+    one dot twice as wide."""
     positive_int("moe_layer", "top_k", top_k)
     widths = (("route_block", route_block), ("plan_block", plan_block)) + tuple(
         (name, v) for name, v in (("down_block_n", down_block_n), ("topk_block", topk_block),
@@ -246,19 +242,6 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         t.tile_end[:] = n.cumsum(0)
         t.ntiles[0] = n.sum()
 
-    gu_tiles, h_tiles = et.cdiv(I, BN), et.cdiv(H, BND)
-    gu = lambda q: et.grouped(q, max_tiles, gu_tiles, GROUP_M)   # noqa: E731  (row tile j, column block n)
-    dn = lambda q: et.grouped(q, max_tiles, h_tiles, GROUP_M)    # noqa: E731  (row tile j, column block h)
-
-    # Declared before the gate/up tiles: under the static schedule their tasks then take the programs
-    # after the router's, not the slots behind the gate/up tiles (which would end with those)
-    if prefetch_down:
-        @g.task(grid=(max_tiles * h_tiles,), wait=lambda q: tiled[0], when=lambda q: dn(q)[0] < ntiles[0],
-                triton=moe_tiles.moe_down_prefetch, constexprs=dict(BM=block_m, BN=BND, BE=BE),
-                bind=dict(j=lambda q: dn(q)[0], h=lambda q: dn(q)[1]))
-        def down_prefetch(t, q):
-            pass                                         # an L2 hint: nothing to compute here
-
     def expert_rows(t, j):
         """Row tile j: its expert and its rows of the received slots (flattened [src, slot])."""
         e = int((t.tile_end <= j).sum())
@@ -270,6 +253,9 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # tiles are numbered expert after expert, so a group shares one expert's weights wherever the
     # expert has several (mixtral at 4096 tokens: 16 row tiles per expert; walked row tile after row
     # tile, its 112 gate/up column blocks re-read the expert's weights from HBM for every one).
+    gu_tiles, h_tiles = et.cdiv(I, BN), et.cdiv(H, BND)
+    gu = lambda q: et.grouped(q, max_tiles, gu_tiles, GROUP_M)   # noqa: E731  (row tile j, column block n)
+    dn = lambda q: et.grouped(q, max_tiles, h_tiles, GROUP_M)    # noqa: E731  (row tile j, column block h)
 
     @g.task(grid=(max_tiles * gu_tiles,), wait=lambda q: tiled[0], notify=lambda q: act_ready[gu(q)[0]],
             triton=moe_tiles.moe_gate_up, constexprs=dict(expert_gemm, BN=BN, TOP_K=top_k, ONE_RANK=one, ILV=ILV),
