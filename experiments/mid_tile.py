@@ -28,6 +28,8 @@ from etdist.bench.measure import records
 from etdist.bench.measure.shapes import MLP_SHAPES
 
 COPIES = 4
+# the tail body's (block_n, block_k, warps, stages): TAILS="128,64,8,4;128,128,8,3" (the first: all_gather_gemm's)
+TAILS = [tuple(int(v) for v in t.split(",")) for t in os.environ.get("TAILS", "128,64,8,4").split(";")]
 
 
 @triton.jit
@@ -128,10 +130,12 @@ def contenders(M, K, N, x, ws, c, parts, sms):
     add("2x128 128x128x64 w8 s4", lambda w: rows_grid[(m_tiles * triton.cdiv(N, 128),)](
         x, w, c, M, K, N, 128, 128, 64, False, num_warps=8, num_stages=4), 0)
     if M <= 160:
-        for S in split_counts(triton.cdiv(N, 128), sms):
-            add(f"tail 128+32 x128x64 w8 s4 x{S}", lambda w, S=S: tail_slices[(S * triton.cdiv(N, 128),)](
-                x, w, c if S == 1 else parts, M, K, N, S, 128, 32, 128, 64, S == 1, num_warps=8, num_stages=4),
-                0 if S == 1 else S)
+        for bn, bk, warps, stages in TAILS:
+            for S in split_counts(triton.cdiv(N, bn), sms):
+                add(f"tail 128+32 x{bn}x{bk} w{warps} s{stages} x{S}", lambda w, S=S, bn=bn, bk=bk, warps=warps,
+                    stages=stages: tail_slices[(S * triton.cdiv(N, bn),)](
+                    x, w, c if S == 1 else parts, M, K, N, S, 128, 32, bn, bk, S == 1, num_warps=warps,
+                    num_stages=stages), 0 if S == 1 else S)
     for bn, stages in ((128, 3), (64, 4)):
         for S in split_counts(triton.cdiv(N, bn), sms):
             add(f"256 swap x{bn}x64 w8 s{stages} x{S}", lambda w, S=S, bn=bn, stages=stages: swap_slices[
