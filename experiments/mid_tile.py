@@ -9,6 +9,7 @@ w_gate_up [H, I]), bf16, weights in 4 rotated copies, CUDA graphs (as experiment
   tail xS     gemm_tiles.rows_and_tail_acc (a 128-row accumulator and a 32-row one over one load of
               each weight tile; M <= 160) in S contraction slices, fp32 slices summed by a second kernel
               (S = 1: the body all_gather_gemm's 129-160 class runs, stored directly)
+  tailtma xS  the same with the first 128 rows through a descriptor (always in bounds past 128 rows)
   256 xS      a 256-row tile computed transposed (SWAP_AB: the weights on the MMA's M side), one row tile,
               in S contraction slices summed the same way
 S is 1 and the slices that bring the tasks closest to one wave of SMs. Each contender is checked
@@ -52,6 +53,38 @@ def tail_slices(a, w, out, M, K, N, S: tl.constexpr, BLOCK_M: tl.constexpr, TAIL
     acc, acc_t = gemm_tiles.rows_and_tail_acc(a, w, M, K, N, j, s * steps,
                                               tl.minimum(tl.cdiv(K, BLOCK_K), (s + 1) * steps),
                                               BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
+    if DIRECT:
+        gemm_tiles.store_rows_and_tail(acc, acc_t, out, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
+    else:
+        gemm_tiles.store_rows_and_tail(acc, acc_t, out + s * M * N, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
+
+
+@triton.jit
+def rows_and_tail_acc_tma(a, w, M, K, N, j, k_lo, k_hi, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """gemm_tiles.rows_and_tail_acc with the first BLOCK_M rows through a descriptor (M > BLOCK_M: that
+    box never runs past the rows), the tail through masked pointers."""
+    b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
+    a_d = tl.make_tensor_descriptor(a, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
+    for k in range(k_lo, k_hi):
+        b = b_d.load([k * BLOCK_K, j * BLOCK_N])
+        acc = tl.dot(a_d.load([0, k * BLOCK_K]), b, acc)
+        acc_t = tl.dot(tl.trans(b), tl.trans(gemm_tiles.rows_box(a, M, K, BLOCK_M, k * BLOCK_K, TAIL_M, BLOCK_K)),
+                       acc_t)
+    return acc, acc_t
+
+
+@triton.jit
+def tail_slices_tma(a, w, out, M, K, N, S: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr):
+    """tail_slices with rows_and_tail_acc_tma."""
+    pid = tl.program_id(0)
+    s, j = pid % S, pid // S
+    steps = tl.cdiv(tl.cdiv(K, BLOCK_K), S)
+    acc, acc_t = rows_and_tail_acc_tma(a, w, M, K, N, j, s * steps, tl.minimum(tl.cdiv(K, BLOCK_K), (s + 1) * steps),
+                                       BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
     if DIRECT:
         gemm_tiles.store_rows_and_tail(acc, acc_t, out, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
     else:
@@ -136,6 +169,10 @@ def contenders(M, K, N, x, ws, c, parts, sms):
                     stages=stages: tail_slices[(S * triton.cdiv(N, bn),)](
                     x, w, c if S == 1 else parts, M, K, N, S, 128, 32, bn, bk, S == 1, num_warps=warps,
                     num_stages=stages), 0 if S == 1 else S)
+                add(f"tailtma 128+32 x{bn}x{bk} w{warps} s{stages} x{S}", lambda w, S=S, bn=bn, bk=bk, warps=warps,
+                    stages=stages: tail_slices_tma[(S * triton.cdiv(N, bn),)](
+                    x, w, c if S == 1 else parts, M, K, N, S, 128, 32, bn, bk, S == 1, num_warps=warps,
+                    num_stages=stages), 0 if S == 1 else S)
     for bn, stages in ((128, 3), (64, 4)):
         for S in split_counts(triton.cdiv(N, bn), sms):
             add(f"256 swap x{bn}x64 w8 s{stages} x{S}", lambda w, S=S, bn=bn, stages=stages: swap_slices[
@@ -190,15 +227,15 @@ def main():
             del ws, parts
     for r in recs:
         records.append(f"{os.environ.get('OUT', '/tmp')}/mid_tile.jsonl", r)
-    print("\ncell | mm us (mm / floor) | best body / mm | 2x128 / mm | best tail / mm | best 256 / mm")
+    print("\ncell | mm us (mm / floor) | best body / mm | 2x128 / mm | best tail / mm | best tailtma / mm | best 256 / mm")
     for name, what, M, c, floor in rows:
         def best_of(prefix):
             v = [t for k, t in c.items() if k.startswith(prefix)]
             return f"{min(v) / c['mm']:.2f}" if v else "-"
         best = min((v, k) for k, v in c.items() if k != "mm")
         print(f"{name} {what} M={M} | {c['mm']:.1f} ({c['mm'] / floor:.2f}) | {best[0] / c['mm']:.2f} {best[1]} | "
-              f"{best_of('2x128')} | {best_of('tail')} | {best_of('256')}")
-    for prefix in ("2x128", "tail", "256"):
+              f"{best_of('2x128')} | {best_of('tail ')} | {best_of('tailtma')} | {best_of('256')}")
+    for prefix in ("2x128", "tail ", "tailtma", "256"):
         rs = [min(t for k, t in c.items() if k.startswith(prefix)) / c["mm"] for *_, c, _ in rows
               if any(k.startswith(prefix) for k in c)]
         if rs:
