@@ -363,6 +363,13 @@ def _op_kernels():
     cfg, build = ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2, P)
     assert build.keywords["tail_m"] == 32
     yield "ag_gemm tail M=129", build, cfg.num_warps, cfg.num_stages
+    # both tails with their first 128 rows through a descriptor (an option)
+    cfg, build = ag_op.kernel_plan(129, 8192, 28672, bf, 132, 2, P.override("tail_row_tma=1"))
+    assert build.keywords["tail_row_tma"]
+    yield "ag_gemm tail rows by descriptor M=129", build, cfg.num_warps, cfg.num_stages
+    cfg, _, _, build = rs_op.kernel_plan(129, 6144, 4096, bf, 132, 2, P.override("skinny_tail_m=32+tail_row_tma=1"))
+    assert build.keywords["tail_row_tma"]
+    yield "gemm_rs skinny tail rows by descriptor M=129", build, cfg.num_warps, cfg.num_stages
     # the replicated MLP's 128-row class with each output tile summed on its owner
     cfg, build, _ = mlp_op.replicated_plan(128, 4096, 6144, bf, 132, 2, P)
     assert build.keywords["owners"]

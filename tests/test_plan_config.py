@@ -332,6 +332,22 @@ def test_skinny_partials_cross_in_x_dtype_as_an_option():
         DEFAULT_PLAN.override("skinny_x_partials=2")
 
 
+def test_tail_rows_through_a_descriptor_as_an_option():
+    """tail_row_tma (an option, 0 by default; 0 or 1): the tail classes of both ops (all_gather_gemm's
+    whole_tail_m, gemm_reduce_scatter's skinny_tail_m) load their first 128 rows through a
+    descriptor; no other class takes it."""
+    from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op
+    bf = torch.bfloat16
+    ag = lambda M, config: ag_op.kernel_plan(M, 8192, 28672, bf, 132, 2, config)[1].keywords  # noqa: E731
+    rs = lambda M, config: rs_op.kernel_plan(M, 6144, 4096, bf, 132, 2, config)[3].keywords  # noqa: E731
+    assert DEFAULT_PLAN.tail_row_tma == 0 and "tail_row_tma" not in ag(129, DEFAULT_PLAN)
+    cfg = DEFAULT_PLAN.override("tail_row_tma=1+skinny_tail_m=32")
+    assert ag(129, cfg)["tail_row_tma"] and rs(160, cfg)["tail_row_tma"]
+    assert all("tail_row_tma" not in ag(M, cfg) and "tail_row_tma" not in rs(M, cfg) for M in (16, 128, 161, 1024))
+    with pytest.raises(ValueError, match="tail_row_tma must be 0 or 1"):
+        DEFAULT_PLAN.override("tail_row_tma=2")
+
+
 def test_whole_classes_slice_their_ragged_last_wave_as_an_option():
     """whole_ragged_splits (an option, 0 by default): the whole classes' GEMM tiles past their last
     full wave run in as many contraction slices as fill the SMs, at most the option's (gemma2_27b's

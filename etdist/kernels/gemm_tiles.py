@@ -269,13 +269,13 @@ def gemm_rs_skinny_matmul_local(s, j, x, w, slices, M, K, N, SPLITS: tl.constexp
 @triton.jit
 def gemm_rs_skinny_matmul_local_tail(s, j, x, w, slices, M, K, N, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                                      TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                     USE_ASM: tl.constexpr):
+                                     USE_ASM: tl.constexpr, ROW_TMA: tl.constexpr = False):
     """gemm_rs_skinny_matmul_local for BLOCK_M < M <= BLOCK_M + TAIL_M: contraction slice s of
     column tile j over every row, each weight tile loaded once (a descriptor) for the first BLOCK_M
     rows and, transposed, the TAIL_M after them (rows_and_tail_acc), into slices[s] (fp32)."""
     steps = tl.cdiv(tl.cdiv(K, SPLITS), BLOCK_K)   # a slice's steps, as skinny_slice's KB
     acc, acc_t = rows_and_tail_acc(x, w, M, K, N, j, s * steps, tl.minimum(tl.cdiv(K, BLOCK_K), (s + 1) * steps),
-                                   BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
+                                   BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, ROW_TMA)
     store_rows_and_tail(acc, acc_t, slices + s * M * N, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
 
 
@@ -468,29 +468,36 @@ def sum_slices_tile(k, i, j, slices, y, M, N, SPLITS: tl.constexpr, BLOCK_M: tl.
 
 @triton.jit
 def rows_and_tail_acc(a, w, M, K, N, j, k_lo, k_hi, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_TMA: tl.constexpr = False):
     """fp32 accumulators of a[M rows] @ w[:, column tile j] over steps [k_lo, k_hi), each weight
-    tile loaded once (a descriptor): rows [0, BLOCK_M) and, transposed, the TAIL_M after them."""
+    tile loaded once (a descriptor): rows [0, BLOCK_M) and, transposed, the TAIL_M after them.
+    The rows load through masked pointers, or with ROW_TMA the first BLOCK_M through a descriptor
+    (the plans take a tail past BLOCK_M rows, so that box lies within them; fewer are zero-filled)."""
     b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
+    a_d = a
+    if ROW_TMA:
+        a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(M, 1), K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
     for k in range(k_lo, k_hi):
         b = b_d.load([k * BLOCK_K, j * BLOCK_N])
-        acc = tl.dot(rows_box(a, M, K, 0, k * BLOCK_K, BLOCK_M, BLOCK_K), b, acc)
+        acc = tl.dot(row_tile(a_d, a, M, K, 0, k * BLOCK_K, BLOCK_M, BLOCK_K, ROW_TMA), b, acc)
         acc_t = tl.dot(tl.trans(b), tl.trans(rows_box(a, M, K, BLOCK_M, k * BLOCK_K, TAIL_M, BLOCK_K)), acc_t)
     return acc, acc_t
 
 
 @triton.jit
 def matmul_rows_and_tail(j, a, w, y, M, K, N, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
+                         BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr, ROW_TMA: tl.constexpr = False):
     """y[all M rows, column tile j] = a[M rows] @ w for BLOCK_M < M <= BLOCK_M + TAIL_M, each weight
     tile loaded once (through a descriptor) for two accumulators: rows [0, BLOCK_M) on the MMA's M
     side, the TAIL_M rows after them transposed (the weights on the M side, as SWAP_AB): a 128-row
     tile and a 32-row one do 160 rows of work where two 128-row tiles would do 256, or read the
-    weights twice. The rows load through masked pointers (a ragged tail)."""
+    weights twice. The rows load through masked pointers (a ragged tail), or as ROW_TMA says
+    (rows_and_tail_acc)."""
     async_proxy_fence(USE_ASM)   # `a` holds rows gathered in this launch
-    acc, acc_t = rows_and_tail_acc(a, w, M, K, N, j, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
+    acc, acc_t = rows_and_tail_acc(a, w, M, K, N, j, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K,
+                                   ROW_TMA)
     store_rows_and_tail(acc, acc_t, y, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
 
 

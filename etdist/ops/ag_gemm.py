@@ -119,7 +119,8 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
     if tail is not None:   # a row tile and a tail in one task
         return tail, functools.partial(ag_gemm.all_gather_gemm_whole, tail.block_m, tail.block_n, dtype, tail.block_k,
                                        align, gemm_n=whole_width(tail.block_m, N, tail, sms),
-                                       tail_m=config.whole_tail_m)
+                                       tail_m=config.whole_tail_m,
+                                       **({"tail_row_tma": True} if config.tail_row_tma else {}))
     cfg = config.large if big else whole_tile("all_gather_gemm", M, config) if whole else \
         large_tile(M, N, world, sms, config)
     cfg = fp32_config(cfg) if dtype == torch.float32 else cfg

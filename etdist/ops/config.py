@@ -58,6 +58,11 @@ class PlanConfig:
     # 1: the skinny classes' partials cross the links in x's dtype (bf16/fp16: half of fp32's
     # bytes), summed in fp32 by the owner; an option until a two-GPU A/B decides it
     skinny_x_partials: int = 0
+    # 1: the tail tasks of both (whole_tail_m, skinny_tail_m) load their first 128 rows through a
+    # descriptor, the tail through pointers (gemm_tiles.rows_and_tail_acc): alone on one H200 at
+    # M 129/160 12% faster in one slice, the same in several (records mid_tile); an option until a
+    # two-GPU A/B decides it
+    tail_row_tma: int = 0
     local_sums_min_m: int = 65      # from this many rows the skinny slices are summed on their GPU (0: never): gemm_rs_ab.jsonl
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
     # every row, the weights read once), a tile class per bound; above, per-source tiles (but for
@@ -105,8 +110,9 @@ class PlanConfig:
                     raise ValueError(f"PlanConfig.{f.name} must be a TileConfig, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int) or v < _LEAST[f.name]:
                 raise ValueError(f"PlanConfig.{f.name} must be an int >= {_LEAST[f.name]}, got {v!r}")
-        if self.skinny_x_partials not in (0, 1):
-            raise ValueError(f"PlanConfig.skinny_x_partials must be 0 or 1, got {self.skinny_x_partials}")
+        for name in ("skinny_x_partials", "tail_row_tma"):
+            if getattr(self, name) not in (0, 1):
+                raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)}")
         for name in ("whole_tail_m", "skinny_tail_m"):
             v = getattr(self, name)
             if v and (v < 16 or v & (v - 1)):
@@ -163,8 +169,8 @@ def override_fields(config: str, fields: list, text: str) -> list:
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
 _LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
           "replicated_owners_min_m": 0,
-          "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0, "skinny_x_partials": 0, "plan_worlds": 2,
-          "whole_ragged_splits": 0}
+          "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0, "skinny_x_partials": 0, "tail_row_tma": 0,
+          "plan_worlds": 2, "whole_ragged_splits": 0}
 
 
 def _parse(name: str, text: str):

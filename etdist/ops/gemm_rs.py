@@ -184,6 +184,8 @@ def kernel_plan(M: int, K: int, N: int, dtype: torch.dtype, sms: int, world: int
                                                  cfg.block_k, splits, align, cfg.swap_ab, reduce_n=reduce_n,
                                                  **({"local_sums": True} if local else {}),
                                                  **({"tail_m": config.skinny_tail_m} if tail is not None else {}),
+                                                 **({"tail_row_tma": True} if tail is not None and config.tail_row_tma
+                                                    else {}),
                                                  **({"x_partials": True} if config.skinny_x_partials and world > 1
                                                     and dtype != torch.float32 else {}))
 

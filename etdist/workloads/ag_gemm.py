@@ -66,7 +66,7 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
                           block_k: int = 128, align: int = 1, group_m: int = 8,
                           gemm_n: Optional[int] = None, swap_ab: bool = False,
                           row_pointers: bool = False, tail_m: int = 0, ragged_tiles: int = 0,
-                          ragged_splits: int = 1) -> et.Graph:
+                          ragged_splits: int = 1, tail_row_tma: bool = False) -> et.Graph:
     """The small-M variant: the (small) gather completes first, then GEMM tiles run over all M
     rows at once, so the weights are read once (the graph above reads them once per source).
     gemm_n: the GEMM tiles' width (default block_n, which the gather's copy tiles keep): narrower
@@ -76,6 +76,7 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
     every row, block_m of them in one accumulator and the tail_m after them in a second, over one
     load of each weight tile (gemm_tiles.matmul_rows_and_tail; aligned sizes only): just past a
     tile of rows, the weights are read once without padding the MMAs to two whole tiles.
+    tail_row_tma: the tail tasks' first block_m rows load through a descriptor (rows_and_tail_acc).
     ragged_tiles, ragged_splits: the last ragged_tiles GEMM tiles of the order (the ragged last
     wave the op's plan counts) each run in ragged_splits contraction slices, fp32 boxes that one
     task per tile sums into y, so the last wave's tiles keep every SM busy for a fraction of a tile
@@ -106,7 +107,8 @@ def all_gather_gemm_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dty
         g.check(M <= block_m + tail_m, f"this variant holds at most block_m + tail_m = {block_m + tail_m} rows")
 
         @g.task(grid=(n_tiles,), wait=lambda j: all_in[me], triton=gemm_tiles.matmul_rows_and_tail,
-                constexprs=dict(BLOCK_M=block_m, TAIL_M=tail_m, BLOCK_N=gemm_n, BLOCK_K=block_k), bind=dict(a="gathered"))
+                constexprs=dict(BLOCK_M=block_m, TAIL_M=tail_m, BLOCK_N=gemm_n, BLOCK_K=block_k,
+                                ROW_TMA=bool(tail_row_tma)), bind=dict(a="gathered"))
         def matmul_with_tail(t, j):
             cols = et.block(j, gemm_n, t.N)
             t.y[:, cols] = t.gathered[:t.M] @ t.w[:, cols]

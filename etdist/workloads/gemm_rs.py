@@ -129,7 +129,8 @@ def make_inputs(world: int, M: int, K: int, N: int, seed: int = 0, dtype=torch.f
 def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32,
                                block_k: int = 128, splits: int = 4, align: int = 1,
                                swap_ab: bool = False, reduce_n: int | None = None,
-                               local_sums: bool = False, tail_m: int = 0, x_partials: bool = False) -> et.Graph:
+                               local_sums: bool = False, tail_m: int = 0, x_partials: bool = False,
+                               tail_row_tma: bool = False) -> et.Graph:
     """The decode-sized variant (M <= block_m): one tile holds every row, so each rank reads its
     weights once (the graph above reads them once per destination rank). The contraction is
     split in `splits` slices to give every SM work; fp32 partials, summed by the owner.
@@ -144,7 +145,8 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
     tail_m (with local_sums, align 16): up to block_m + tail_m rows, each matmul task's first
     block_m rows in one accumulator and the tail_m after them, transposed, in another, over one
     load of each weight tile (gemm_tiles.gemm_rs_skinny_matmul_local_tail); each owner's rows must
-    still fit one block_m tile (the combine and reduce tiles): two ranks or more.
+    still fit one block_m tile (the combine and reduce tiles): two ranks or more. tail_row_tma: the
+    first block_m rows load through a descriptor (rows_and_tail_acc).
     x_partials: the partials that cross the links are in x's dtype (half the bytes of fp32 for
     bf16/fp16, as the large graph's are), still summed in fp32 by the owner."""
     if tail_m and (tail_m & (tail_m - 1) or tail_m < 16 or align % 16 or not local_sums):
@@ -192,7 +194,7 @@ def gemm_reduce_scatter_skinny(block_m: int = 64, block_n: int = 64, dtype: torc
         body = dict(triton=gemm_tiles.gemm_rs_skinny_matmul_local, constexprs=mm)
         if tail_m:   # a row tile and a tail over one load of each weight tile
             body = dict(triton=gemm_tiles.gemm_rs_skinny_matmul_local_tail,
-                        constexprs=dict(consts, BLOCK_K=block_k, TAIL_M=tail_m))
+                        constexprs=dict(consts, BLOCK_K=block_k, TAIL_M=tail_m, ROW_TMA=bool(tail_row_tma)))
 
         @g.task(grid=(splits, n_tiles), notify=lambda s, j: sliced[j], **body)
         def matmul(t, s, j):                                 # slice s of tile j, every row, kept here

@@ -92,9 +92,17 @@ def cases():
                                                                         align=16, reduce_n=T, local_sums=True,
                                                                         tail_m=T), \
         lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
+    # the same, the first 2T rows through a descriptor (M=5: fewer than its box, zero-filled)
+    yield "gemm_rs_skinny_tail_rows_desc_tma", gemm_rs.gemm_reduce_scatter_skinny(2 * T, 2 * T, torch.float32, T, splits=3,
+                                                                              align=16, reduce_n=T, local_sums=True,
+                                                                              tail_m=T, tail_row_tma=True), \
+        lambda R, M: gemm_rs.make_inputs(R, M, 48, 48, seed=M), gemm_rs.reference, ("x", "w")
     # every row in one task: a 2T-row accumulator and a T-row tail (M=37: 32 + 5; M=5: the tail empty)
     yield "ag_gemm_whole_tail_tma", ag_gemm.all_gather_gemm_whole(2 * T, 2 * T, torch.float32, T, align=16,
                                                                   tail_m=T), \
+        lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
+    yield "ag_gemm_whole_tail_rows_desc_tma", ag_gemm.all_gather_gemm_whole(2 * T, 2 * T, torch.float32, T, align=16,
+                                                                            tail_m=T, tail_row_tma=True), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
     # the last 3 whole-gather GEMM tiles in 2 contraction slices each, summed per tile (transposed tiles)
     yield "ag_gemm_whole_ragged_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16, gemm_n=T,
