@@ -370,6 +370,11 @@ def _op_kernels():
     cfg, _, _, build = rs_op.kernel_plan(129, 6144, 4096, bf, 132, 2, P.override("skinny_tail_m=32+tail_row_tma=1"))
     assert build.keywords["tail_row_tma"]
     yield "gemm_rs skinny tail rows by descriptor M=129", build, cfg.num_warps, cfg.num_stages
+    # the MLP just past the whole class with every row in each task (an option), bf16 and fp32
+    for dt, extra in ((bf, "+tail_row_tma=1"), (torch.float32, "")):
+        cfg, build, _ = mlp_op.kernel_plan(160, 8192, 14336, dt, 132, 2, P.override("mlp_tail_m=32" + extra))
+        assert build.keywords["tail_m"] == 32
+        yield f"mlp tail M=160 {dt}", build, cfg.num_warps, cfg.num_stages
     # the replicated MLP's 128-row class with each output tile summed on its owner
     cfg, build, _ = mlp_op.replicated_plan(128, 4096, 6144, bf, 132, 2, P)
     assert build.keywords["owners"]

@@ -18,7 +18,7 @@ GRAPHS = ("gemm_rs", "gemm_rs_tail", "gemm_rs_tail_tma", "gemm_rs_skinny", "ag_g
           "mlp_tail_padded_tma", "mlp_padded_own_tma", "ag_gemm_interleaved_tma", "mlp_interleaved_tma",
           "gemm_rs_interleaved_tma", "gemm_rs_skinny_local_tma", "mlp_replicated_owners_tma",
           "ag_gemm_whole_tail_tma", "gemm_rs_skinny_tail_tma", "ag_gemm_whole_tail_rows_desc_tma",
-          "gemm_rs_skinny_tail_rows_desc_tma",
+          "gemm_rs_skinny_tail_rows_desc_tma", "mlp_whole_tail_tma", "mlp_whole_tail_rows_desc_tma",
           "gemm_rs_skinny_x_partials_tma",
           "ag_gemm_whole_ragged_tma")
 

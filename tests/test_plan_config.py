@@ -348,6 +348,26 @@ def test_tail_rows_through_a_descriptor_as_an_option():
         DEFAULT_PLAN.override("tail_row_tma=2")
 
 
+def test_mlp_rows_just_past_the_whole_class_take_a_tail_as_an_option():
+    """mlp_tail_m (an option, 0 by default): tensor_parallel_mlp from whole_max_m + 1 rows up to
+    128 + mlp_tail_m runs the whole-gather graph with a tail accumulator, its gate/up tiles at most
+    TAIL_UP_N and block_k wide; aligned sizes on two ranks or more only (plan_worlds); past it, the
+    per-source graph."""
+    from etdist.ops import mlp as mlp_op
+    bf = torch.bfloat16
+    plan = lambda M, config, world=2, H=8192, dt=bf: mlp_op.kernel_plan(M, H, 14336, dt, 132, world, config)[1]  # noqa: E731
+    assert DEFAULT_PLAN.mlp_tail_m == 0 and plan(129, DEFAULT_PLAN).func.__name__ == "tp_mlp"
+    cfg = DEFAULT_PLAN.override("mlp_tail_m=32")
+    assert [plan(M, cfg).keywords.get("tail_m") for M in (128, 129, 160, 161)] == [None, 32, 32, None]
+    assert plan(161, cfg).func.__name__ == "tp_mlp" and plan(129, cfg).keywords["up_n"] == mlp_op.TAIL_UP_N
+    assert plan(129, cfg, dt=torch.float32).keywords["up_n"] == 32   # fp32 tiles step 32 columns of K
+    assert "tail_m" not in plan(129, cfg, world=1).keywords and "tail_m" not in plan(129, cfg, H=8190).keywords
+    assert "tail_m" not in plan(129, cfg, world=4).keywords
+    assert plan(129, cfg.override("tail_row_tma=1")).keywords["tail_row_tma"]
+    with pytest.raises(ValueError, match="mlp_tail_m must be 0 or a power of two >= 16"):
+        DEFAULT_PLAN.override("mlp_tail_m=24")
+
+
 def test_whole_classes_slice_their_ragged_last_wave_as_an_option():
     """whole_ragged_splits (an option, 0 by default): the whole classes' GEMM tiles past their last
     full wave run in as many contraction slices as fill the SMs, at most the option's (gemma2_27b's

@@ -293,6 +293,34 @@ def test_replicated_mlp_ends_in_an_all_reduce(schedule, world, M, owners):
         mlp.tp_mlp_replicated(down_splits=0)
 
 
+@pytest.mark.parametrize("world", FEW_WORLDS)
+@pytest.mark.parametrize("M", [48, 37, 17, 3])
+@pytest.mark.parametrize("splits", [3, 1])
+def test_mlp_with_a_tail_takes_every_row_in_one_task(schedule, world, M, splits):
+    """tail_m: up to block_m + tail_m rows in one gate/up task per column tile and one down task per
+    column tile and slice (32 + 16 here): past the row tile (37, 48), within it (17, 3: an empty
+    tail); down slice s waits for its columns of h only (I = 80 in steps of 16 over 3 slices: the
+    last one shorter); more rows are refused before the launch; bad arguments are named."""
+    kernel = et.compile(mlp.tp_mlp_whole(32, 16, block_k=16, align=16, tail_m=16, up_n=8, down_splits=splits),
+                        schedule=schedule, programs=3)
+    inputs = mlp.make_inputs(world, M, H=32, I=80 * world, seed=world * 100 + M)
+    want = mlp.reference(*([i[k] for i in inputs] for k in ("x", "w_gate_up", "w_down")))
+    for seed in SEEDS:
+        got = kernel.run(inputs, sizes={"M": M}, interleave="random", seed=seed)
+        for r in range(world):
+            assert rel_err(got[r]["y"], want[r]) < TOL, (r, seed)
+    if splits > 1:   # I = 16: one contraction step, the other slices empty (no gate/up tile to wait for)
+        inputs = mlp.make_inputs(world, M, H=32, I=16 * world, seed=world * 100 + M)
+        want = mlp.reference(*([i[k] for i in inputs] for k in ("x", "w_gate_up", "w_down")))
+        got = kernel.run(inputs, sizes={"M": M}, interleave="random", seed=1)
+        assert all(rel_err(got[r]["y"], want[r]) < TOL for r in range(world))
+    with pytest.raises(et.InputError, match="at most block_m \\+ tail_m = 48 rows"):
+        kernel.run(mlp.make_inputs(world, 49, H=32, I=80 * world, seed=1), sizes={"M": 49})
+    for bad in (dict(tail_m=24), dict(tail_m=16, align=1), dict(tail_m=16, up_n=24)):
+        with pytest.raises(et.GraphError, match="tail_m must be 0 or a power of two >= 16"):
+            mlp.tp_mlp_whole(32, 16, block_k=16, **{"align": 16, **bad})
+
+
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("M", [37, 16, 1])
 def test_small_m_variants_read_the_whole_gather(schedule, world, M):

@@ -513,6 +513,57 @@ def store_rows_and_tail(acc, acc_t, c, M, N, j, BLOCK_M: tl.constexpr, TAIL_M: t
 
 
 @triton.jit
+def swiglu_rows_and_tail(j, ag_out, w_gate_up, h, M, H, I, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr,
+                         ROW_TMA: tl.constexpr = False):
+    """swiglu_rows over every M rows (BLOCK_M < M <= BLOCK_M + TAIL_M), column tile j: the gate and
+    up tiles loaded once for the first BLOCK_M rows and, transposed, the TAIL_M after them
+    (rows_and_tail_acc's scheme, two accumulators each; ROW_TMA as there)."""
+    async_proxy_fence(USE_ASM)   # `ag_out` holds rows gathered in this launch
+    g_d = tl.make_tensor_descriptor(w_gate_up, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
+    u_d = tl.make_tensor_descriptor(w_gate_up + I, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
+    a_d = ag_out
+    if ROW_TMA:
+        a_d = tl.make_tensor_descriptor(ag_out, shape=[tl.maximum(M, 1), H], strides=[H, 1],
+                                        block_shape=[BLOCK_M, BLOCK_K])
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    tail_g = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
+    tail_u = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
+    for k in range(0, tl.cdiv(H, BLOCK_K)):
+        g_t = g_d.load([k * BLOCK_K, j * BLOCK_N])
+        u_t = u_d.load([k * BLOCK_K, j * BLOCK_N])
+        a_t = row_tile(a_d, ag_out, M, H, 0, k * BLOCK_K, BLOCK_M, BLOCK_K, ROW_TMA)
+        r_t = tl.trans(rows_box(ag_out, M, H, BLOCK_M, k * BLOCK_K, TAIL_M, BLOCK_K))
+        acc_g = tl.dot(a_t, g_t, acc_g)
+        acc_u = tl.dot(a_t, u_t, acc_u)
+        tail_g = tl.dot(tl.trans(g_t), r_t, tail_g)
+        tail_u = tl.dot(tl.trans(u_t), r_t, tail_u)
+    store_rows_and_tail(acc_g * tl.sigmoid(acc_g) * acc_u, tail_g * tl.sigmoid(tail_g) * tail_u, h, M, I, j,
+                        BLOCK_M, TAIL_M, BLOCK_N)
+
+
+@triton.jit
+def matmul_scatter_rows_and_tail_slice(j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD,
+                                       SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
+                                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr,
+                                       ROW_TMA: tl.constexpr = False):
+    """matmul_scatter_rows_slice over every M rows (BLOCK_M < M <= BLOCK_M + TAIL_M): contraction
+    slice s of column tile j (cdiv(cdiv(K, BLOCK_K), SPLITS) steps each), each weight tile loaded
+    once for the first BLOCK_M rows and, transposed, the TAIL_M after them; each owner's rows into
+    its partial[RANK * SPLITS + s]."""
+    async_proxy_fence(USE_ASM)   # `x` (h) was written in this launch
+    steps = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(steps, SPLITS)
+    acc, acc_t = rows_and_tail_acc(x, w, M, K, N, j, s * per, tl.minimum(steps, (s + 1) * per), BLOCK_M, TAIL_M,
+                                   BLOCK_N, BLOCK_K, ROW_TMA)
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    store_to_owners(acc, tl.arange(0, BLOCK_M), offs_n, partial, partial_peers, RANK * SPLITS + s, M, N, WORLD)
+    store_to_owners(tl.trans(acc_t), BLOCK_M + tl.arange(0, TAIL_M), offs_n, partial, partial_peers,
+                    RANK * SPLITS + s, M, N, WORLD)
+
+
+@triton.jit
 def matmul_scatter_rows_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WORLD, SPLITS: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               TMA: tl.constexpr, USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr = False):

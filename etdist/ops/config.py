@@ -63,6 +63,13 @@ class PlanConfig:
     # M 129/160 12% faster in one slice, the same in several (records mid_tile); an option until a
     # two-GPU A/B decides it
     tail_row_tma: int = 0
+    # tensor_parallel_mlp just past whole_max_m: up to whole_128's block_m + mlp_tail_m rows, the
+    # whole-gather graph with every row in each gate/up and down task (a tail accumulator), each
+    # down slice waiting only for its part of h (0: none; a power of two >= 16). Its tiles alone on
+    # one H200 (records mid_tile) read the weights once at 1.2-1.4x mm where the per-source tiles
+    # take ~2x; an option until a two-GPU A/B decides it (a form without tail_row_tma and with one
+    # wait for all of h was 5% slower than the per-source plan at 28cbec2: records mlp_ab)
+    mlp_tail_m: int = 0
     local_sums_min_m: int = 65      # from this many rows the skinny slices are summed on their GPU (0: never): gemm_rs_ab.jsonl
     # all_gather_gemm and the MLP: up to whole_max_m rows the whole-gather graph (tiles spanning
     # every row, the weights read once), a tile class per bound; above, per-source tiles (but for
@@ -113,7 +120,7 @@ class PlanConfig:
         for name in ("skinny_x_partials", "tail_row_tma"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)}")
-        for name in ("whole_tail_m", "skinny_tail_m"):
+        for name in ("whole_tail_m", "skinny_tail_m", "mlp_tail_m"):
             v = getattr(self, name)
             if v and (v < 16 or v & (v - 1)):
                 raise ValueError(f"PlanConfig.{name} must be 0 or a power of two >= 16, got {v}")
@@ -169,7 +176,7 @@ def override_fields(config: str, fields: list, text: str) -> list:
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
 _LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
           "replicated_owners_min_m": 0,
-          "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0, "skinny_x_partials": 0, "tail_row_tma": 0,
+          "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0, "skinny_x_partials": 0, "tail_row_tma": 0, "mlp_tail_m": 0,
           "plan_worlds": 2, "whole_ragged_splits": 0}
 
 

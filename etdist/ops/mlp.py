@@ -14,7 +14,7 @@ from ..fusion.errors import InputError
 from ..collectives.custom_op import call_op
 from ..workloads import mlp as mlp_graph
 from . import cpu_path
-from .ag_gemm import whole_tile, whole_width
+from .ag_gemm import tail_tile, whole_tile, whole_width
 from .common import (RepeatedCall, cached_kernel, check_operands, no_rows, plan_config, refusal_reaches_peers,
                      total_rows_of)
 from .config import PlanConfig, TileConfig, fp32_config
@@ -35,6 +35,7 @@ from .plan_model import (SCRATCH_BYTES, SPLIT_COST, interleave_sources, row_poin
 # tile) and each streams a whole column of w_down: they run in up to WHOLE_DOWN_SPLITS slices
 # (whole_down_splits), as many as keep one task per SM.
 WHOLE_DOWN_SPLITS = 4
+TAIL_UP_N = 64   # the tail class's gate/up tiles at most this wide: four accumulators (gate, up; rows, tail)
 SEND_US, REDUCE_US = 1.0, 3.0   # least_busy_tail's guesses for a gathered row tile's copy and an owner's sum
 MIN_GAIN = 0.03   # least_busy_tail slices nothing for less: its model ignores the waits, and slices cost traffic
 _KERNELS: dict = {}
@@ -136,6 +137,13 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     tail_plan finds a ragged wave. Cached: the op asks at every call (2-6 us uncached on our CPU
     host); config is part of the key."""
     whole, cfg, align = size_class(M, H, I, dtype, config)
+    tile = tail_tile(M, align, world, dtype, config, tail_m=config.mlp_tail_m)
+    if tile is not None:   # a row tile and a tail in each task (an option)
+        up_n = min(TAIL_UP_N, tile.block_k, whole_width(tile.block_m, I, tile, sms))
+        return tile, functools.partial(mlp_graph.tp_mlp_whole, tile.block_m, tile.block_n, dtype, tile.block_k, align,
+                                       down_splits=whole_down_splits(tile.block_m, H, tile, sms), up_n=up_n,
+                                       tail_m=config.mlp_tail_m,
+                                       **({"tail_row_tma": True} if config.tail_row_tma else {})), {"M": M}
     args = (cfg.block_m, cfg.block_n, dtype, cfg.block_k, align)
     if whole:
         return cfg, functools.partial(mlp_graph.tp_mlp_whole, *args, down_splits=whole_down_splits(M, H, cfg, sms),

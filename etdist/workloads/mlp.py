@@ -148,7 +148,8 @@ def tp_mlp(block_m: int = 16, block_n: int = 16, dtype: torch.dtype = torch.floa
 
 def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
                  align: int = 1, group_m: int = 8, down_splits: int = 1, up_n: Optional[int] = None,
-                 swap_ab: bool = False, row_pointers: bool = False) -> et.Graph:
+                 swap_ab: bool = False, row_pointers: bool = False, tail_m: int = 0,
+                 tail_row_tma: bool = False) -> et.Graph:
     """The small-M variant: the (small) gather completes first; gate/up and down tiles then run
     over all M rows at once, so each weight is read once (the graph above reads them once per
     source and per destination rank). Down tiles store each owner's rows into its partial.
@@ -157,10 +158,19 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     shape) and would leave most SMs idle. up_n: the gate/up tiles' width (default block_n, which the
     gather's copy tiles and the down tiles keep): narrower where they would be fewer than the SMs.
     swap_ab: the GEMM tiles computed transposed (the weights on the MMA's M side:
-    gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows. row_pointers: as in tp_mlp."""
+    gemm_tiles.mm_acc_tma), for tiles of fewer than 64 rows. row_pointers: as in tp_mlp.
+    tail_m (align 16): up to block_m + tail_m rows, each gate/up and down task takes every row,
+    block_m in one accumulator and the tail_m after them in another, over one load of each weight
+    tile (as ag_gemm.all_gather_gemm_whole's tail_m); each down slice waits only for the gate/up
+    tiles of its part of h (up_n must divide block_k). tail_row_tma: the first block_m rows of
+    both load through descriptors (gemm_tiles.rows_and_tail_acc)."""
     positive_int("tp_mlp_whole", "down_splits", down_splits)
     positive_int("tp_mlp_whole", "up_n", up_n, optional=True)
     S, up_n = down_splits, block_n if up_n is None else up_n
+    if tail_m and (tail_m & (tail_m - 1) or tail_m < 16 or align % 16 or block_k % up_n):
+        raise et.GraphError(f"tp_mlp_whole: tail_m must be 0 or a power of two >= 16, with align 16 (the weights "
+                            f"load through descriptors) and up_n dividing block_k, got tail_m={tail_m!r}, "
+                            f"align={align}, up_n={up_n}, block_k={block_k}")
     g = et.Graph("mlp_whole")
     M = g.size("M")
     H, I = g.size("H", multiple_of=align), g.size("I", multiple_of=align)
@@ -178,6 +188,15 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     g.scratch("partial", (R * S, C, H), dtype, symmetric=True)     # on the owner: partial[src, slice]
     g.output("y", (owned(me), H), dtype)
     _, all_in = gather_rows(g, x, C, owned, block_m, block_n, "ag_out", whole=True)
+    if tail_m:
+        g.check(M <= block_m + tail_m, f"this variant holds at most block_m + tail_m = {block_m + tail_m} rows")
+        arrived = _whole_tail_tasks(g, block_m, block_n, block_k, tail_m, up_n, S, C, owned, all_in,
+                                    bool(tail_row_tma))
+        reduce_partials(g, lambda i, j: arrived[me, j], owned, own_tiles, h_tiles, block_m, block_n, S,
+                        lambda i, j: S, cols="H")
+        g.sample(M=5, H=32, I=32)
+        g.sample(M=block_m + tail_m, H=48, I=up_n + 16)
+        return g
     h_ready = g.event("h_ready", (m_all,), count=i_tiles)
     arrived = g.event("arrived", (R, h_tiles), count=R * m_all * S, distributed=True)   # [owner, column tile]
     up_tile = lambda q: et.grouped(q, m_all, i_tiles, group_m)     # noqa: E731
@@ -212,6 +231,39 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
     g.sample(M=5, H=3, I=2)
     g.sample(M=37, H=20, I=17)
     return g
+
+
+def _whole_tail_tasks(g, block_m, block_n, block_k, tail_m, up_n, S, C, owned, all_in, row_tma):
+    """tp_mlp_whole's gate/up and down tasks with every row in one task (tail_m). Down slice s
+    (its cdiv(cdiv(I, block_k), S) contraction steps) waits for the gate/up tiles of its columns
+    of h alone (h_ready[s]), so the first slices start while the last gate/up tiles run."""
+    R, me = g.world, g.rank
+    H, I = g.size("H"), g.size("I")
+    P = et.cdiv(et.cdiv(I, block_k), S) * block_k       # h columns per down slice (whole steps, as the body)
+    h_ready = g.event("h_ready", (S,), count=lambda s: et.cdiv(et.maximum(et.minimum(I, (s + 1) * P) - s * P, 0), up_n))
+    arrived = g.event("arrived", (R, et.cdiv(H, block_n)), count=R * S, distributed=True)   # [owner, column tile]
+
+    @g.task(grid=(et.cdiv(I, up_n),), wait=lambda j: all_in[me], notify=lambda j: h_ready[j * up_n // P],
+            triton=gemm_tiles.swiglu_rows_and_tail,
+            constexprs=dict(BLOCK_M=block_m, TAIL_M=tail_m, BLOCK_N=up_n, BLOCK_K=block_k, ROW_TMA=row_tma))
+    def gate_up_with_tail(t, j):
+        cols = et.block(j, up_n, t.I)
+        t.h[:t.M, cols] = _swiglu(t, t.ag_out[:t.M], cols)
+
+    @g.task(grid=(et.cdiv(H, block_n), S), wait=lambda j, s: h_ready[s],
+            notify=lambda j, s: arrived[et.every(0, R), j], triton=gemm_tiles.matmul_scatter_rows_and_tail_slice,
+            constexprs=dict(BLOCK_M=block_m, TAIL_M=tail_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=S,
+                            ROW_TMA=row_tma),
+            bind=dict(x="h", w="w_down", K="I", N="H"))
+    def down_with_tail(t, j, s):                           # slice s of every row, each owner's rows to it
+        cols, ks = et.block(j, block_n, t.H), et.block(s, t(P), t.I)
+        part = t.h[:t.M, ks] @ t.w_down[ks, cols]
+        for d in range(t.world):
+            lo, hi = d * t(C), d * t(C) + t(owned(d))
+            if lo < hi:
+                t.peer(d).partial[t.rank * S + s, :hi - lo, cols] = part[lo:hi]
+
+    return arrived
 
 
 def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,

@@ -104,6 +104,11 @@ def cases():
     yield "ag_gemm_whole_tail_rows_desc_tma", ag_gemm.all_gather_gemm_whole(2 * T, 2 * T, torch.float32, T, align=16,
                                                                             tail_m=T, tail_row_tma=True), \
         lambda R, M: ag_gemm.make_inputs(R, M, 32, 48, seed=M), ag_gemm.reference, ("x", "w")
+    # the MLP with every row in each task: gate/up and down (2 slices, each waiting for its part of h)
+    for name, desc in (("mlp_whole_tail_tma", False), ("mlp_whole_tail_rows_desc_tma", True)):
+        yield name, mlp.tp_mlp_whole(2 * T, 2 * T, torch.float32, T, align=16, down_splits=2, up_n=T, tail_m=T,
+                                     tail_row_tma=desc), \
+            lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
     # the last 3 whole-gather GEMM tiles in 2 contraction slices each, summed per tile (transposed tiles)
     yield "ag_gemm_whole_ragged_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16, gemm_n=T,
                                                                     swap_ab=True, ragged_tiles=3, ragged_splits=2), \
