@@ -294,8 +294,8 @@ def test_replicated_mlp_ends_in_an_all_reduce(schedule, world, M, owners):
 
 
 @pytest.mark.parametrize("world", FEW_WORLDS)
-@pytest.mark.parametrize("M", [48, 37, 17, 3])
-@pytest.mark.parametrize("splits", [3, 1])
+@pytest.mark.parametrize("M", [pytest.param(48, marks=pytest.mark.slow), 37, pytest.param(17, marks=pytest.mark.slow), 3])
+@pytest.mark.parametrize("splits", [3, pytest.param(1, marks=pytest.mark.slow)])
 def test_mlp_with_a_tail_takes_every_row_in_one_task(schedule, world, M, splits):
     """tail_m: up to block_m + tail_m rows in one gate/up task per column tile and one down task per
     column tile and slice (32 + 16 here): past the row tile (37, 48), within it (17, 3: an empty
