@@ -19,6 +19,7 @@ GRAPHS = ("gemm_rs", "gemm_rs_tail", "gemm_rs_tail_tma", "gemm_rs_skinny", "ag_g
           "gemm_rs_interleaved_tma", "gemm_rs_skinny_local_tma", "mlp_replicated_owners_tma",
           "ag_gemm_whole_tail_tma", "gemm_rs_skinny_tail_tma", "ag_gemm_whole_tail_rows_desc_tma",
           "gemm_rs_skinny_tail_rows_desc_tma", "mlp_whole_tail_tma", "mlp_whole_tail_rows_desc_tma",
+          "mlp_whole_tail_empty_slices_tma",
           "gemm_rs_skinny_x_partials_tma",
           "ag_gemm_whole_ragged_tma")
 
@@ -35,7 +36,8 @@ def interpreted(worker: str, world: int, schedule: str, timeout: int = 600, *nam
 
 # A few graphs (one of each op) at two ranks static and three ranks dynamic in the default set;
 # every graph at every world and schedule in the slow set (`pytest -m slow`).
-FEW = ("gemm_rs_tail_tma", "ag_gemm_interleaved_tma", "mlp_tail_padded_tma", "mlp_replicated_tma")
+FEW = ("gemm_rs_tail_tma", "ag_gemm_interleaved_tma", "mlp_tail_padded_tma", "mlp_replicated_tma",
+       "mlp_whole_tail_rows_desc_tma")
 slow = pytest.mark.slow
 
 

@@ -264,7 +264,7 @@ def test_ag_gemm_rows_just_past_the_whole_class_take_a_tail():
     # no whole-gather graph (whole_max_m=0) stays none; past a 256-row class no tail (its accumulators spill)
     assert all(plan(M, cfg.override("whole_max_m=0")).func.__name__ == "all_gather_gemm" for M in (1, 16, 48))
     assert "tail_m" not in plan(257, cfg.override("whole_max_m=256")).keywords
-    with pytest.raises(ValueError, match="whole_tail_m must be 0 or a power of two >= 16"):
+    with pytest.raises(ValueError, match="whole_tail_m must be 0 or a power of two from 16 to 64"):
         DEFAULT_PLAN.override("whole_tail_m=24")
 
 
@@ -314,7 +314,7 @@ def test_gemm_rs_rows_just_past_the_skinny_classes_take_a_tail():
     assert plan(129, cfg).keywords["local_sums"] and plan(161, cfg).func.__name__ == "gemm_reduce_scatter"
     assert rs_op.kernel_plan(129, 6144, 4096, bf, 132, 2, cfg)[0] is cfg.skinny_tail
     assert "tail_m" not in plan(129, cfg, world=1).keywords and "tail_m" not in plan(129, cfg, K=6143).keywords
-    with pytest.raises(ValueError, match="skinny_tail_m must be 0 or a power of two >= 16"):
+    with pytest.raises(ValueError, match="skinny_tail_m must be 0 or a power of two from 16 to 64"):
         DEFAULT_PLAN.override("skinny_tail_m=24")
 
 
@@ -333,9 +333,10 @@ def test_skinny_partials_cross_in_x_dtype_as_an_option():
 
 
 def test_tail_rows_through_a_descriptor_as_an_option():
-    """tail_row_tma (an option, 0 by default; 0 or 1): the tail classes of both ops (all_gather_gemm's
-    whole_tail_m, gemm_reduce_scatter's skinny_tail_m) load their first 128 rows through a
-    descriptor; no other class takes it."""
+    """tail_row_tma (an option, 0 by default; 0 or 1): the tail classes (all_gather_gemm's
+    whole_tail_m, gemm_reduce_scatter's skinny_tail_m, and the MLP's mlp_tail_m:
+    test_mlp_rows_just_past_the_whole_class_take_a_tail_as_an_option) load their first 128 rows
+    through a descriptor; no other class of the first two takes it."""
     from etdist.ops import ag_gemm as ag_op, gemm_rs as rs_op
     bf = torch.bfloat16
     ag = lambda M, config: ag_op.kernel_plan(M, 8192, 28672, bf, 132, 2, config)[1].keywords  # noqa: E731
@@ -364,8 +365,12 @@ def test_mlp_rows_just_past_the_whole_class_take_a_tail_as_an_option():
     assert "tail_m" not in plan(129, cfg, world=1).keywords and "tail_m" not in plan(129, cfg, H=8190).keywords
     assert "tail_m" not in plan(129, cfg, world=4).keywords
     assert plan(129, cfg.override("tail_row_tma=1")).keywords["tail_row_tma"]
-    with pytest.raises(ValueError, match="mlp_tail_m must be 0 or a power of two >= 16"):
-        DEFAULT_PLAN.override("mlp_tail_m=24")
+    for bad in (24, 128):   # 128 more rows spill the tail tiles' accumulators
+        with pytest.raises(ValueError, match="mlp_tail_m must be 0 or a power of two from 16 to 64"):
+            DEFAULT_PLAN.override(f"mlp_tail_m={bad}")
+    # the MLP's own whole class under the tail (whole_max_m=64: whole_mlp's 64-row tile, not all_gather_gemm's)
+    cfg64 = DEFAULT_PLAN.override("whole_max_m=64+mlp_tail_m=32")
+    assert mlp_op.kernel_plan(80, 8192, 14336, bf, 132, 2, cfg64)[0] == DEFAULT_PLAN.whole_mlp
 
 
 def test_whole_classes_slice_their_ragged_last_wave_as_an_option():

@@ -472,14 +472,15 @@ def rows_and_tail_acc(a, w, M, K, N, j, k_lo, k_hi, BLOCK_M: tl.constexpr, TAIL_
     """fp32 accumulators of a[M rows] @ w[:, column tile j] over steps [k_lo, k_hi), each weight
     tile loaded once (a descriptor): rows [0, BLOCK_M) and, transposed, the TAIL_M after them.
     The rows load through masked pointers, or with ROW_TMA the first BLOCK_M through a descriptor
-    (the plans take a tail past BLOCK_M rows, so that box lies within them; fewer are zero-filled)."""
+    (past BLOCK_M rows, where the ops' tail classes mostly run, that box lies within them; rows past
+    M are zero-filled, slowly). No rows (M = 0), no steps: the descriptor needs a row to exist."""
     b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
     a_d = a
     if ROW_TMA:
         a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(M, 1), K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
-    for k in range(k_lo, k_hi):
+    for k in range(k_lo, tl.where(M > 0, k_hi, k_lo)):
         b = b_d.load([k * BLOCK_K, j * BLOCK_N])
         acc = tl.dot(row_tile(a_d, a, M, K, 0, k * BLOCK_K, BLOCK_M, BLOCK_K, ROW_TMA), b, acc)
         acc_t = tl.dot(tl.trans(b), tl.trans(rows_box(a, M, K, BLOCK_M, k * BLOCK_K, TAIL_M, BLOCK_K)), acc_t)

@@ -94,14 +94,14 @@ def ragged_wave(tiles: int, sms: int, config: PlanConfig) -> dict:
 
 
 def tail_tile(M: int, align: int, world: int, dtype: torch.dtype, config: PlanConfig,
-              tail_m: Optional[int] = None) -> Optional[TileConfig]:
-    """The whole class's tile where M rows take it with a tail of tail_m rows (default
-    config.whole_tail_m; the MLP's is config.mlp_tail_m): just past a class of at most 128 rows that
-    whole_max_m fills; aligned, two ranks or more; else None."""
-    tail_m = config.whole_tail_m if tail_m is None else tail_m
+              op: str = "all_gather_gemm") -> Optional[TileConfig]:
+    """`op`'s whole class's tile where M rows take it with a tail (all_gather_gemm's
+    config.whole_tail_m rows, tensor_parallel_mlp's config.mlp_tail_m): just past a class of at
+    most 128 rows that whole_max_m fills; aligned, two ranks or more; else None."""
+    tail_m = config.mlp_tail_m if op == "tensor_parallel_mlp" else config.whole_tail_m
     if M <= config.whole_max_m or not tail_m or align != 16 or not config.measured_world(world):
         return None
-    cfg = whole_tile("all_gather_gemm", config.whole_max_m, config)
+    cfg = whole_tile(op, config.whole_max_m, config)
     cfg = fp32_config(cfg) if dtype == torch.float32 else cfg
     # 0: no whole-gather graph at all; past 128 rows the accumulators spill
     return cfg if 0 < config.whole_max_m <= cfg.block_m <= 128 and M <= cfg.block_m + tail_m else None

@@ -58,14 +58,14 @@ class PlanConfig:
     # 1: the skinny classes' partials cross the links in x's dtype (bf16/fp16: half of fp32's
     # bytes), summed in fp32 by the owner; an option until a two-GPU A/B decides it
     skinny_x_partials: int = 0
-    # 1: the tail tasks of both (whole_tail_m, skinny_tail_m) load their first 128 rows through a
-    # descriptor, the tail through pointers (gemm_tiles.rows_and_tail_acc): alone on one H200 at
+    # 1: the tail classes' tasks (whole_tail_m, skinny_tail_m, mlp_tail_m) load their first 128 rows
+    # through a descriptor, the tail through pointers (gemm_tiles.rows_and_tail_acc): alone on one H200 at
     # M 129/160 12% faster in one slice, the same in several (records mid_tile); an option until a
     # two-GPU A/B decides it
     tail_row_tma: int = 0
     # tensor_parallel_mlp just past whole_max_m: up to whole_128's block_m + mlp_tail_m rows, the
     # whole-gather graph with every row in each gate/up and down task (a tail accumulator), each
-    # down slice waiting only for its part of h (0: none; a power of two >= 16). Its tiles alone on
+    # down slice waiting only for its part of h (0: none; a power of two, 16 to 64). Its tiles alone on
     # one H200 (records mid_tile) read the weights once at 1.2-1.4x mm where the per-source tiles
     # take ~2x; an option until a two-GPU A/B decides it (a form without tail_row_tma and with one
     # wait for all of h was 5% slower than the per-source plan at 28cbec2: records mlp_ab)
@@ -84,8 +84,8 @@ class PlanConfig:
     # all_gather_gemm from 257 rows up to whole_large_m: the whole-gather graph with `large` tiles
     # where they fill their waves (ops.ag_gemm.whole_large; 0: never)
     whole_large_m: int = 640
-    # the plans measured on two GPUs only (whole_tail_m, whole_large_m, replicated_owners_min_m)
-    # apply at worlds 2 .. plan_worlds (4: try them at four ranks, as a four-GPU A/B's variant)
+    # the plans measured on two GPUs only (whole_tail_m, whole_large_m, replicated_owners_min_m; and
+    # the option mlp_tail_m) apply at worlds 2 .. plan_worlds (4: try them at four ranks, as a four-GPU A/B's variant)
     plan_worlds: int = 2
     # the whole classes' tiles past their last full wave of SMs in up to this many contraction slices
     # each, summed per tile (ops.ag_gemm.ragged_wave; 0: none); an option until a two-GPU A/B decides it
@@ -122,8 +122,8 @@ class PlanConfig:
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)}")
         for name in ("whole_tail_m", "skinny_tail_m", "mlp_tail_m"):
             v = getattr(self, name)
-            if v and (v < 16 or v & (v - 1)):
-                raise ValueError(f"PlanConfig.{name} must be 0 or a power of two >= 16, got {v}")
+            if v and (v < 16 or v > 64 or v & (v - 1)):   # 128 more rows spill the tail tiles' accumulators
+                raise ValueError(f"PlanConfig.{name} must be 0 or a power of two from 16 to 64, got {v}")
         if self.mlp_down_n < 16 or self.mlp_down_n & (self.mlp_down_n - 1):
             raise ValueError(f"PlanConfig.mlp_down_n must be a power of two >= 16, got {self.mlp_down_n}")
         # the plan caches hash it on every call of an op: once here, not per call
@@ -134,7 +134,7 @@ class PlanConfig:
 
     def measured_world(self, world: int) -> bool:
         """Whether the plans measured on two GPUs only (whole_tail_m, whole_large_m,
-        replicated_owners_min_m) apply at `world` ranks: 2 .. plan_worlds."""
+        replicated_owners_min_m; the option mlp_tail_m) apply at `world` ranks: 2 .. plan_worlds."""
         return 2 <= world <= self.plan_worlds
 
     def override(self, text: str) -> "PlanConfig":

@@ -109,6 +109,10 @@ def cases():
         yield name, mlp.tp_mlp_whole(2 * T, 2 * T, torch.float32, T, align=16, down_splits=2, up_n=T, tail_m=T,
                                      tail_row_tma=desc), \
             lambda R, M: mlp.make_inputs(R, M, 32, 48 * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
+    # one contraction step in 3 slices: two down slices wait on h_ready elements of count 0
+    yield "mlp_whole_tail_empty_slices_tma", mlp.tp_mlp_whole(2 * T, 2 * T, torch.float32, T, align=16, down_splits=3,
+                                                              up_n=T, tail_m=T), \
+        lambda R, M: mlp.make_inputs(R, M, 32, T * R, seed=M), mlp.reference, ("x", "w_gate_up", "w_down")
     # the last 3 whole-gather GEMM tiles in 2 contraction slices each, summed per tile (transposed tiles)
     yield "ag_gemm_whole_ragged_tma", ag_gemm.all_gather_gemm_whole(T, 2 * T, torch.float32, T, align=16, gemm_n=T,
                                                                     swap_ab=True, ragged_tiles=3, ragged_splits=2), \
