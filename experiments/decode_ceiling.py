@@ -27,6 +27,7 @@ import triton.language as tl
 
 from etdist.kernels import gemm_tiles
 from etdist.bench.measure import records
+from etdist.bench.measure.timing import time_graph as bench
 from etdist.bench.measure.shapes import MLP_SHAPES
 
 COPIES = 4
@@ -71,30 +72,6 @@ def skinny_grid(x, w, partial, table, M, K, N, SPLITS: tl.constexpr, BLOCK_M: tl
     pid = tl.program_id(0)
     gemm_tiles.gemm_rs_skinny_matmul(pid % SPLITS, pid // SPLITS, x, w, partial, table, M, K, N, 0, 1, SPLITS,
                                      BLOCK_M, BLOCK_N, BLOCK_K, 1, USE_ASM, SWAP_AB)
-
-
-def bench(fn, calls: int = 20, batches: int = 5) -> float:
-    """Median us per call of fn over replays of a CUDA graph of `calls` back-to-back calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):   # warm-up (compiles, allocator) off the capture
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(batches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def main():

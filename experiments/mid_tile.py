@@ -26,7 +26,8 @@ import triton.language as tl
 
 from etdist.kernels import gemm_tiles
 from etdist.bench.measure import records
-from etdist.bench.measure.shapes import MLP_SHAPES
+from etdist.bench.measure.timing import time_graph as bench
+from etdist.bench.measure.shapes import MLP_SHAPES, ag_gemm_dims, gemm_rs_dims
 
 COPIES = 4
 # the tail body's (block_n, block_k, warps, stages): TAILS="128,64,8,4;128,128,8,3" (the first: all_gather_gemm's)
@@ -44,67 +45,30 @@ def rows_grid(a, b, c, M, K, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BL
 
 @triton.jit
 def tail_slices(a, w, out, M, K, N, S: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr):
-    """Program (s, j): slice s of column tile j over all rows (128 + tail); DIRECT (S = 1): into out
-    [M, N] in its dtype, else fp32 into out[s]."""
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_TMA: tl.constexpr):
+    """Program (s, j): slice s of column tile j over all rows (128 + tail; ROW_TMA: the first 128
+    through a descriptor) into out[s], in out's dtype (S = 1: out is c itself)."""
     pid = tl.program_id(0)
     s, j = pid % S, pid // S
     steps = tl.cdiv(tl.cdiv(K, BLOCK_K), S)
     acc, acc_t = gemm_tiles.rows_and_tail_acc(a, w, M, K, N, j, s * steps,
                                               tl.minimum(tl.cdiv(K, BLOCK_K), (s + 1) * steps),
-                                              BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
-    if DIRECT:
-        gemm_tiles.store_rows_and_tail(acc, acc_t, out, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
-    else:
-        gemm_tiles.store_rows_and_tail(acc, acc_t, out + s * M * N, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
-
-
-@triton.jit
-def rows_and_tail_acc_tma(a, w, M, K, N, j, k_lo, k_hi, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """gemm_tiles.rows_and_tail_acc with the first BLOCK_M rows through a descriptor (M > BLOCK_M: that
-    box never runs past the rows), the tail through masked pointers."""
-    b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
-    a_d = tl.make_tensor_descriptor(a, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
-    for k in range(k_lo, k_hi):
-        b = b_d.load([k * BLOCK_K, j * BLOCK_N])
-        acc = tl.dot(a_d.load([0, k * BLOCK_K]), b, acc)
-        acc_t = tl.dot(tl.trans(b), tl.trans(gemm_tiles.rows_box(a, M, K, BLOCK_M, k * BLOCK_K, TAIL_M, BLOCK_K)),
-                       acc_t)
-    return acc, acc_t
-
-
-@triton.jit
-def tail_slices_tma(a, w, out, M, K, N, S: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DIRECT: tl.constexpr):
-    """tail_slices with rows_and_tail_acc_tma."""
-    pid = tl.program_id(0)
-    s, j = pid % S, pid // S
-    steps = tl.cdiv(tl.cdiv(K, BLOCK_K), S)
-    acc, acc_t = rows_and_tail_acc_tma(a, w, M, K, N, j, s * steps, tl.minimum(tl.cdiv(K, BLOCK_K), (s + 1) * steps),
-                                       BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
-    if DIRECT:
-        gemm_tiles.store_rows_and_tail(acc, acc_t, out, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
-    else:
-        gemm_tiles.store_rows_and_tail(acc, acc_t, out + s * M * N, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
+                                              BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, ROW_TMA)
+    gemm_tiles.store_rows_and_tail(acc, acc_t, out + s * M * N, M, N, j, BLOCK_M, TAIL_M, BLOCK_N)
 
 
 @triton.jit
 def swap_slices(a, w, out, M, K, N, S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, DIRECT: tl.constexpr, ASM: tl.constexpr = True):
-    """Program (s, j): slice s of the one BLOCK_M-row tile of column tile j, transposed (SWAP_AB)."""
+                BLOCK_K: tl.constexpr, ASM: tl.constexpr = True):
+    """Program (s, j): slice s of the one BLOCK_M-row tile of column tile j, transposed (SWAP_AB),
+    into out[s] as tail_slices."""
     pid = tl.program_id(0)
     s, j = pid % S, pid // S
     steps = tl.cdiv(K, BLOCK_K)
     per = tl.cdiv(steps, S)
     acc = gemm_tiles.mm_acc_steps(a, M, w, K, N, 0, j, s * per, tl.minimum(steps, (s + 1) * per), BLOCK_M,
                                   BLOCK_N, BLOCK_K, 2, ASM, True)
-    if DIRECT:
-        gemm_tiles.store_tile(acc, out, N, M, N, 0, j, BLOCK_M, BLOCK_N)
-    else:
-        gemm_tiles.store_tile(acc, out + s * M * N, N, M, N, 0, j, BLOCK_M, BLOCK_N)
+    gemm_tiles.store_tile(acc, out + s * M * N, N, M, N, 0, j, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -116,30 +80,6 @@ def sum_slices(parts, c, n, S: tl.constexpr, BLOCK: tl.constexpr):
     for s in range(S):
         acc += tl.load(parts + s * n + offs, mask=ok, other=0.0)
     tl.store(c + offs, acc.to(c.dtype.element_ty), mask=ok)
-
-
-def bench(fn, calls: int = 20, batches: int = 5) -> float:
-    """Median us per call of fn over replays of a CUDA graph of `calls` back-to-back calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(batches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def split_counts(tiles: int, sms: int) -> list:
@@ -165,18 +105,16 @@ def contenders(M, K, N, x, ws, c, parts, sms):
     if M <= 160:
         for bn, bk, warps, stages in TAILS:
             for S in split_counts(triton.cdiv(N, bn), sms):
-                add(f"tail 128+32 x{bn}x{bk} w{warps} s{stages} x{S}", lambda w, S=S, bn=bn, bk=bk, warps=warps,
-                    stages=stages: tail_slices[(S * triton.cdiv(N, bn),)](
-                    x, w, c if S == 1 else parts, M, K, N, S, 128, 32, bn, bk, S == 1, num_warps=warps,
-                    num_stages=stages), 0 if S == 1 else S)
-                add(f"tailtma 128+32 x{bn}x{bk} w{warps} s{stages} x{S}", lambda w, S=S, bn=bn, bk=bk, warps=warps,
-                    stages=stages: tail_slices_tma[(S * triton.cdiv(N, bn),)](
-                    x, w, c if S == 1 else parts, M, K, N, S, 128, 32, bn, bk, S == 1, num_warps=warps,
-                    num_stages=stages), 0 if S == 1 else S)
+                for prefix, row_tma in (("tail", False), ("tailtma", True)):
+                    add(f"{prefix} 128+32 x{bn}x{bk} w{warps} s{stages} x{S}",
+                        lambda w, S=S, bn=bn, bk=bk, warps=warps, stages=stages, row_tma=row_tma:
+                        tail_slices[(S * triton.cdiv(N, bn),)](x, w, c if S == 1 else parts, M, K, N, S, 128, 32, bn,
+                                                               bk, row_tma, num_warps=warps, num_stages=stages),
+                        0 if S == 1 else S)
     for bn, stages in ((128, 3), (64, 4)):
         for S in split_counts(triton.cdiv(N, bn), sms):
             add(f"256 swap x{bn}x64 w8 s{stages} x{S}", lambda w, S=S, bn=bn, stages=stages: swap_slices[
-                (S * triton.cdiv(N, bn),)](x, w, c if S == 1 else parts, M, K, N, S, 256, bn, 64, S == 1,
+                (S * triton.cdiv(N, bn),)](x, w, c if S == 1 else parts, M, K, N, S, 256, bn, 64,
                                            num_warps=8, num_stages=stages), 0 if S == 1 else S)
     return out
 
@@ -192,8 +130,7 @@ def main():
     print(f"{torch.cuda.get_device_name(dev)}, {sms} SMs, triton {triton.__version__}", flush=True)
     rows, recs = [], []
     for name in shapes:
-        H, I = MLP_SHAPES[name].hidden, MLP_SHAPES[name].intermediate
-        for what, K, N in (("gemm_rs", I // 2, H), ("ag_gemm", H, I)):
+        for what, (K, N) in (("gemm_rs", gemm_rs_dims(name, 2)), ("ag_gemm", ag_gemm_dims(name, 2))):
             if what not in whats:
                 continue
             ws = [torch.randn(K, N, device=dev, dtype=torch.bfloat16) / K ** 0.5 for _ in range(COPIES)]
@@ -219,15 +156,16 @@ def main():
                 recs.append(records.make_record(
                     workload="mid_tile", model=f"{name} {what}", M=M, world=1, schedule="static", ours_us=best[0],
                     baselines={"mm": cells["mm"]}, floor_us=floor, rel_err=None, env=env,
-                    notes=f"experiments/mid_tile.py: one GPU, [{M}, {K}] @ [{K}, {N}] bf16, weights in {COPIES} rotated "
-                          f"copies, CUDA graph; ours = the fastest body ({best[1]}); floor = the weights at 4.0 TB/s; "
-                          "extra.us: every contender",
+                    notes=f"experiments/mid_tile.py: one GPU, [{M}, {K}] @ [{K}, {N}] bf16, weights in {COPIES} "
+                          f"rotated copies, CUDA graph; ours = the fastest body ({best[1]}); floor = the weights at "
+                          "4.0 TB/s; extra.us: every contender",
                     extra={"K": K, "N": N, "us": cells, "best": best[1]}))
                 print(f"{name} {what} M={M}: " + "  ".join(f"{k} {v:.1f}" for k, v in cells.items()), flush=True)
             del ws, parts
     for r in recs:
         records.append(f"{os.environ.get('OUT', '/tmp')}/mid_tile.jsonl", r)
-    print("\ncell | mm us (mm / floor) | best body / mm | 2x128 / mm | best tail / mm | best tailtma / mm | best 256 / mm")
+    print("\ncell | mm us (mm / floor) | best body / mm | 2x128 / mm | best tail / mm | best tailtma / mm | "
+          "best 256 / mm")
     for name, what, M, c, floor in rows:
         def best_of(prefix):
             v = [t for k, t in c.items() if k.startswith(prefix)]
@@ -240,7 +178,8 @@ def main():
               if any(k.startswith(prefix) for k in c)]
         if rs:
             print(f"geomean best {prefix} / mm: {statistics.geometric_mean(rs):.3f} over {len(rs)}")
-    print(f"geomean best body / mm: {statistics.geometric_mean(min(v for k, v in c.items() if k != 'mm') / c['mm'] for *_, c, _ in rows):.3f}")
+    best = [min(v for k, v in c.items() if k != "mm") / c["mm"] for *_, c, _ in rows]
+    print(f"geomean best body / mm: {statistics.geometric_mean(best):.3f}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ import triton.language as tl
 
 from etdist.kernels import gemm_tiles
 from etdist.bench.measure import records
-from etdist.bench.measure.shapes import MLP_SHAPES
+from etdist.bench.measure.timing import time_graph as bench
+from etdist.bench.measure.shapes import MLP_SHAPES, ag_gemm_dims, gemm_rs_dims
 
 COPIES = 4
 
@@ -75,30 +76,6 @@ def flat_persist(a, b, c, M, K, N, P, BLOCK_M: tl.constexpr, BLOCK_N: tl.constex
             c_d.store([i * BLOCK_M, j * BLOCK_N], acc.to(c.dtype.element_ty))
 
 
-def bench(fn, calls: int, batches: int = 5) -> float:
-    """Median us per call of fn over replays of a CUDA graph of `calls` back-to-back calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):   # warm-up (compiles, allocator) off the capture
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(batches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
-
-
 # (label, kernel kind, block_m, block_n, block_k, warps, stages, extra): the library's `large` tile first
 CONFIGS = [
     ("grid 128x256x64 w8 s4", "grid", 128, 256, 64, 8, 4, {}),
@@ -124,8 +101,7 @@ def main():
     print(f"{torch.cuda.get_device_name(dev)}, {sms} SMs, triton {triton.__version__}", flush=True)
     rows, recs, broken = [], [], set()
     for name in shapes:
-        H, I = MLP_SHAPES[name].hidden, MLP_SHAPES[name].intermediate
-        for what, K, N in (("gemm_rs", I // 2, H), ("ag_gemm", H, I)):
+        for what, (K, N) in (("gemm_rs", gemm_rs_dims(name, 2)), ("ag_gemm", ag_gemm_dims(name, 2))):
             if what not in whats:
                 continue
             ws = [torch.randn(K, N, device=dev, dtype=torch.bfloat16) / K ** 0.5 for _ in range(COPIES)]
@@ -176,8 +152,8 @@ def main():
                     ours_us=cells[CONFIGS[1][0]] if CONFIGS[1][0] in cells else best[0],
                     baselines={"mm": cells["mm"], "best_tile": best[0]}, floor_us=cells["mm"], rel_err=None, env=env,
                     notes=f"experiments/prefill_tile.py: one GPU, [{M}, {K}] @ [{K}, {N}] bf16, weights in {COPIES} "
-                          f"rotated copies, CUDA graph; ours = the library's body in a persistent loop (best: {best[1]}; "
-                          "extra.us: every contender)",
+                          f"rotated copies, CUDA graph; ours = the library's body in a persistent loop "
+                          f"(best: {best[1]}; extra.us: every contender)",
                     extra={"K": K, "N": N, "us": cells}))
                 line = "  ".join(f"{k} {v:.0f}" for k, v in cells.items())
                 print(f"{name} {what} M={M}: {line}", flush=True)

@@ -88,6 +88,32 @@ def time_batched(fn: Callable[[], object], *, calls: int = 20, batches: int = 7,
                                        barrier=barrier, device=device))
 
 
+def time_graph(fn: Callable[[], object], calls: int = 20, batches: int = 5) -> float:
+    """Median microseconds per call of fn over replays of a CUDA graph of `calls` back-to-back calls
+    (warmed up off the capture, so compiles and allocations stay out of it): one GPU's kernel time
+    with no host launch cost in it, what the experiments' tile and ceiling studies time."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(batches):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
 def time_single(fn: Callable[[], object], *, repeats: int = 7, warmup: int = 5,
                 barrier: Optional[Callable[[], object]] = None, device=None) -> float:
     """Microseconds of one call between two events (launch latency included), median of `repeats`."""
