@@ -57,6 +57,26 @@ def row_tile(a_d, a, rows, K, r0, k0, BLOCK_M: tl.constexpr, BLOCK_K: tl.constex
 
 
 @triton.jit
+def row_descriptor(a, rows, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROW_TMA: tl.constexpr):
+    """With ROW_TMA a descriptor over the [rows, K] buffer `a` in boxes of BLOCK_M x BLOCK_K (at
+    least one row declared: a descriptor needs one), else `a` itself: row_tile's first argument."""
+    a_d = a
+    if ROW_TMA:
+        a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(rows, 1), K], strides=[K, 1],
+                                        block_shape=[BLOCK_M, BLOCK_K])
+    return a_d
+
+
+@triton.jit
+def slice_steps(s, K, BLOCK_K: tl.constexpr, PARTS: tl.constexpr):
+    """[lo, hi) of the BLOCK_K contraction steps of slice s of PARTS: cdiv(cdiv(K, BLOCK_K), PARTS)
+    steps each, the last ones shorter or empty."""
+    steps = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(steps, PARTS)
+    return s * per, tl.minimum(steps, (s + 1) * per)
+
+
+@triton.jit
 def mm_acc(a, rows, b, K, N, i, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
            TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     """fp32 accumulator of tile (i, j) of a[rows, K] @ b[K, N] (a offset to row 0)."""
@@ -109,10 +129,7 @@ def mm_loop_tma(a, rows, b_d, K, i, j, k_lo, k_end, BLOCK_M: tl.constexpr, BLOCK
                 BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, ROW_TMA: tl.constexpr):
     """mm_acc_tma's steps [k_lo, k_end): the weights through b_d, the rows through a descriptor
     (ROW_TMA) or masked pointer loads (rows_box)."""
-    a_d = a
-    if ROW_TMA:
-        a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(rows, 1), K], strides=[K, 1],
-                                        block_shape=[BLOCK_M, BLOCK_K])
+    a_d = row_descriptor(a, rows, K, BLOCK_M, BLOCK_K, ROW_TMA)
     if SWAP_AB:
         acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in range(k_lo, k_end):
@@ -193,11 +210,9 @@ def gemm_rs_matmul_slice(dst, i, j, s, x, w, partial, partial_peers, M, K, N, RA
     or empty) of my partial of rank dst's tile (i, j), into dst's partial[RANK * SPLITS + s]: each
     source has SPLITS slots per tile, of which a tile cut in PARTS <= SPLITS slices fills the first."""
     C = (M + WORLD - 1) // WORLD
-    steps = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(steps, PARTS)
+    lo, hi = slice_steps(s, K, BLOCK_K, PARTS)
     rows = owned_rows(M, WORLD, dst)
-    acc = mm_acc_steps(x + dst * C * K, rows, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
-                       BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
+    acc = mm_acc_steps(x + dst * C * K, rows, w, K, N, i, j, lo, hi, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM)
     out = aligned_peer(partial, partial_peers, dst) + (RANK * SPLITS + s) * C * N
     store_tile(acc, out, N, rows, N, i, j, BLOCK_M, BLOCK_N)
 
@@ -383,10 +398,7 @@ def swiglu_loop_tma(a, rows, box, g_d, u_d, H, i, j, BLOCK_M: tl.constexpr, BLOC
     """swiglu_rows' gate and up accumulators, the weights through g_d / u_d and the rows through a
     descriptor (ROW_TMA, declaring `box` rows) or masked pointer loads (rows_box); SWAP_AB:
     transposed (mm_acc_tma)."""
-    a_d = a
-    if ROW_TMA:
-        a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(box, 1), H], strides=[H, 1],
-                                        block_shape=[BLOCK_M, BLOCK_K])
+    a_d = row_descriptor(a, box, H, BLOCK_M, BLOCK_K, ROW_TMA)
     steps = tl.where(rows > 0, tl.cdiv(H, BLOCK_K), 0)
     if SWAP_AB:
         g_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -446,10 +458,8 @@ def matmul_all_rows_slice(k, s, i, j, a, w, slices, M, K, N, SPLITS: tl.constexp
     """Contraction slice s of SPLITS (cdiv(cdiv(K, BLOCK_K), SPLITS) steps each, the last ones
     shorter or empty) of tile (i, j) of a[M rows] @ w, in fp32 into slices[k * SPLITS + s] (a
     BLOCK_M x BLOCK_N box): the k-th of the ragged last wave's tiles, summed by sum_slices_tile."""
-    steps = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(steps, SPLITS)
-    acc = mm_acc_steps(a, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per), BLOCK_M, BLOCK_N, BLOCK_K,
-                       TMA, USE_ASM, SWAP_AB)
+    lo, hi = slice_steps(s, K, BLOCK_K, SPLITS)
+    acc = mm_acc_steps(a, M, w, K, N, i, j, lo, hi, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     tl.store(slices + ((k * SPLITS + s) * BLOCK_M + offs_m[:, None]) * BLOCK_N + offs_n[None, :], acc)
@@ -475,9 +485,7 @@ def rows_and_tail_acc(a, w, M, K, N, j, k_lo, k_hi, BLOCK_M: tl.constexpr, TAIL_
     (past BLOCK_M rows, where the ops' tail classes mostly run, that box lies within them; rows past
     M are zero-filled, slowly). No rows (M = 0), no steps: the descriptor needs a row to exist."""
     b_d = tl.make_tensor_descriptor(w, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
-    a_d = a
-    if ROW_TMA:
-        a_d = tl.make_tensor_descriptor(a, shape=[tl.maximum(M, 1), K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    a_d = row_descriptor(a, M, K, BLOCK_M, BLOCK_K, ROW_TMA)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
     for k in range(k_lo, tl.where(M > 0, k_hi, k_lo)):
@@ -523,10 +531,7 @@ def swiglu_rows_and_tail(j, ag_out, w_gate_up, h, M, H, I, BLOCK_M: tl.constexpr
     async_proxy_fence(USE_ASM)   # `ag_out` holds rows gathered in this launch
     g_d = tl.make_tensor_descriptor(w_gate_up, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
     u_d = tl.make_tensor_descriptor(w_gate_up + I, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
-    a_d = ag_out
-    if ROW_TMA:
-        a_d = tl.make_tensor_descriptor(ag_out, shape=[tl.maximum(M, 1), H], strides=[H, 1],
-                                        block_shape=[BLOCK_M, BLOCK_K])
+    a_d = row_descriptor(ag_out, M, H, BLOCK_M, BLOCK_K, ROW_TMA)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     tail_g = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
@@ -554,10 +559,8 @@ def matmul_scatter_rows_and_tail_slice(j, s, x, w, partial, partial_peers, M, K,
     once for the first BLOCK_M rows and, transposed, the TAIL_M after them; each owner's rows into
     its partial[RANK * SPLITS + s]."""
     async_proxy_fence(USE_ASM)   # `x` (h) was written in this launch
-    steps = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(steps, SPLITS)
-    acc, acc_t = rows_and_tail_acc(x, w, M, K, N, j, s * per, tl.minimum(steps, (s + 1) * per), BLOCK_M, TAIL_M,
-                                   BLOCK_N, BLOCK_K, ROW_TMA)
+    lo, hi = slice_steps(s, K, BLOCK_K, SPLITS)
+    acc, acc_t = rows_and_tail_acc(x, w, M, K, N, j, lo, hi, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, ROW_TMA)
     offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     store_to_owners(acc, tl.arange(0, BLOCK_M), offs_n, partial, partial_peers, RANK * SPLITS + s, M, N, WORLD)
     store_to_owners(tl.trans(acc_t), BLOCK_M + tl.arange(0, TAIL_M), offs_n, partial, partial_peers,
@@ -572,10 +575,8 @@ def matmul_scatter_rows_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RA
     shorter or empty) of tile (i, j) of x[M rows] @ w; each owner's rows go to its
     partial[RANK * SPLITS + s] (peer stores), so a row tile spanning several owners reads the
     weights once."""
-    steps = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(steps, SPLITS)
-    acc = mm_acc_steps(x, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
-                       BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
+    lo, hi = slice_steps(s, K, BLOCK_K, SPLITS)
+    acc = mm_acc_steps(x, M, w, K, N, i, j, lo, hi, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
     store_to_owners(acc, i * BLOCK_M + tl.arange(0, BLOCK_M), j * BLOCK_N + tl.arange(0, BLOCK_N),
                     partial, partial_peers, RANK * SPLITS + s, M, N, WORLD)
 
@@ -589,10 +590,8 @@ def matmul_broadcast_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK,
     or empty) of tile (i, j) of x[M rows] @ w, into every rank's partial[RANK * SPLITS + s] (all M
     rows; the peers first, this rank last): an all-reduce's push, which every rank then sums for
     itself (sum_partials)."""
-    steps = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(steps, PARTS)
-    acc = mm_acc_steps(x, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
-                       BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
+    lo, hi = slice_steps(s, K, BLOCK_K, PARTS)
+    acc = mm_acc_steps(x, M, w, K, N, i, j, lo, hi, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
     for k in range(1, WORLD + 1):
         out = aligned_peer(partial, partial_peers, (RANK + k) % WORLD) + (RANK * SPLITS + s) * M * N
         store_tile(acc, out, N, M, N, i, j, BLOCK_M, BLOCK_N)
@@ -605,10 +604,8 @@ def matmul_owner_slice(i, j, s, x, w, partial, partial_peers, M, K, N, RANK, WOR
                        SWAP_AB: tl.constexpr = False):
     """matmul_broadcast_slice's slice, into the partial[RANK * SPLITS + s] of tile (i, j)'s owner
     alone (rank j % WORLD), who sums it and sends the sum to every rank (sum_partials_to_all)."""
-    steps = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(steps, PARTS)
-    acc = mm_acc_steps(x, M, w, K, N, i, j, s * per, tl.minimum(steps, (s + 1) * per),
-                       BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
+    lo, hi = slice_steps(s, K, BLOCK_K, PARTS)
+    acc = mm_acc_steps(x, M, w, K, N, i, j, lo, hi, BLOCK_M, BLOCK_N, BLOCK_K, TMA, USE_ASM, SWAP_AB)
     out = aligned_peer(partial, partial_peers, j % WORLD) + (RANK * SPLITS + s) * M * N
     store_tile(acc, out, N, M, N, i, j, BLOCK_M, BLOCK_N)
 
