@@ -24,6 +24,7 @@ from ..mesh import init_mesh, timing_refused
 from .measure import records
 
 SIZES = {"4K": 4 << 10, "64K": 64 << 10, "1M": 1 << 20, "16M": 16 << 20, "128M": 128 << 20}
+MARKS = {"symmetric_out": "*", "two_shot": "+"}   # the variants' marks in the printed table
 BATCH, REPS = 20, 7
 
 
@@ -196,7 +197,8 @@ def main(argv=None):
                 mesh.barrier()
             mesh.check()
             floor = link / (ce * 1e3)
-            rec = dict(workload=op, model=f"bytes_{variant}" if variant else "bytes", M=nbytes, world=w, schedule="n/a", ours_us=round(t_ours, 2),
+            rec = dict(workload=op, model=f"bytes_{variant}" if variant else "bytes", M=nbytes, world=w,
+                       schedule="n/a", ours_us=round(t_ours, 2),
                        baselines=dict(eager=round(t_eager, 2), graph=round(t_graph, 2)),
                        floor_us=round(floor, 2), rel_err=err,
                        extra=dict(ours_graph_us=round(t_ours_graph, 2), ours_single_us=round(t_single, 2),
@@ -209,7 +211,8 @@ def main(argv=None):
                     f.write(json.dumps(rec) + "\n")
                 best = min(t_eager, t_graph) if t_graph == t_graph else t_eager
                 ours_best = min(t_ours, t_ours_graph) if t_ours_graph == t_ours_graph else t_ours
-                print(f"{op + {'symmetric_out': '*', 'two_shot': '+'}.get(variant, ''):15s} {label:>5s} ours {t_ours:8.1f} us (graph {t_ours_graph:8.1f}, single {t_single:7.1f}) "
+                print(f"{op + MARKS.get(variant, ''):15s} {label:>5s} ours {t_ours:8.1f} us "
+                      f"(graph {t_ours_graph:8.1f}, single {t_single:7.1f}) "
                       f"| nccl eager {t_eager:8.1f} graph {t_graph:8.1f} single {t_nccl_single:7.1f} "
                       f"| best/best {best / ours_best:5.2f}x eager/eager {t_eager / t_ours:5.2f}x | busbw {bus / t_ours / 1e3:6.1f} vs {bus / t_eager / 1e3:6.1f} GB/s | rel_err {err:.1e}",
                       flush=True)

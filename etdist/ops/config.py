@@ -85,7 +85,8 @@ class PlanConfig:
     # where they fill their waves (ops.ag_gemm.whole_large; 0: never)
     whole_large_m: int = 640
     # the plans measured on two GPUs only (whole_tail_m, whole_large_m, replicated_owners_min_m; and
-    # the option mlp_tail_m) apply at worlds 2 .. plan_worlds (4: try them at four ranks, as a four-GPU A/B's variant)
+    # the option mlp_tail_m) apply at worlds 2 .. plan_worlds (4: try them at four ranks, as a
+    # four-GPU A/B's variant)
     plan_worlds: int = 2
     # the whole classes' tiles past their last full wave of SMs in up to this many contraction slices
     # each, summed per tile (ops.ag_gemm.ragged_wave; 0: none); an option until a two-GPU A/B decides it
@@ -176,8 +177,8 @@ def override_fields(config: str, fields: list, text: str) -> list:
 _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
 _LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
           "replicated_owners_min_m": 0,
-          "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0, "skinny_x_partials": 0, "tail_row_tma": 0, "mlp_tail_m": 0,
-          "plan_worlds": 2, "whole_ragged_splits": 0}
+          "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0, "skinny_x_partials": 0, "tail_row_tma": 0,
+          "mlp_tail_m": 0, "plan_worlds": 2, "whole_ragged_splits": 0}
 
 
 def _parse(name: str, text: str):

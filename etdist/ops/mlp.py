@@ -135,8 +135,8 @@ def kernel_plan(M: int, H: int, I: int, dtype: torch.dtype, sms: int, world: int
     slices and its gate/up tiles narrowed (ag_gemm.whole_width); above, the sequence-parallel graph:
     every down tile in few_down_splits' slices where they fit in one wave, else the last ones where
     tail_plan finds a ragged wave; just past whole_max_m, with the option config.mlp_tail_m, the
-    whole-gather graph with a tail accumulator in every task. Cached: the op asks at every call (2-6 us uncached on our CPU
-    host); config is part of the key."""
+    whole-gather graph with a tail accumulator in every task. Cached: the op asks at every call
+    (2-6 us uncached on our CPU host); config is part of the key."""
     whole, cfg, align = size_class(M, H, I, dtype, config)
     tile = tail_tile(M, align, world, dtype, config, "tensor_parallel_mlp")
     if tile is not None:   # a row tile and a tail in each task (an option)
