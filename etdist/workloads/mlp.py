@@ -219,11 +219,7 @@ def tp_mlp_whole(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torc
         i, cols = t(down_tile(q)[0]), et.block(t(down_tile(q)[1]), block_n, t.H)
         ks = et.block(s, t(et.cdiv(I, S * block_k) * block_k), t.I)   # whole steps, as the GPU body
         part = t.h[et.block(i, block_m, t.M), ks] @ t.w_down[ks, cols]
-        for d in range(t.world):                           # rows [i*bm, ...) that owner d holds
-            lo, hi = max(i * block_m, d * t(C)), min((i + 1) * block_m, d * t(C) + t(owned(d)))
-            if lo < hi:
-                t.peer(d).partial[t.rank * S + s, lo - d * t(C):hi - d * t(C), cols] = \
-                    part[lo - i * block_m:hi - i * block_m]
+        _to_owners(t, part, i * block_m, t.rank * S + s, cols, C, owned)
 
     reduce_partials(g, lambda i, j: arrived[me, j], owned, own_tiles, h_tiles, block_m, block_n, S,
                     lambda i, j: S, cols="H")
@@ -258,12 +254,18 @@ def _whole_tail_tasks(g, block_m, block_n, block_k, tail_m, up_n, S, C, owned, a
     def down_with_tail(t, j, s):                           # slice s of every row, each owner's rows to it
         cols, ks = et.block(j, block_n, t.H), et.block(s, t(P), t.I)
         part = t.h[:t.M, ks] @ t.w_down[ks, cols]
-        for d in range(t.world):
-            lo, hi = d * t(C), d * t(C) + t(owned(d))
-            if lo < hi:
-                t.peer(d).partial[t.rank * S + s, :hi - lo, cols] = part[lo:hi]
+        _to_owners(t, part, 0, t.rank * S + s, cols, C, owned)
 
     return arrived
+
+
+def _to_owners(t, part, r0, slot, cols, C, owned):
+    """The CPU bodies' store of `part` (rows r0, r0 + 1, ... of the M rows) into each owner's
+    partial[slot]: owner d gets the rows [d C, d C + owned(d)) among them."""
+    for d in range(t.world):
+        lo, hi = max(r0, d * t(C)), min(r0 + part.shape[0], d * t(C) + t(owned(d)))
+        if lo < hi:
+            t.peer(d).partial[slot, lo - d * t(C):hi - d * t(C), cols] = part[lo - r0:hi - r0]
 
 
 def tp_mlp_replicated(block_m: int = 64, block_n: int = 64, dtype: torch.dtype = torch.float32, block_k: int = 128,
