@@ -10,9 +10,10 @@ import triton
 import triton.language as tl
 
 import etdist as et
-from etdist.fusion.codegen_triton import compile_for, compile_ptx, decode_event_code, event_code, generate, kernel_params
+from etdist.fusion.codegen_triton import (compile_for, compile_ptx, decode_event_code, event_code, generate,
+                                          kernel_params, local_prefix)
 from etdist.kernels import moe_tiles
-from etdist.workloads import ag_gemm, gemm_rs, mlp
+from etdist.workloads import ag_gemm, gemm_rs, mlp, moe
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,39 @@ def test_event_checks_are_generated_only_when_asked(gemm_rs_ir):
     assert "_et_record" not in plain and "_et_bad" not in plain
     assert checked.count("_et_record(arena, arena_peers, RANK, WORLD, 6,") == checked.count("_et_notify(") == 1
     assert checked.count("_et_record(arena, arena_peers, RANK, WORLD, 7,") == len(gemm_rs_ir.events)
+
+
+def test_local_prefix_is_what_no_peer_can_see():
+    """local_prefix: the leading tasks with no waits, local notifies and bodies given neither an
+    output nor a symmetric tensor: the skinny slices summed locally (matmul into `slices`), the MoE
+    router's logits; not a matmul that stores into its owner's partials, nor a gather."""
+    skinny = lambda **kw: gemm_rs.gemm_reduce_scatter_skinny(64, 64, torch.bfloat16, 64, **kw).to_ir()  # noqa: E731
+    assert local_prefix(skinny(local_sums=True)) == 1 and local_prefix(skinny()) == 0
+    assert local_prefix(moe.moe_layer(top_k=2, block_m=16, max_experts=16).to_ir()) == 1
+    assert local_prefix(ag_gemm.all_gather_gemm(64, 64, torch.bfloat16, 64).to_ir()) == 0
+
+
+def test_local_first_runs_the_local_bodies_before_the_agreement_and_their_notifies_after():
+    """local_first: the call's word posted, the local tasks' bodies, the wait for the peers' words,
+    then (agreed) the local tasks' notifies and the rest of the walk from the first id past the
+    local ones that is this program's; without it one agreement comes first, as before."""
+    ir = gemm_rs.gemm_reduce_scatter_skinny(64, 64, torch.bfloat16, 64, local_sums=True, align=16).to_ir()
+    plain, src = generate(ir), generate(ir, local_first=True)
+    assert "_et_agree_post(" not in plain and plain.count("_et_agree(") == 1
+    at = [src.index(s) for s in ("_et_agree_post(", "_et_body_matmul(", "_et_agree_wait(", "if _et_agreed != 0:",
+                                 "_et_notify(arena + ev_sliced_off", "_et_body_combine(")]
+    assert at == sorted(at) and "_et_seq, _et_agreed = _et_agree(" not in src
+    assert src.count("_et_body_matmul(") == 1 and src.count("ev_sliced_off + j, 1") == 1   # each once
+    assert ("for _et_gid in range(_et_end0 + (_et_pid + NUM_PROGRAMS - _et_end0 % NUM_PROGRAMS) % NUM_PROGRAMS, "
+            in src)
+    assert "wgmma" in compile_ptx(ir, local_first=True)   # it builds for sm_90
+    # the dynamic schedule: only pinned tasks walk the static formula (the MoE router's logits);
+    # a graph without them has no local prefix to run early
+    moe_ir = moe.moe_layer(top_k=2, block_m=16, max_experts=16).to_ir()
+    dyn = generate(moe_ir, dynamic=True, local_first=True)
+    at = [dyn.index(s) for s in ("_et_agree_post(", "_et_body_logits(", "_et_agree_wait(", "_et_body_route(")]
+    assert at == sorted(at) and dyn.count("_et_body_logits(") == 1
+    assert generate(ir, dynamic=True, local_first=True) == generate(ir, dynamic=True)
 
 
 def test_ptx_orders_cross_gpu_signals(gemm_rs_ptx):

@@ -104,6 +104,35 @@ def test_a_call_refused_on_one_rank_at_a_prepared_shape_stops_every_rank():
     assert rc == 0 and out.count("OK refusal") == 2, out[-5000:]
 
 
+@slow
+@pytest.mark.parametrize("world,schedule", [(2, "static"), (3, "dynamic")])
+def test_local_tasks_run_during_the_call_agreement(world, schedule):
+    """et.compile(local_first=True): the skinny slices summed locally (their matmuls, the local
+    prefix, run before the peers' words arrive, their notifies after), ragged, twice per size."""
+    graphs = ("gemm_rs_skinny_local_tma", "gemm_rs_skinny_tail_tma")
+    rc, out = interpreted("megakernel_worker.py", world, schedule, 900, "--local-first", *graphs)
+    assert rc == 0, out[-5000:]
+    for g in graphs:
+        for M in (37, 5):
+            assert out.count(f"OK {g} M={M} {schedule} ") == world, (g, M, out[-3000:])
+
+
+@slow
+def test_a_refused_call_leaves_the_local_tasks_notifies_undone():
+    """local_first and a call refused on one rank: the peer's local matmuls ran during the
+    agreement, but none notified, so the next call finds its counters where they were."""
+    rc, out = interpreted("refusal_worker.py", 2, "static", 600, "--local-first")
+    assert rc == 0 and out.count("OK refusal") == 2, out[-5000:]
+
+
+@slow
+def test_moe_router_logits_run_during_the_call_agreement():
+    """local_first on the EP MoE graph at two ranks (dynamic, early push 2): the router's logits,
+    pinned, are its local prefix."""
+    rc, out = interpreted("moe_worker.py", 2, "dynamic", 900, "--early-push=2", "--local-first")
+    assert rc == 0 and out.count("OK moe dynamic") == 2, out[-5000:]
+
+
 def test_check_events_names_an_out_of_bounds_notify_and_an_over_notified_element():
     """compile(check_events=True): maps validation was told to skip, wrong on the GPU codegen, raise
     on every rank naming the event and coordinate, instead of a watchdog on another element or

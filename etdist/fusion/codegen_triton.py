@@ -30,7 +30,7 @@ from typing import Optional
 from ..mesh.control import ControlLayout
 from .errors import GraphError
 from .expr import Expr, as_expr, var
-from .ir import GraphIR, TaskSpec, early_pushed, pinned_prefix, tail_start
+from .ir import GraphIR, Role, TaskSpec, early_pushed, pinned_prefix, tail_start
 from .loader import load_module
 from .trace import PHASE_WORDS, TRACE_WORDS
 
@@ -148,7 +148,7 @@ def _linear(dims: list[str], coord: list[str]) -> str:
 
 
 def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Optional[frozenset] = None,
-             check_events: bool = False) -> str:
+             check_events: bool = False, local_first: bool = False) -> str:
     """Source text of a module defining `megakernel` for this graph. trace=True adds a `trace_buf`
     argument (int64, TRACE_WORDS per task, indexed by the task's global id) and the timer reads that
     fill it; without it the kernel has neither (a compile-time switch: costs nothing when off).
@@ -160,7 +160,8 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     ahead. check_events: every notify checks its coordinates against its event's shape,
     and the last program checks that no counter went past its count (a debug mode: what validation
     cannot see, a map out of bounds at sizes it did not enumerate, is named instead of surfacing as
-    a watchdog on another element)."""
+    a watchdog on another element). local_first: the graph's local prefix (local_prefix) runs while
+    the call agreement is still under way, its notifies after it."""
     reserved = set(kernel_params(ir, trace=True, dynamic=True))
     taken = sorted({*OWN_PARAMS, "trace_buf", *QUEUE_PARAMS, *MODULE_NAMES} & {*(t.name for t in ir.tensors), *ir.sizes})
     if taken:
@@ -190,6 +191,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
     out("import triton.language as tl")
     out("from etdist.kernels.sync import notify as _et_notify, peer_base as _et_peer, wait as _et_wait")
     out("from etdist.kernels.sync import agree_call as _et_agree, finish_launch as _et_finish")
+    out("from etdist.kernels.sync import agree_post as _et_agree_post, agree_wait as _et_agree_wait")
     out("from etdist.kernels.sync import hand_over_call_error as _et_call_error")
     if check_events:
         out("from etdist.kernels.sync import record_error as _et_record")
@@ -243,18 +245,37 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         if dynamic:
             out("_et_limit = ev_epoch.to(tl.int64) * rq_total")
         # every rank makes the same call (mesh/calls.py): checked against the peers' before any task
-        out(f"_et_seq, _et_agreed = _et_agree(mesh_ctrl, mesh_ctrl_peers, {ControlLayout.in_kernel('call')}, "
-            f"{ControlLayout.in_kernel('call_seq')}, RANK, WORLD, call_sig, max_spins, arena, arena_peers, _et_pid, "
-            f"USE_ASM)")
+        # touches what a peer can see; the local prefix's bodies run while the peers' words come
+        local = min(local_prefix(ir), pinned) if local_first else 0
+        call = f"{ControlLayout.in_kernel('call')}"
+        if local:
+            out(f"_et_seq = _et_agree_post(mesh_ctrl, mesh_ctrl_peers, {call}, {ControlLayout.in_kernel('call_seq')}, "
+                "RANK, WORLD, call_sig, _et_pid)")
+            out(f"for _et_gid in range(_et_pid, {ends[local - 1]}, NUM_PROGRAMS):")
+            with out.indent():
+                _emit_dispatch(out, ir, tx, trace, released, range(local), check=check_events, part="body")
+            out(f"_et_agreed = _et_agree_wait(mesh_ctrl, {call}, _et_seq, RANK, WORLD, call_sig, max_spins, arena, "
+                "arena_peers, USE_ASM)")
+        else:
+            out(f"_et_seq, _et_agreed = _et_agree(mesh_ctrl, mesh_ctrl_peers, {call}, "
+                f"{ControlLayout.in_kernel('call_seq')}, RANK, WORLD, call_sig, max_spins, arena, arena_peers, "
+                "_et_pid, USE_ASM)")
         if trace:
             out("_et_p1, _et_psm = _et_clock(_et_pid)")
         out("if _et_agreed != 0:")
         depth = out.depth
         out.depth += 1
-        if pinned:   # every task (static), or the pinned prefix: the static formula, waits spin
-            out(f"for _et_gid in range(_et_pid, {ends[pinned - 1]}, NUM_PROGRAMS):")
+        if local:    # the local tasks' notifies (a call the ranks disagreed on leaves every counter)
+            out(f"for _et_gid in range(_et_pid, {ends[local - 1]}, NUM_PROGRAMS):")
             with out.indent():
-                _emit_dispatch(out, ir, tx, trace, released, range(pinned), check=check_events)
+                _emit_dispatch(out, ir, tx, trace, released, range(local), check=check_events, part="notify")
+        if pinned > local:   # every task (static), or the pinned prefix: the static formula, waits spin
+            # the same ids as one walk from _et_pid: the first past the local ones that is ours
+            first = ("_et_pid" if not local else
+                     f"{ends[local - 1]} + (_et_pid + NUM_PROGRAMS - {ends[local - 1]} % NUM_PROGRAMS) % NUM_PROGRAMS")
+            out(f"for _et_gid in range({first}, {ends[pinned - 1]}, NUM_PROGRAMS):")
+            with out.indent():
+                _emit_dispatch(out, ir, tx, trace, released, range(local, pinned), check=check_events)
         if dynamic:
             # then pop until every queued task ran
             if pinned < tail:
@@ -374,23 +395,47 @@ def _emit_over_check(out: _Lines, ir: GraphIR, tx) -> None:
 
 
 def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, released: frozenset, functions: range,
-                   claim: bool = False, check: bool = False) -> None:
+                   claim: bool = False, check: bool = False, part: str = "all") -> None:
     """The branch on the global task id `_et_gid`: one arm per device function in `functions` (the
     ids reaching it lie in their range). claim: each task claims the next queue index ahead. check:
-    notifies check their coordinates (generate's check_events)."""
+    notifies check their coordinates (generate's check_events). part: as _emit_task's."""
     for k in functions:
         kw = "if" if k == functions[0] else "elif" if k < functions[-1] else "else"
         out(f"{kw} _et_gid < _et_end{k}:" if kw != "else" else "else:")
         with out.indent():
-            _emit_task(out, ir, k, ir.tasks[k], tx, trace, released, claim, check)
+            _emit_task(out, ir, k, ir.tasks[k], tx, trace, released, claim, check, part)
+
+
+def local_prefix(ir: GraphIR) -> int:
+    """How many task functions, from the first, touch nothing a peer can see: no waits, notifies of
+    this GPU's events only, bodies given no output, no symmetric tensor and no peer table (inputs,
+    sizes and this GPU's scratch). They may run before the call agreement (generate's local_first):
+    a call the ranks disagree on then has written scratch alone, and notified nothing."""
+    tensors = {t.name: t for t in ir.tensors}
+    events = {e.name: e for e in ir.events}
+    for k, t in enumerate(ir.tasks):
+        fn = t.triton_body
+        names = list(getattr(fn, "arg_names", None) or inspect.signature(getattr(fn, "fn", fn)).parameters)
+        renamed, consts = dict(t.bind), dict(t.constexprs)
+        bound = [renamed.get(n, n) for n in names if n not in consts]
+        touched = [tensors.get(b) for b in bound if isinstance(b, str)]
+        if (t.waits or any(events[a.event].distributed for a in t.notifies)
+                or any(isinstance(b, str) and b.endswith("_peers") for b in bound)
+                or any(x is not None and (x.symmetric or x.role == Role.OUTPUT) for x in touched)):
+            return k
+    return len(ir.tasks)
 
 
 def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = False,
-               released: frozenset = frozenset(), claim: bool = False, check: bool = False) -> None:
+               released: frozenset = frozenset(), claim: bool = False, check: bool = False,
+               part: str = "all") -> None:
     """One task's waits, body and notifies. released: the events whose completing notify walks
     their consumers into the ready queue (dynamic schedule); the rest are plain notifies. claim:
     where every notify is plain, the next queue index is claimed between the body and the
-    notifies (into `_et_claimed`: held for a fence and an atomic, no walk; notifies never wait)."""
+    notifies (into `_et_claimed`: held for a fence and an atomic, no walk; notifies never wait).
+    part: "body" (waits and body, traced) or "notify" (the notifies alone) of a local task
+    (generate's local_first), else "all"."""
+    trace = trace and part != "notify"
     if trace:
         out("_et_t0, _et_sm = _et_clock(_et_gid)")
     out(f"_et_t = _et_gid - _et_end{k - 1}" if k else "_et_t = _et_gid")
@@ -419,10 +464,13 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
         out("_et_t1, _et_sm = _et_clock(_et_gid)")
     out(f"if {cond}:")
     with out.indent():
-        out(f"_et_body_{t.name}({', '.join(_bind_body_args(ir, t, tx))})")
+        if part == "notify" and not t.notifies:
+            out("pass")
+        if part != "notify":
+            out(f"_et_body_{t.name}({', '.join(_bind_body_args(ir, t, tx))})")
         if claim and not any(acc.event in released for acc in t.notifies):
             out("_et_claimed = _et_claim(rq)")
-        for acc in t.notifies:
+        for acc in t.notifies if part != "body" else ():
             i, e = events[acc.event]
             dims = [f"_et_ev_{e.name}_d{d}" for d in range(len(e.shape))]
             coord, depth = [], out.depth
@@ -515,13 +563,15 @@ def signature(ir: GraphIR, trace: bool = False, dynamic: bool = False) -> dict[s
 
 
 def compile_for(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps: int = 4,
-                trace: bool = False, dynamic: bool = False, num_stages: int = 3, early: Optional[frozenset] = None):
+                trace: bool = False, dynamic: bool = False, num_stages: int = 3, early: Optional[frozenset] = None,
+                local_first: bool = False):
     """The graph's megakernel compiled for sm_`arch` on the host, no GPU needed: Triton's compiled
-    kernel (.asm["ptx"], .metadata.shared = bytes of shared memory per program). early: as generate's."""
+    kernel (.asm["ptx"], .metadata.shared = bytes of shared memory per program). early, local_first:
+    as generate's."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    fn = load_module(ir, generate(ir, trace, dynamic, early)).megakernel
+    fn = load_module(ir, generate(ir, trace, dynamic, early, local_first=local_first)).megakernel
     sig = {**signature(ir, trace, dynamic), "NUM_PROGRAMS": "constexpr", "USE_ASM": "constexpr"}
     # Pointers are 16-byte aligned at run time (Triton specialises on that); say so here too.
     aligned = {n for n, m in ir.multiples if m % 16 == 0}
@@ -534,6 +584,7 @@ def compile_for(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps:
 
 
 def compile_ptx(ir: GraphIR, num_programs: int = 132, arch: int = 90, num_warps: int = 4,
-                trace: bool = False, dynamic: bool = False, num_stages: int = 3, early: Optional[frozenset] = None) -> str:
+                trace: bool = False, dynamic: bool = False, num_stages: int = 3, early: Optional[frozenset] = None,
+                local_first: bool = False) -> str:
     """PTX of the graph's megakernel for sm_`arch`, compiled on the host: no GPU needed."""
-    return compile_for(ir, num_programs, arch, num_warps, trace, dynamic, num_stages, early).asm["ptx"]
+    return compile_for(ir, num_programs, arch, num_warps, trace, dynamic, num_stages, early, local_first).asm["ptx"]

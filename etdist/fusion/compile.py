@@ -32,7 +32,7 @@ EARLY_PUSH_LEVELS = (0, 1, 2)
 def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str = "cpu",
             programs: Optional[int] = None,
             samples: Optional[Sequence[Mapping[str, int]]] = None, trace: bool = False,
-            early_push: Optional[int] = None, check_events: bool = False):
+            early_push: Optional[int] = None, check_events: bool = False, local_first: bool = False):
     """Compile a graph into a megakernel for `target`.
 
     schedule: "static" (tasks pre-assigned to programs by formula; the default for dense work) or
@@ -46,6 +46,9 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
     check_events: (target "cuda") a debug build whose notifies check their coordinates and whose
         end checks that no counter went past its count, so a map wrong at sizes validation did not
         enumerate raises naming the event and element (the CPU runtime always checks both).
+    local_first: (target "cuda") the graph's leading tasks that touch nothing a peer can see
+        (codegen_triton.local_prefix) run while the ranks' call agreement is under way, their
+        notifies after it: their time overlaps the wait for the peers (the CPU runtime has none).
     """
     if schedule not in SCHEDULES:
         raise GraphError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -73,7 +76,8 @@ def compile(graph: Union[Graph, GraphIR], schedule: str = "static", target: str 
         raise GraphError(f"early_push must be one of {EARLY_PUSH_LEVELS}, got {early_push!r}")
     if target == "cuda":
         from .cuda_runtime import CudaKernel  # imports triton; CPU-only users never need it
-        kernel = CudaKernel(table, schedule, programs, trace=trace, early_push=early_push, check_events=check_events)
+        kernel = CudaKernel(table, schedule, programs, trace=trace, early_push=early_push, check_events=check_events,
+                            local_first=local_first)
     else:
         kernel = CpuKernel(table, schedule, programs or DEFAULT_CPU_PROGRAMS, early_push=early_push)
         kernel.trace_default = trace

@@ -76,10 +76,11 @@ class CudaKernel(AgreementMixin, StateMixin, LayoutMixin, ErrorMixin):
 
     def __init__(self, table: MapTable, schedule: str, programs: Optional[int] = None,
                  num_warps: int = 4, num_stages: int = 3, trace: bool = False, early_push: int = 1,
-                 check_events: bool = False, check_sizes: bool = True):
+                 check_events: bool = False, check_sizes: bool = True, local_first: bool = False):
         """check_events: the kernel checks every notify's coordinates and, at its end, that no counter
         went past its count (codegen's check_events: a debug mode). check_sizes: validate's
-        enumeration at each new size class a call uses (LazyCheck); False leaves it to the kernel."""
+        enumeration at each new size class a call uses (LazyCheck); False leaves it to the kernel.
+        local_first: the graph's local prefix runs during the call agreement (codegen's)."""
         self.dynamic = schedule == "dynamic"
         # the dynamic schedule's early-pushed task functions: the kernel and its host tables agree on them
         self.early = early_at(table.ir, early_push) if self.dynamic else frozenset()
@@ -112,7 +113,7 @@ class CudaKernel(AgreementMixin, StateMixin, LayoutMixin, ErrorMixin):
                 raise GraphError("trace=True reads GPU timers (inline asm): not under TRITON_INTERPRET=1")
             from ..kernels.interpret import patch_interpreter
             patch_interpreter()
-        self.source = generate(self.ir, trace, self.dynamic, self.early, check_events)
+        self.source = generate(self.ir, trace, self.dynamic, self.early, check_events, local_first)
         if knobs.now("ETDIST_DEBUG", knobs.flag, False):
             log.show_debug(_LOG)
         _LOG.debug("generated kernel of graph %r:\n%s", self.ir.name, self.source)

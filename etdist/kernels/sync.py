@@ -135,7 +135,15 @@ def agree_call(lanes_ptr, lanes_table, call_off, seq_off, rank, world, sig, max_
     block; every program waits (watchdog) for every peer's lane of this call and compares the words.
     Returns (call number, agreed): agreed is 0 where a word differs (recorded in this rank's own
     err record as ERR_CALL: every rank finds it by itself, nothing runs and the mesh stays usable)
-    or a peer never came (a timeout, recorded on every rank as wait's)."""
+    or a peer never came (a timeout, recorded on every rank as wait's). agree_post then agree_wait."""
+    seq = agree_post(lanes_ptr, lanes_table, call_off, seq_off, rank, world, sig, pid)
+    return seq, agree_wait(lanes_ptr, call_off, seq, rank, world, sig, max_spins, err_ptr, err_table, USE_ASM)
+
+
+@triton.jit
+def agree_post(lanes_ptr, lanes_table, call_off, seq_off, rank, world, sig, pid):
+    """agree_call's first half, which waits for nothing: the call number; program 0 posts our
+    word and number into every peer's lane."""
     seq = tl.load(lanes_ptr + seq_off, volatile=True) + 1
     lane = call_off + 2 * (seq % 2)
     if pid == 0:
@@ -144,6 +152,14 @@ def agree_call(lanes_ptr, lanes_table, call_off, seq_off, rank, world, sig, max_
                 dst = peer_base(lanes_table, d, lanes_ptr) + lane + 4 * rank
                 tl.store(dst + 1, sig)
                 notify(dst, seq, True, "sys")   # released: who sees the number sees the word
+    return seq
+
+
+@triton.jit
+def agree_wait(lanes_ptr, call_off, seq, rank, world, sig, max_spins, err_ptr, err_table, USE_ASM: tl.constexpr):
+    """agree_call's second half: wait for every peer's lane of call `seq` and compare the words;
+    agreed (1) or not (0)."""
+    lane = call_off + 2 * (seq % 2)
     agreed = 1
     for s in range(world):
         if s != rank:
@@ -155,7 +171,7 @@ def agree_call(lanes_ptr, lanes_table, call_off, seq_off, rank, world, sig, max_
                     record_local(err_ptr, rank, ERR_CALL, EVENT_CALL + (seq & 0xFFFFF), theirs, sig, s, seq)
                     got = 0
             agreed = agreed * got
-    return seq, agreed
+    return agreed
 
 
 @triton.jit

@@ -63,6 +63,10 @@ class PlanConfig:
     # M 129/160 12% faster in one slice, the same in several (records mid_tile); an option until a
     # two-GPU A/B decides it
     tail_row_tma: int = 0
+    # 1: the ops' kernels run their leading local tasks (the skinny slices' matmuls with
+    # local_sums) while the ranks' call agreement is under way (et.compile's local_first); an option
+    # until a two-GPU A/B decides it
+    local_first: int = 0
     # tensor_parallel_mlp just past whole_max_m: up to whole_128's block_m + mlp_tail_m rows, the
     # whole-gather graph with every row in each gate/up and down task (a tail accumulator), each
     # down slice waiting only for its part of h (0: none; a power of two, 16 to 64). Its tiles alone on
@@ -118,7 +122,7 @@ class PlanConfig:
                     raise ValueError(f"PlanConfig.{f.name} must be a TileConfig, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, int) or v < _LEAST[f.name]:
                 raise ValueError(f"PlanConfig.{f.name} must be an int >= {_LEAST[f.name]}, got {v!r}")
-        for name in ("skinny_x_partials", "tail_row_tma"):
+        for name in ("skinny_x_partials", "tail_row_tma", "local_first"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)}")
         for name in ("whole_tail_m", "skinny_tail_m", "mlp_tail_m"):
@@ -178,7 +182,7 @@ _TYPES = typing.get_type_hints(PlanConfig)   # field -> TileConfig or int
 _LEAST = {"max_splits": 1, "whole_max_m": 0, "mlp_down_n": 16, "mlp_tail_splits": 1, "local_sums_min_m": 0,
           "replicated_owners_min_m": 0,
           "whole_tail_m": 0, "whole_large_m": 0, "skinny_tail_m": 0, "skinny_x_partials": 0, "tail_row_tma": 0,
-          "mlp_tail_m": 0, "plan_worlds": 2, "whole_ragged_splits": 0}
+          "mlp_tail_m": 0, "plan_worlds": 2, "whole_ragged_splits": 0, "local_first": 0}
 
 
 def _parse(name: str, text: str):

@@ -1,7 +1,9 @@
 """The generated GPU megakernels, run by Triton's CPU interpreter over a cpu-backend mesh (one
 process per rank, one program per rank), against the float64 references:
 
-    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/megakernel_worker.py [--dynamic] [graph ...]
+    TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/megakernel_worker.py [--dynamic] [--local-first] [graph ...]
+
+--local-first compiles with et.compile's local_first (the local prefix during the call agreement).
 
 Prints 'OK <graph> M=<M>' per graph and size (tests/test_megakernel_interpreted.py counts them).
 """
@@ -191,13 +193,14 @@ def _replicated(xs, w_gate_up, w_down):
 
 def main(args):
     schedule = "dynamic" if "--dynamic" in args else "static"
+    local_first = "--local-first" in args
     only = [a for a in args if not a.startswith("--")]
     mesh = et.init_mesh(backend="cpu")
     R, r = mesh.world_size, mesh.rank
     for name, graph, make, reference, names, *extra in cases():
         if only and name not in only:
             continue
-        kernel = et.compile(graph, schedule=schedule, target="cuda")
+        kernel = et.compile(graph, schedule=schedule, target="cuda", local_first=local_first)
         for M in (37, 5):               # ragged: the last ranks own fewer rows (or none)
             # sizes no input names (the MLP's TAIL), or a function of (R, M) giving them
             sizes = (extra[0](R, M) if callable(extra[0]) else extra[0]) if extra else {}

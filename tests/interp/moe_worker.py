@@ -22,6 +22,7 @@ def main(args):
     ap = argparse.ArgumentParser()
     ap.add_argument("--dynamic", action="store_true")
     ap.add_argument("--early-push", type=int, choices=(0, 1, 2), default=1)
+    ap.add_argument("--local-first", action="store_true")   # et.compile's local_first for the first kernel
     opts = ap.parse_args(args)
     schedule = "dynamic" if opts.dynamic else "static"
     mesh = et.init_mesh(backend="cpu")
@@ -34,7 +35,7 @@ def main(args):
 
     one = R == 1   # one rank: the graph nn.MoE builds there, whose bodies move no rows (one_rank)
     kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, one_rank=one), schedule=schedule,
-                        target="cuda", early_push=opts.early_push)
+                        target="cuda", early_push=opts.early_push, local_first=opts.local_first)
     for T, skew, seed in ((5, 0.0, 1), (19, 4.0, 2), (3, 0.0, 3)):   # skew: most tokens to few experts
         mine, _, want = case(T, 24, 20, seed, skew)
         for _ in range(2):   # counts differ between calls and sizes: re-armed each launch

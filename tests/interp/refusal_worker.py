@@ -4,7 +4,12 @@ Triton's interpreter over a cpu mesh: no rank may return another call's data; ev
 call runs on every rank (nothing ran for the refused one: kernel and mesh stay usable).
 
     TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/refusal_worker.py   -> 'OK refusal rank r'
+
+--local-first: the skinny graph whose slices are summed locally, compiled with local_first: the
+refused call's peers ran their local matmuls during the agreement, notified nothing, and the next
+call still finds every counter where it was.
 """
+import sys
 import time
 
 import torch
@@ -35,7 +40,11 @@ def slow_after_launch(kernel):
 def main():
     mesh = et.init_mesh(backend="cpu", watchdog_s=20)
     R, r = mesh.world_size, mesh.rank
-    kernel = et.compile(gemm_rs.gemm_reduce_scatter(16, 16, torch.float32, 16, group_m=2), target="cuda")
+    if "--local-first" in sys.argv[1:]:
+        kernel = et.compile(gemm_rs.gemm_reduce_scatter_skinny(16, 16, torch.float32, 16, splits=2, local_sums=True),
+                            target="cuda", local_first=True)
+    else:
+        kernel = et.compile(gemm_rs.gemm_reduce_scatter(16, 16, torch.float32, 16, group_m=2), target="cuda")
     if r == 0:
         slow_after_launch(kernel)
     ins = gemm_rs.make_inputs(R, 9, 24, 40, seed=1)
