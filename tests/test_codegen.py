@@ -479,10 +479,10 @@ def _op_kernels():
                                        ("moe large top-8", 8, 768, True, False),
                                        ("moe one rank top-8", 8, 768, False, True),
                                        ("moe large one rank top-8", 8, 768, True, True)):
-        t = layer_tiles(I, 128 if top_k == 8 else 8, large)
+        t = layer_tiles(I, 128 if top_k == 8 else 8, large, world=1 if one else 2)
         yield name, functools.partial(moe.moe_layer, top_k=top_k, block_m=t.block_m, dtype=bf, max_experts=128,
                                       block=t.block, block_n=t.block_n, down_block_n=t.down_n,
-                                      half_tails=t.half_tails, align=16, one_rank=one,
+                                      half_tails=t.half_tails, small_rows=t.small_rows, align=16, one_rank=one,
                                       gate_up_interleave=GATE_UP_BLOCK, **graph_blocks(top_k, large)), \
             t.num_warps, t.num_stages
 

@@ -157,6 +157,25 @@ def test_layer_tiles_add_the_down_width_and_half_tails():
     assert many._plan("cuda", large=True)[0].half_tails and not short._plan("cuda", large=True)[0].half_tails
 
 
+def test_small_row_tiles_in_the_small_class_up_to_their_worlds():
+    """Row tiles of at most SMALL_ROWS rows run a body that size in the small class, at expert-
+    parallel worlds up to MoEConfig.small_rows_worlds (1 by default: measured on one GPU)."""
+    from etdist.nn import moe as m
+    assert m.layer_tiles(768, 128).small_rows == m.SMALL_ROWS == 16
+    assert m.layer_tiles(768, 128, large=True).small_rows == 0 and m.layer_tiles(768, 64, world=2).small_rows == 0
+    two = m.DEFAULT_MOE.override("small_rows_worlds=2")
+    assert m.layer_tiles(768, 64, world=2, config=two).small_rows == 16
+    assert m.layer_tiles(768, 128, config=m.DEFAULT_MOE.override("small_rows=0")).small_rows == 0
+    assert m.layer_tiles(768, 128, config=m.DEFAULT_MOE.override("small_rows=64")).small_rows == 0   # not below 64
+    for bad in ("small_rows=8", "small_rows=24", "small_rows_worlds=0"):
+        with pytest.raises(ValueError, match="MoEConfig.small_rows"):
+            m.DEFAULT_MOE.override(bad)
+    one = et.nn.MoE(32, 16, E, K, simulate_world=1)
+    assert one._plan("cuda")[0].small_rows == 16 and et.nn.MoE(32, 16, E, K, simulate_world=2)._plan("cuda")[0].small_rows == 0
+    with pytest.raises(et.GraphError, match="small_rows"):
+        m.moe_graph.moe_layer(2, block_m=16, small_rows=16)
+
+
 def test_gpu_kernels_are_keyed_by_alignment():
     """Layers whose sizes allow 16-aligned loads get the aligned GPU graph, the others not; a
     module resolves its kernel once."""

@@ -219,9 +219,10 @@ def _gate_up_cols(n, I, BN: tl.constexpr, ILV: tl.constexpr):
 @triton.jit
 def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K: tl.constexpr, BM: tl.constexpr,
                   BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, ONE_RANK: tl.constexpr,
-                  ILV: tl.constexpr):
+                  ILV: tl.constexpr, SWAP: tl.constexpr = False):
     """act[rows, n*BN:(n+1)*BN] for the m rows of expert e's slots from r0 on, in a BM-row body
-    (moe_gate_up; the rows are loaded here: a branch's values must keep one shape)."""
+    (moe_gate_up; the rows are loaded here: a branch's values must keep one shape). SWAP (the one
+    descriptor path): computed transposed, the weights on the MMA's M side and BM rows on its N."""
     rows, rok = _tile_rows(e, r0, m, slots, T, WORLD, BM)
     arows = rows // TOP_K if ONE_RANK else rows          # one rank: `recv` is x, slot s is token s // k
     wgu = w_gate_up + e * H * 2 * I
@@ -232,9 +233,15 @@ def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_
         # gate and up block n side by side in the weight: one dot 2 x BN wide, split after the loop
         # (one H200, standalone, 128 x 256 x 64 tiles: 5-13% faster than two BN-wide dots)
         w_d = tl.make_tensor_descriptor(wgu, shape=[H, 2 * I], strides=[2 * I, 1], block_shape=[BK, 2 * BN])
-        acc = tl.zeros((BM, 2 * BN), tl.float32)
-        for k0 in range(0, H, BK):
-            acc = _dot(_token_rows(recv, arows, rok, k0 + ks, H), w_d.load([k0, gc]), acc)
+        if SWAP:
+            acc_t = tl.zeros((2 * BN, BM), tl.float32)
+            for k0 in range(0, H, BK):
+                acc_t = _dot(tl.trans(w_d.load([k0, gc])), tl.trans(_token_rows(recv, arows, rok, k0 + ks, H)), acc_t)
+            acc = tl.trans(acc_t)
+        else:
+            acc = tl.zeros((BM, 2 * BN), tl.float32)
+            for k0 in range(0, H, BK):
+                acc = _dot(_token_rows(recv, arows, rok, k0 + ks, H), w_d.load([k0, gc]), acc)
         g, u = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN)), (0, 2, 1)))
     else:
         g = tl.zeros((BM, BN), tl.float32)
@@ -262,7 +269,8 @@ def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_
 @triton.jit
 def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, H, I, E_local, WORLD,
                 TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr,
-                TMA: tl.constexpr, ONE_RANK: tl.constexpr, HALF: tl.constexpr, ILV: tl.constexpr):
+                TMA: tl.constexpr, ONE_RANK: tl.constexpr, HALF: tl.constexpr, ILV: tl.constexpr,
+                SMALL: tl.constexpr = 0):
     """act[rows of tile j, n*BN:(n+1)*BN] = silu(x @ w_gate) * (x @ w_up); tiles past ntiles do
     nothing (they still notify, so the down tiles of every tile can wait on a fixed element).
     TMA: the expert's weights load through a descriptor (the token rows are a gather: pointers).
@@ -270,26 +278,46 @@ def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, 
     A compile-time choice: selected at run time, the operand's address lost the alignment Triton
     vectorises and pipelines on (records moe_onerank_ab).
     HALF: a tile with at most BM / 2 rows (an expert's last) runs a BM / 2-row body.
+    SMALL: a tile with at most SMALL rows runs a SMALL-row body computed transposed (decode: a
+    wgmma is 64 rows, so a one-token tile of 64 did 64x its work; 0: none).
     ILV: w_gate_up's layout, [gate | up] (0) or their column blocks of ILV interleaved (ILV = BN:
     one dot over both)."""
     if j < tl.load(ntiles):
         e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
-        if HALF:
-            if m <= BM // 2:
-                _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM // 2, BN, BK,
-                              TMA, ONE_RANK, ILV)
+        if SMALL > 0:
+            if m <= SMALL:
+                _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, SMALL, BN, BK, TMA,
+                              ONE_RANK, ILV, True)
             else:
-                _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA,
-                              ONE_RANK, ILV)
+                _gate_up_rows(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA,
+                              ONE_RANK, HALF, ILV)
         else:
-            _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA, ONE_RANK,
-                          ILV)
+            _gate_up_rows(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA, ONE_RANK,
+                          HALF, ILV)
+
+
+@triton.jit
+def _gate_up_rows(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K: tl.constexpr, BM: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, ONE_RANK: tl.constexpr, HALF: tl.constexpr,
+                  ILV: tl.constexpr):
+    """_gate_up_tile in a BM-row body, or (HALF) a BM / 2-row one where the m rows fit."""
+    if HALF:
+        if m <= BM // 2:
+            _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM // 2, BN, BK,
+                          TMA, ONE_RANK, ILV)
+        else:
+            _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA,
+                          ONE_RANK, ILV)
+    else:
+        _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA, ONE_RANK,
+                      ILV)
 
 
 @triton.jit
 def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, TMA: tl.constexpr):
-    """expert_out[rows, h*BN:(h+1)*BN] for the m rows of expert e's slots from r0 on (moe_down)."""
+               BK: tl.constexpr, TMA: tl.constexpr, SWAP: tl.constexpr = False):
+    """expert_out[rows, h*BN:(h+1)*BN] for the m rows of expert e's slots from r0 on (moe_down).
+    SWAP (with TMA): computed transposed, as _gate_up_tile's."""
     rows, rok = _tile_rows(e, r0, m, slots, T, WORLD, BM)
     wd = w_down + e * I * H
     hs = h * BN + tl.arange(0, BN)
@@ -297,10 +325,18 @@ def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM: 
     out = tl.zeros((BM, BN), tl.float32)
     if TMA:
         d_d = tl.make_tensor_descriptor(wd, shape=[I, H], strides=[H, 1], block_shape=[BK, BN])
-        for i0 in range(0, I, BK):
-            js = i0 + ks
-            a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
-            out = _dot(a, d_d.load([i0, h * BN]), out)
+        if SWAP:
+            out_t = tl.zeros((BN, BM), tl.float32)
+            for i0 in range(0, I, BK):
+                js = i0 + ks
+                a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
+                out_t = _dot(tl.trans(d_d.load([i0, h * BN])), tl.trans(a), out_t)
+            out = tl.trans(out_t)
+        else:
+            for i0 in range(0, I, BK):
+                js = i0 + ks
+                a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
+                out = _dot(a, d_d.load([i0, h * BN]), out)
     else:
         for i0 in range(0, I, BK):
             js = i0 + ks
@@ -314,10 +350,23 @@ def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM: 
 @triton.jit
 def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_local, WORLD,
              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, TMA: tl.constexpr,
-             HALF: tl.constexpr):
+             HALF: tl.constexpr, SMALL: tl.constexpr = 0):
     """expert_out[rows of tile j, h*BN:(h+1)*BN] = act[rows] @ w_down[e][:, those columns]
-    (HALF: as moe_gate_up's)."""
+    (HALF, SMALL: as moe_gate_up's)."""
     e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
+    if SMALL > 0:
+        if m <= SMALL:
+            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, SMALL, BN, BK, TMA, True)
+        else:
+            _down_rows(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA, HALF)
+    else:
+        _down_rows(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA, HALF)
+
+
+@triton.jit
+def _down_rows(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, TMA: tl.constexpr, HALF: tl.constexpr):
+    """_down_tile in a BM-row body, or (HALF) a BM / 2-row one where the m rows fit."""
     if HALF:
         if m <= BM // 2:
             _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM // 2, BN, BK, TMA)

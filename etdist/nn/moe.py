@@ -48,6 +48,7 @@ class GpuTiles(NamedTuple):
     num_stages: int = 5     # 205 KB of shared memory; 6-19% faster than 3 (records moe_tiles_ab)
     down_n: Optional[int] = None
     half_tails: bool = False
+    small_rows: int = 0     # row tiles with at most this many rows run a body that size (moe_layer's small_rows)
 
 
 # float32's tiles are twice the bytes: the small class at 3 stages takes 164 KB of shared memory a
@@ -88,6 +89,11 @@ DOWN_WIDE, SHORT_DOWN_K = 256, 2048
 # rows or more (a wgmma is 64 rows a warpgroup: a smaller half saves nothing) where a rank holds
 # HALF_TAILS_MIN_EXPERTS experts or more, whose last tiles are many (records moe_tiles_ab, moe_static_ab).
 HALF_TAILS_FROM, HALF_TAILS_MIN_EXPERTS = 128, 32
+# A row tile of the small class with at most SMALL_ROWS rows runs a body of that many rows, computed
+# transposed (moe_layer's small_rows: a wgmma is 64 rows, so one token's tile did 64x its MMA work).
+# EP=1 on one H200: 7% faster at 1-2 tokens (qwen3), 2-5% at 4, 1-3% at 16, within 1% at 128
+# (records moe_decode_ab); 32 rows gained less. Applied up to MoEConfig.small_rows_worlds.
+SMALL_ROWS = 16
 
 
 # w_gate_up holds gate and up in interleaved column blocks of GATE_UP_BLOCK (moe_layer's
@@ -115,6 +121,10 @@ class MoEConfig:
     tiles_large: Optional[GpuTiles] = None  # the large class (None: LARGE_TILES, the same)
     large_rows: int = GpuTiles().block_m    # the large class from this many rows per expert (uniform routing)
     down_n: Optional[int] = None            # down tile columns (None: down_width's choice)
+    # the small class's tiles of at most small_rows rows in a body that size (0: none), at expert-
+    # parallel worlds up to small_rows_worlds (1: measured on one GPU; 2 after a two-GPU A/B)
+    small_rows: int = SMALL_ROWS
+    small_rows_worlds: int = 1
 
     def __post_init__(self):
         for name in ("tiles", "tiles_large"):
@@ -132,6 +142,12 @@ class MoEConfig:
         n = self.down_n
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 16 or n & (n - 1)):
             raise ValueError(f"MoEConfig.down_n must be None or a power of two >= 16, got {n!r}")
+        n = self.small_rows
+        if isinstance(n, bool) or not isinstance(n, int) or (n and (n < 16 or n & (n - 1))):
+            raise ValueError(f"MoEConfig.small_rows must be 0 or a power of two >= 16, got {n!r}")
+        n = self.small_rows_worlds
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"MoEConfig.small_rows_worlds must be an int >= 1, got {n!r}")
 
     def override(self, text: str) -> "MoEConfig":
         """This config with the fields `text` names changed: "field=value+field=value" ("" or
@@ -174,12 +190,15 @@ def gpu_tiles(large: bool = False, dtype: torch.dtype = torch.bfloat16, config: 
 
 
 def layer_tiles(intermediate: int, local_experts: int, large: bool = False,
-                dtype: torch.dtype = torch.bfloat16, config: MoEConfig = DEFAULT_MOE) -> GpuTiles:
+                dtype: torch.dtype = torch.bfloat16, config: MoEConfig = DEFAULT_MOE, world: int = 1) -> GpuTiles:
     """gpu_tiles with what a layer of that expert intermediate size and experts per rank adds (they
-    ride with the tiles into the compile key): its down width, and half tails (HALF_TAILS_*)."""
+    ride with the tiles into the compile key): its down width, half tails (HALF_TAILS_*) and, in
+    the small class up to config.small_rows_worlds ranks, small row tiles (SMALL_ROWS)."""
     t = gpu_tiles(large, dtype, config)
     half = t.block_m >= HALF_TAILS_FROM and local_experts >= HALF_TAILS_MIN_EXPERTS
-    return t._replace(down_n=down_width(intermediate, dtype, config), half_tails=half)
+    small = config.small_rows if not large and world <= config.small_rows_worlds else 0
+    return t._replace(down_n=down_width(intermediate, dtype, config), half_tails=half,
+                      small_rows=small if small < t.block_m else 0)
 
 
 def _check_gate_up_layout(module, state_dict, prefix, *_) -> None:
@@ -290,8 +309,8 @@ class MoE(nn.Module):
     def _plan(self, target: str, large: bool = False):
         """What the compiled layer depends on besides the module's sizes: (the GPU tiles of the size
         class, from self.config, the promised alignment of H and I, the early-push level)."""
-        tiles = (layer_tiles(self.intermediate, self.num_experts // self.world, large, self.router.dtype, self.config)
-                 if target == "cuda" else None)
+        tiles = (layer_tiles(self.intermediate, self.num_experts // self.world, large, self.router.dtype, self.config,
+                             self.world) if target == "cuda" else None)
         align = 16 if self.hidden % 16 == 0 and self.intermediate % 16 == 0 else 1
         # down tiles early-pushed behind the gate/up tiles (EARLY_PUSH)
         early = EARLY_PUSH if self.schedule == "dynamic" else None
@@ -310,7 +329,8 @@ class MoE(nn.Module):
                              "layer's w_gate_up interleaves")
         # one GPU: nothing to move or plan, routing places the slots (moe_layer's one_rank)
         args = dict(block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts, block=tiles.block,
-                    block_n=tiles.block_n, down_block_n=tiles.down_n, half_tails=tiles.half_tails, align=align,
+                    block_n=tiles.block_n, down_block_n=tiles.down_n, half_tails=tiles.half_tails,
+                    small_rows=tiles.small_rows, align=align,
                     one_rank=self.world == 1, gate_up_interleave=self.gate_up_block,
                     **graph_blocks(self.top_k, large))
         return moe_graph.moe_layer(self.top_k, **{**args, **options})

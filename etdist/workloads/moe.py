@@ -53,7 +53,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
               plan_block: int = 1024, one_rank: bool = False, down_block_n: int | None = None,
               half_tails: bool = False, topk_block: int | None = None, combine_block: int | None = None,
               combine_width: int | None = None, combine_tasks: int | None = None,
-              gate_up_interleave: int | None = None) -> et.Graph:
+              gate_up_interleave: int | None = None, small_rows: int = 0) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -69,6 +69,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     stream compaction walks all of them in steps of this many).
     one_rank: a graph for world size 1 only (refused on more) that moves no rows and plans nothing
     (route places the slots in the experts' lists).
+    small_rows: an expert GEMM tile with at most this many rows runs a body of that many, computed
+    transposed on GPUs (the weights on the MMA's 64-row side; 0: none).
     down_block_n: columns per down tile (default block_n). half_tails: an expert's last row tile,
     where it has at most block_m / 2 rows, runs a block_m / 2-row GEMM body (needs block_m >= 32).
     topk_block: tokens per routing (softmax top-k) task, at most route_block (default route_block).
@@ -102,6 +104,10 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         if isinstance(ILV, bool) or not isinstance(ILV, int) or ILV < 1 or ILV % (block_n or block):
             raise et.GraphError(f"moe_layer: gate_up_interleave must be a positive multiple of block_n "
                                 f"({block_n or block}: a gate/up tile's columns lie in one block), got {ILV!r}")
+    if small_rows and (isinstance(small_rows, bool) or not isinstance(small_rows, int) or small_rows < 16
+                       or small_rows & (small_rows - 1) or small_rows >= block_m):
+        raise et.GraphError(f"moe_layer: small_rows must be 0 or a power of two >= 16 below block_m={block_m} "
+                            f"(a tl.dot's least), got {small_rows!r}")
     if half_tails and block_m < 32:
         raise et.GraphError(f"moe_layer: half_tails needs block_m >= 32 (half a tile is a tl.dot of >= 16 rows), "
                             f"got block_m={block_m}")
@@ -133,7 +139,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     one = bool(one_rank)
     copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH)
     # weights through TMA where rows are aligned
-    expert_gemm = dict(BM=block_m, BK=block, BE=BE, TMA=bool(use_tma(align)), HALF=bool(half_tails))
+    expert_gemm = dict(BM=block_m, BK=block, BE=BE, TMA=bool(use_tma(align)), HALF=bool(half_tails),
+                       SMALL=small_rows)
     # every expert that received a slot may end in a partial tile (at most min(E_local, R*S) do):
     max_tiles = et.cdiv(R * S, block_m) + et.minimum(EL, R * S)
     slot_blocks = et.cdiv(S, BS)

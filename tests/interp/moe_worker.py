@@ -93,6 +93,16 @@ def main(args):
                        schedule=schedule, target="cuda")
     mine, _, want = case(13, 24, 20, seed=11, skew=1.0, top_k=3)
     assert rel_err(three(mesh, **mine)["y"], want) < 1e-4, ("top-3", schedule)
+    # tiles of at most 16 rows in a 16-row body (small_rows; transposed through TMA), skewed so that
+    # tiles of 1-16 and of 17-32 rows both occur: plain, and through TMA with interleaved gate/up
+    for ilv, align in ((None, 1), (16, 16)):
+        small = et.compile(moe.moe_layer(top_k=2, block_m=32, max_experts=16, block_n=16, align=align, small_rows=16,
+                                         one_rank=one, gate_up_interleave=ilv), schedule=schedule, target="cuda")
+        for T, seed in ((29, 17), (3, 18)):
+            mine, _, want = case(T, 48, 32, seed=seed, skew=1.0)
+            if ilv:
+                mine = dict(mine, w_gate_up=moe.interleave_gate_up(mine["w_gate_up"], ilv))
+            assert rel_err(small(mesh, **mine)["y"], want) < 1e-4, ("small rows", ilv, T, schedule)
     if one:
         # `fill` (route's per-expert places) is zeroed by the runtime when its memory is (re)laid
         # out, and left zero by each launch: garbage there before a new shape must not matter (two
