@@ -55,6 +55,27 @@ def test_local_prefix_is_what_no_peer_can_see():
     assert local_prefix(moe.moe_layer(top_k=2, block_m=16, max_experts=16).to_ir()) == 1
     assert local_prefix(ag_gemm.all_gather_gemm(64, 64, torch.bfloat16, 64).to_ir()) == 0
 
+    @triton.jit
+    def body(i, x, s):
+        pass
+
+    def one_task(scratch: dict, reads: bool = False) -> int:   # a task without waits over x and a scratch `s`
+        g = et.Graph("local")
+        n = g.size("n")
+        g.input("x", (n,))
+        s = g.scratch("s", (n,), torch.int32, **scratch)
+        done = g.event("done", (1,), count=n)
+        when = (lambda i: s[i] > 0) if reads else None
+
+        @g.task(grid=(n,), notify=lambda i: done[0], when=when, triton=body)
+        def a(t, i):
+            pass
+        return local_prefix(g.to_ir())
+
+    assert one_task({}) == 1
+    assert one_task({"symmetric": True}) == 0 and one_task({"zeroed": True}) == 0   # a peer's, or kept zero
+    assert one_task({}, reads=True) == 0                                             # a `when` that reads
+
 
 def test_local_first_runs_the_local_bodies_before_the_agreement_and_their_notifies_after():
     """local_first: the call's word posted, the local tasks' bodies, the wait for the peers' words,
@@ -539,6 +560,20 @@ def test_float32_moe_tiles_fit_in_shared_memory(large):
     ir = moe.moe_layer(top_k=2, block_m=t.block_m, dtype=torch.float32, max_experts=128, block=t.block,
                        block_n=t.block_n, down_block_n=t.down_n, half_tails=t.half_tails, align=16).to_ir()
     assert compile_for(ir, num_warps=t.num_warps, num_stages=t.num_stages).metadata.shared <= 232448
+
+
+@pytest.mark.slow   # ~15-30 s each, cold
+@pytest.mark.parametrize("dtype,experts", [(torch.bfloat16, 512), (torch.float32, 256)])
+def test_many_experts_router_slices_fit_in_shared_memory(dtype, experts):
+    """A decode logits task loads its whole router slice only where it takes at most
+    workloads.moe.WHOLE_SLICE_BYTES (a dot stages it in shared memory): 512 experts in bf16, 256 in
+    float32, step through theirs (found by review: the whole slice needed 264-272 KB)."""
+    from etdist.nn.moe import layer_tiles
+    from etdist.workloads import moe
+    t = layer_tiles(768, experts, dtype=dtype)
+    ir = moe.moe_layer(top_k=8, block_m=t.block_m, dtype=dtype, max_experts=experts, block=t.block, block_n=t.block_n,
+                       down_block_n=t.down_n, small_rows=t.small_rows, align=16, one_rank=True).to_ir()
+    assert compile_for(ir, num_warps=t.num_warps, num_stages=t.num_stages, dynamic=True).metadata.shared <= 232448
 
 
 def test_swap_ab_skinny_tile_multiplies_transposed():

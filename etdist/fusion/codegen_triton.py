@@ -265,7 +265,7 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         out("if _et_agreed != 0:")
         depth = out.depth
         out.depth += 1
-        if local:    # the local tasks' notifies (a call the ranks disagreed on leaves every counter)
+        if any(t.notifies for t in ir.tasks[:local]):   # the local tasks' notifies (a refused call has none)
             out(f"for _et_gid in range(_et_pid, {ends[local - 1]}, NUM_PROGRAMS):")
             with out.indent():
                 _emit_dispatch(out, ir, tx, trace, released, range(local), check=check_events, part="notify")
@@ -408,20 +408,26 @@ def _emit_dispatch(out: _Lines, ir: GraphIR, tx, trace: bool, released: frozense
 
 def local_prefix(ir: GraphIR) -> int:
     """How many task functions, from the first, touch nothing a peer can see: no waits, notifies of
-    this GPU's events only, bodies given no output, no symmetric tensor and no peer table (inputs,
-    sizes and this GPU's scratch). They may run before the call agreement (generate's local_first):
-    a call the ranks disagree on then has written scratch alone, and notified nothing."""
+    this GPU's events only, bodies given no output, no symmetric tensor, no peer table, none of the
+    kernel's own words and no scratch kept zero across launches, and no `when`, value bind or notify
+    coordinate that reads a tensor. They may run before the call agreement (generate's local_first):
+    a call the ranks disagree on then has written this launch's scratch alone, and notified nothing."""
     tensors = {t.name: t for t in ir.tensors}
     events = {e.name: e for e in ir.events}
+    own = {*OWN_PARAMS, *QUEUE_PARAMS, "trace_buf"}
     for k, t in enumerate(ir.tasks):
         fn = t.triton_body
         names = list(getattr(fn, "arg_names", None) or inspect.signature(getattr(fn, "fn", fn)).parameters)
         renamed, consts = dict(t.bind), dict(t.constexprs)
         bound = [renamed.get(n, n) for n in names if n not in consts]
         touched = [tensors.get(b) for b in bound if isinstance(b, str)]
+        exprs = [b for b in bound if isinstance(b, Expr)] + [c for a in t.notifies for c in a.coord]
+        if t.when is not None:
+            exprs.append(t.when)
         if (t.waits or any(events[a.event].distributed for a in t.notifies)
-                or any(isinstance(b, str) and b.endswith("_peers") for b in bound)
-                or any(x is not None and (x.symmetric or x.role == Role.OUTPUT) for x in touched)):
+                or any(isinstance(b, str) and (b.endswith("_peers") or b in own) for b in bound)
+                or any(x is not None and (x.symmetric or x.zeroed or x.role == Role.OUTPUT) for x in touched)
+                or any(as_expr(x).loads() for x in exprs)):
             return k
     return len(ir.tasks)
 

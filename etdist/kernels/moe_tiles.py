@@ -30,15 +30,13 @@ def _i64(x):
 
 @triton.jit
 def moe_logits(i, k, x, wg, logits, T, H, E, BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
-               RH: tl.constexpr):
-    """logits[k, tokens [i*BT, (i+1)*BT)] = x @ wg over hidden slice k (fp32; zero past E).
-    Blocks of up to 16 tokens (decode) load the whole slice at once, one dot: in BK steps a task
-    waited for one load after another (4-6% of a one-token layer); larger blocks step (records
-    moe_decode_ab: the one load was 2% slower at 1024-4096 tokens)."""
+               RH: tl.constexpr, WHOLE: tl.constexpr = False):
+    """logits[k, tokens [i*BT, (i+1)*BT)] = x @ wg over hidden slice k (fp32; zero past E), in BK
+    steps, or (WHOLE) the whole slice in one load and one dot (moe_layer decides)."""
     cols = tl.arange(0, BE)
     rows = i * BT + tl.arange(0, BT)
     acc = tl.zeros((BT, BE), tl.float32)
-    if BT <= 16:
+    if WHOLE:
         ks = k * RH + tl.arange(0, RH)
         a = tl.load(x + _i64(rows)[:, None] * H + ks[None, :],   # T x H may pass 2**31
                     mask=(rows[:, None] < T) & (ks[None, :] < H), other=0.0)

@@ -43,6 +43,10 @@ from .params import positive_int
 # a thread at 8 warps; 0: one slice at a time)
 ROUTE_SUM_ELEMENTS = 16384
 
+# moe_logits' one-load form takes router slices of at most this many bytes (qwen3's 256 x 128 bf16
+# slices: 64 KB; 512 experts, or 256 in float32, would need more shared memory than an SM has)
+WHOLE_SLICE_BYTES = 65536
+
 # The expert GEMM tiles walk groups of this many row tiles per weight column block (et.grouped;
 # records moe_group_ab)
 GROUP_M = 8
@@ -191,8 +195,14 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
 
     # The router, dispatch and tile planning run at every routing: pinned (the static formula under
     # the dynamic schedule too), their chain of five steps costs no queue hop (records moe_pin_ab, moe_trace)
+    # Blocks of up to 16 tokens (decode) load a router slice at once where its weights take at most
+    # WHOLE_SLICE_BYTES (a dot stages them in shared memory): in steps a one-token task waited for
+    # one load after another (4-6% of the layer); 64-token blocks step (the one load was 2% slower
+    # at 1024-4096 tokens; records moe_decode_ab)
+    whole = BT <= 16 and RH * BE * dtype.itemsize <= WHOLE_SLICE_BYTES
+
     @g.task(grid=(et.cdiv(T, BT), slices), notify=lambda i, k: scored[i], triton=moe_tiles.moe_logits,
-            constexprs=dict(BT=BT, BE=BE, BK=block, RH=RH), pinned=True)
+            constexprs=dict(BT=BT, BE=BE, BK=block, RH=RH, WHOLE=whole), pinned=True)
     def logits(t, i, k):                                 # token block i's logits over hidden slice k
         rows, cols = et.block(i, BT, t.T), et.block(k, RH, t.H)
         t.logits[k, rows, :t.E] = t.x[rows, cols].float() @ t.wg[cols].float()
