@@ -247,19 +247,17 @@ def generate(ir: GraphIR, trace: bool = False, dynamic: bool = False, early: Opt
         # every rank makes the same call (mesh/calls.py): checked against the peers' before any task
         # touches what a peer can see; the local prefix's bodies run while the peers' words come
         local = min(local_prefix(ir), pinned) if local_first else 0
-        call = f"{ControlLayout.in_kernel('call')}"
+        call, seq = ControlLayout.in_kernel("call"), ControlLayout.in_kernel("call_seq")
         if local:
-            out(f"_et_seq = _et_agree_post(mesh_ctrl, mesh_ctrl_peers, {call}, {ControlLayout.in_kernel('call_seq')}, "
-                "RANK, WORLD, call_sig, _et_pid)")
+            out(f"_et_seq = _et_agree_post(mesh_ctrl, mesh_ctrl_peers, {call}, {seq}, RANK, WORLD, call_sig, _et_pid)")
             out(f"for _et_gid in range(_et_pid, {ends[local - 1]}, NUM_PROGRAMS):")
             with out.indent():
                 _emit_dispatch(out, ir, tx, trace, released, range(local), check=check_events, part="body")
             out(f"_et_agreed = _et_agree_wait(mesh_ctrl, {call}, _et_seq, RANK, WORLD, call_sig, max_spins, arena, "
                 "arena_peers, USE_ASM)")
         else:
-            out(f"_et_seq, _et_agreed = _et_agree(mesh_ctrl, mesh_ctrl_peers, {call}, "
-                f"{ControlLayout.in_kernel('call_seq')}, RANK, WORLD, call_sig, max_spins, arena, arena_peers, "
-                "_et_pid, USE_ASM)")
+            out(f"_et_seq, _et_agreed = _et_agree(mesh_ctrl, mesh_ctrl_peers, {call}, {seq}, RANK, WORLD, call_sig, "
+                "max_spins, arena, arena_peers, _et_pid, USE_ASM)")
         if trace:
             out("_et_p1, _et_psm = _et_clock(_et_pid)")
         out("if _et_agreed != 0:")
@@ -416,10 +414,7 @@ def local_prefix(ir: GraphIR) -> int:
     events = {e.name: e for e in ir.events}
     own = {*OWN_PARAMS, *QUEUE_PARAMS, "trace_buf"}
     for k, t in enumerate(ir.tasks):
-        fn = t.triton_body
-        names = list(getattr(fn, "arg_names", None) or inspect.signature(getattr(fn, "fn", fn)).parameters)
-        renamed, consts = dict(t.bind), dict(t.constexprs)
-        bound = [renamed.get(n, n) for n in names if n not in consts]
+        bound = [b for _, const, b in _body_bindings(t) if not const]
         touched = [tensors.get(b) for b in bound if isinstance(b, str)]
         exprs = [b for b in bound if isinstance(b, Expr)] + [c for a in t.notifies for c in a.coord]
         if t.when is not None:
@@ -527,23 +522,29 @@ def _emit_task(out: _Lines, ir: GraphIR, k: int, t: TaskSpec, tx, trace: bool = 
             out("tl.store(_et_tr + 3, (_et_sm.to(tl.int64) << 32) | _et_pid)")
 
 
-def _bind_body_args(ir: GraphIR, t: TaskSpec, tx) -> list[str]:
+def _body_bindings(t: TaskSpec) -> list[tuple[str, bool, object]]:
+    """The task's GPU body parameters in order: (name, whether a constexpr, what it is bound to: the
+    constexpr's value, an Expr, or the name of a kernel parameter or index, as bind renames it)."""
     fn = t.triton_body
     names = list(getattr(fn, "arg_names", None) or inspect.signature(getattr(fn, "fn", fn)).parameters)
-    available = set(kernel_params(ir)) | set(t.index_names) | {"USE_ASM"}   # USE_ASM: the kernel's constexpr
     consts, renamed = dict(t.constexprs), dict(t.bind)
+    return [(n, True, consts[n]) if n in consts else (n, False, renamed.get(n, n)) for n in names]
+
+
+def _bind_body_args(ir: GraphIR, t: TaskSpec, tx) -> list[str]:
+    available = set(kernel_params(ir)) | set(t.index_names) | {"USE_ASM"}   # USE_ASM: the kernel's constexpr
     args = []
-    for n in names:
-        if n in consts:
-            args.append(repr(consts[n]))
-        elif isinstance(renamed.get(n), Expr):
-            args.append(tx(renamed[n]))
-        elif renamed.get(n, n) in available:
-            args.append(renamed.get(n, n))
+    for n, const, b in _body_bindings(t):
+        if const:
+            args.append(repr(b))
+        elif isinstance(b, Expr):
+            args.append(tx(b))
+        elif b in available:
+            args.append(b)
         else:
-            raise GraphError(f"task {t.name!r}: GPU body {fn.__name__}() takes {n!r}, which is no index name, "
-                             f"tensor, `<tensor>_peers` of a symmetric tensor, size, RANK/WORLD, USE_ASM or constexpr "
-                             f"(given constexprs: {sorted(consts)})")
+            raise GraphError(f"task {t.name!r}: GPU body {t.triton_body.__name__}() takes {n!r}, which is no index "
+                             f"name, tensor, `<tensor>_peers` of a symmetric tensor, size, RANK/WORLD, USE_ASM or "
+                             f"constexpr (given constexprs: {sorted(dict(t.constexprs))})")
     return args
 
 

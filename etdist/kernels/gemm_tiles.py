@@ -356,6 +356,15 @@ def gemm_rs_skinny_reduce(j, partial, y, M, N, RANK, WORLD, SPLITS: tl.constexpr
 
 
 @triton.jit
+def gate_up_descriptors(w_gate_up, H, I, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Descriptors over the gate and up halves of w_gate_up = [w_gate | w_up] ([H, 2I]): two [H, I]
+    views with row stride 2I, in BLOCK_K x BLOCK_N boxes."""
+    g_d = tl.make_tensor_descriptor(w_gate_up, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
+    u_d = tl.make_tensor_descriptor(w_gate_up + I, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
+    return g_d, u_d
+
+
+@triton.jit
 def swiglu_rows(a, rows, box, w_gate_up, h, H, I, i, j,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 TMA: tl.constexpr = False, USE_ASM: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
@@ -373,9 +382,7 @@ def swiglu_rows(a, rows, box, w_gate_up, h, H, I, i, j,
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if TMA:   # gate and up as two [H, I] views with row stride 2I
         async_proxy_fence(USE_ASM)   # `a` holds rows gathered in this launch
-        g_d = tl.make_tensor_descriptor(w_gate_up, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
-        u_d = tl.make_tensor_descriptor(w_gate_up + I, shape=[H, I], strides=[2 * I, 1],
-                                        block_shape=[BLOCK_K, BLOCK_N])
+        g_d, u_d = gate_up_descriptors(w_gate_up, H, I, BLOCK_N, BLOCK_K)
         acc_g, acc_u = swiglu_loop_tma(a, rows, box, g_d, u_d, H, i, j, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
                                        TMA != 2)
     else:
@@ -529,8 +536,7 @@ def swiglu_rows_and_tail(j, ag_out, w_gate_up, h, M, H, I, BLOCK_M: tl.constexpr
     up tiles loaded once for the first BLOCK_M rows and, transposed, the TAIL_M after them
     (rows_and_tail_acc's scheme, two accumulators each; ROW_TMA as there)."""
     async_proxy_fence(USE_ASM)   # `ag_out` holds rows gathered in this launch
-    g_d = tl.make_tensor_descriptor(w_gate_up, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
-    u_d = tl.make_tensor_descriptor(w_gate_up + I, shape=[H, I], strides=[2 * I, 1], block_shape=[BLOCK_K, BLOCK_N])
+    g_d, u_d = gate_up_descriptors(w_gate_up, H, I, BLOCK_N, BLOCK_K)
     a_d = row_descriptor(ag_out, M, H, BLOCK_M, BLOCK_K, ROW_TMA)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
