@@ -4,7 +4,7 @@
         SKEW=1.5 SCHED=dynamic ROUNDS=3 torchrun --nproc_per_node=1 experiments/moe_ab.py
 
 A variant is moe_layer arguments replacing the layer's own (`key=value`, joined by `+`; `base`: the
-layer as it is; `local_first=true` is et.compile's), compiled through the layer's own plan (tiles, alignment, early push) with the
+layer as it is; `local_first=true` is et.compile's, `stages=N` / `warps=N` the kernel's pipeline stages and warps), compiled through the layer's own plan (tiles, alignment, early push) with the
 weights packed as nn.MoE packs them. Every round times each variant once (etdist.bench.measure.timing,
 the slowest rank), in turn, the order turning by one every round (with a fixed order, the former ops_ab.py's
 later slot measured 2-3% faster for identical kernels); a variant's time is its median over the
@@ -63,9 +63,10 @@ def main():
                 for name in names:
                     options = variant(name)
                     first = bool(options.pop("local_first", False))   # et.compile's, not the graph's
+                    warps, stages = options.pop("warps", None), options.pop("stages", None)   # the kernel's
                     kernel = et.compile(layer._graph("cuda", tiles, align, large, **options), schedule=sched,
                                         target="cuda", early_push=early, local_first=first)
-                    kernel.num_warps, kernel.num_stages = tiles.num_warps, tiles.num_stages
+                    kernel.num_warps, kernel.num_stages = warps or tiles.num_warps, stages or tiles.num_stages
                     args = dict(x=x, wg=router, w_gate_up=layer.w_gate_up[0].data, w_down=wd)
                     y = kernel(mesh, **args)["y"]
                     err = ((y.float() - want).abs().max() / want.abs().max()).item()

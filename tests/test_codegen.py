@@ -525,9 +525,10 @@ def test_op_megakernels_do_not_spill(name, build, warps, stages):
 
 
 @pytest.mark.slow   # ~10-20 s each, cold
-@pytest.mark.parametrize("top_k,I,large", [(8, 768, False), (2, 14336, True), (8, 768, True), (8, 14336, True)],
-                         ids=["small", "large", "large-top8", "large-top8-long"])
-def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large):
+@pytest.mark.parametrize("top_k,I,large,one", [(8, 768, False, False), (8, 768, False, True), (2, 14336, True, False),
+                                               (8, 768, True, False), (8, 14336, True, False)],
+                         ids=["small", "small-one-rank", "large", "large-top8", "large-top8-long"])
+def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large, one):
     """The ready queue's release walk (1024 consumers a block) is a call of its own: inlined, it
     made nn.MoE's dynamic kernels spill (found by review: 340 bytes per thread with 128-row tiles).
     nn.MoE's own tiles for the expert size I (nn.moe.layer_tiles). The large class, at 4 stages
@@ -539,7 +540,8 @@ def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large):
     t = layer_tiles(I, 128 if top_k == 8 else 8, large)
     ir = moe.moe_layer(top_k=top_k, block_m=t.block_m, dtype=torch.bfloat16, max_experts=128, block=t.block,
                        block_n=t.block_n, down_block_n=t.down_n, half_tails=t.half_tails, align=16,
-                       gate_up_interleave=GATE_UP_BLOCK, **graph_blocks(top_k, large)).to_ir()
+                       gate_up_interleave=GATE_UP_BLOCK, small_rows=t.small_rows, fuse_router=t.fused_router,
+                       router_width=t.router_width, one_rank=one, **graph_blocks(top_k, large)).to_ir()
     # the early push nn.MoE compiles each class with (down tiles seeded behind gate/up: chains)
     from etdist.fusion.ir import early_at
     from etdist.nn.moe import EARLY_PUSH

@@ -81,6 +81,15 @@ def test_moe_kernel_with_in_kernel_routing(world, schedule, early):
     assert rc == 0 and out.count(f"OK moe {schedule}") == world, out[-5000:]
 
 
+@pytest.mark.parametrize("world,schedule", [pytest.param(*case, marks=slow) for case in
+                                             [(1, "dynamic"), (1, "static"), (2, "dynamic"), (3, "static")]])
+def test_moe_router_chain_fused(world, schedule):
+    """moe_layer(fuse_router=True): the router's logits, routing and (one rank) tile table in one
+    task kind, each step run by the last task to arrive at an acq_rel count (no event between)."""
+    rc, out = interpreted("moe_worker.py", world, schedule, 600, "--early-push=2", "--fused")
+    assert rc == 0 and out.count(f"OK moe {schedule}") == world, out[-5000:]
+
+
 def test_ranks_that_disagree_on_early_push_or_the_tail_refuse_before_launching():
     rc, out = interpreted("early_disagree_worker.py", 2, "dynamic", timeout=300)
     assert rc == 0 and out.count("OK early disagree") == 2 and out.count("OK tail disagree") == 2, out[-5000:]

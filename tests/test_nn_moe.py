@@ -176,6 +176,26 @@ def test_small_row_tiles_in_the_small_class_up_to_their_worlds():
         m.moe_graph.moe_layer(2, block_m=16, small_rows=16)
 
 
+def test_fused_router_in_the_small_class_up_to_its_worlds():
+    """The small class fuses the router's chain in slices of ROUTER_SLICE_BYTES (at most 4 * block
+    columns) at expert-parallel worlds up to MoEConfig.fused_router_worlds (1 by default: measured
+    on one GPU); the large class keeps its three steps."""
+    from etdist.nn import moe as m
+    qwen = m.layer_tiles(768, 128)                               # 128 experts in bf16: 32 KB = 128 columns
+    assert qwen.fused_router and qwen.router_width == 128 == m.ROUTER_SLICE_BYTES // (128 * 2)
+    assert m.layer_tiles(768, 128, dtype=torch.float32).router_width == 64
+    assert m.layer_tiles(14336, 8).router_width == 256            # mixtral's 8 experts: the block's 4 * 64
+    assert not m.layer_tiles(768, 128, large=True).fused_router and m.layer_tiles(768, 128, large=True).router_width is None
+    assert not m.layer_tiles(768, 64, world=2).fused_router
+    assert m.layer_tiles(768, 64, world=2, config=m.DEFAULT_MOE.override("fused_router_worlds=2")).router_width == 128
+    with pytest.raises(ValueError, match="MoEConfig.fused_router_worlds must be an int >= 1"):
+        m.DEFAULT_MOE.override("fused_router_worlds=0")
+    layer = et.nn.MoE(256, 128, 128, 8, simulate_world=1)
+    tiles, align, _ = layer._plan("cuda")
+    names = [t.name for t in layer._graph("cuda", tiles, align).to_ir().tasks]
+    assert names[0] == "router" and "tile_table" not in names
+
+
 def test_gpu_kernels_are_keyed_by_alignment():
     """Layers whose sizes allow 16-aligned loads get the aligned GPU graph, the others not; a
     module resolves its kernel once."""

@@ -472,6 +472,30 @@ def test_moe_routing_and_combine_have_their_own_blocks(schedule):
         assert evaluate(routed.count, sizes) == 3                            # one notify per routing task
 
 
+def test_moe_fused_router(schedule):
+    """fuse_router: one router task kind (token block x hidden slice) whose last slice to arrive
+    routes its block and, on one rank, whose last block routed builds the tile table: at one rank
+    and more, several blocks and slices (router_width 16 of H 40/72: ragged), random interleavings
+    (any task may arrive last), each launch leaving the arrival counts zero (the runtime checks)."""
+    for one, world in ((True, 1), (False, 2)):
+        graph = moe.moe_layer(top_k=2, block_m=4, block=32, router_width=16, one_rank=one, fuse_router=True)
+        names = [t.name for t in graph.to_ir().tasks]
+        assert "router" in names and not {"logits", "route"} & set(names)
+        assert ("tile_table" in names) == (not one)     # one rank: the last routing builds the table
+        kernel = et.compile(graph, schedule=schedule, programs=3)
+        for T, H in ((37, 40), (1, 72)):
+            inputs, (wg, w1, w2) = moe.make_inputs(world, T, H, 20, E=4, seed=T, skew=1.0)
+            want = moe.reference([i["x"] for i in inputs], wg, w1, w2, top_k=2)
+            for seed in SEEDS:
+                got = kernel.run(inputs, interleave="random", seed=seed)
+                assert all(rel_err(g["y"], w) < TOL for g, w in zip(got, want)), (world, T, seed)
+    with pytest.raises(et.GraphError, match="fuse_router routes whole logits blocks: topk_block must be None or "
+                                            "route_block .32., got 16"):
+        moe.moe_layer(route_block=32, topk_block=16, fuse_router=True)
+    with pytest.raises(et.GraphError, match="router_width must be a power of two >= 16 .*got 24"):
+        moe.moe_layer(router_width=24)
+
+
 def test_moe_down_tiles_have_their_own_width(schedule):
     """down_block_n (nn.MoE: 256 where the experts' intermediate size is short) sets the down tiles'
     columns apart from the gate/up tiles': their grid, the columns each writes and the count `done`

@@ -113,6 +113,43 @@ def moe_route_place(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K: tl
 
 
 @triton.jit
+def _arrive(counter, n):
+    """Whether this program is the n-th to arrive at the int32 counter, which the last leaves zero for
+    the next launch. An acq_rel count after a CTA barrier (as a notify): the last to arrive sees
+    every store the others made before arriving."""
+    tl.debug_barrier()
+    last = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n - 1
+    if last:
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+    return last
+
+
+@triton.jit
+def moe_router(i, k, x, wg, logits, arrived, topk_ids, topk_w, T, H, E, BT: tl.constexpr, BE: tl.constexpr,
+               BK: tl.constexpr, RH: tl.constexpr, WHOLE: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
+               SU: tl.constexpr):
+    """moe_logits, and the last of the token block's slices to arrive routes it (moe_route)."""
+    moe_logits(i, k, x, wg, logits, T, H, E, BT, BE, BK, RH, WHOLE)
+    if _arrive(arrived + i, tl.cdiv(H, RH)):
+        _route(i, logits, topk_ids, topk_w, topk_ids, topk_ids, T, H, E, TOP_K, KP, BT, BE, RH, SU, False)
+
+
+@triton.jit
+def moe_router_place(i, k, x, wg, logits, arrived, topk_ids, topk_w, fill, slots, counts, tile_end, ntiles, T, H,
+                     E, E_local, BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, RH: tl.constexpr,
+                     WHOLE: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, SU: tl.constexpr,
+                     BM: tl.constexpr):
+    """moe_router on one rank: the routing places the slots (moe_route_place), and the last token
+    block routed builds the tile table (moe_tile_table_take)."""
+    moe_logits(i, k, x, wg, logits, T, H, E, BT, BE, BK, RH, WHOLE)
+    if _arrive(arrived + i, tl.cdiv(H, RH)):
+        _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K, KP, BT, BE, RH, SU, True)
+        blocks = tl.cdiv(T, BT)
+        if _arrive(arrived + blocks, blocks):
+            moe_tile_table_take(fill, counts, tile_end, ntiles, E_local, BM, BE)
+
+
+@triton.jit
 def moe_dispatch(d, b, c, x, topk_ids, recv, recv_peers, recv_expert, recv_expert_peers, T, H, E_local, RANK,
                  WORLD, TOP_K: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr, WH: tl.constexpr):
     """My (token, k) slots [b*BS, (b+1)*BS) whose expert lives on rank me + d: their hidden columns

@@ -49,6 +49,8 @@ class GpuTiles(NamedTuple):
     down_n: Optional[int] = None
     half_tails: bool = False
     small_rows: int = 0     # row tiles with at most this many rows run a body that size (moe_layer's small_rows)
+    fused_router: bool = False            # the router's chain in one task kind (moe_layer's fuse_router)
+    router_width: Optional[int] = None    # hidden columns per router slice (moe_layer's router_width)
 
 
 # float32's tiles are twice the bytes: the small class at 3 stages takes 164 KB of shared memory a
@@ -95,6 +97,14 @@ HALF_TAILS_FROM, HALF_TAILS_MIN_EXPERTS = 128, 32
 # (records moe_decode_ab); 32 rows gained less. Applied up to MoEConfig.small_rows_worlds.
 SMALL_ROWS = 16
 
+# The small class fuses the router's chain (moe_layer's fuse_router: the last logits slice of a
+# token block routes it, on one rank the last block routed builds the tile table, no event hop
+# between the three) and takes router slices of ROUTER_SLICE_BYTES (qwen3: 128 of 2048 hidden
+# columns, 16 slices over 16 SMs where 256-column ones took 8). EP=1 on one H200, qwen3: 6-9%
+# faster at one token, 2-3% at 4, within 1% at 16-128; mixtral within 1% (records moe_fuse_ab).
+# 16 KB slices were as fast at one token, 2-3% slower at 128. Applied up to MoEConfig.fused_router_worlds.
+ROUTER_SLICE_BYTES = 32768
+
 
 # w_gate_up holds gate and up in interleaved column blocks of GATE_UP_BLOCK (moe_layer's
 # gate_up_interleave), where the intermediate size is a multiple of it and the dtype 2 bytes: a GPU
@@ -125,6 +135,9 @@ class MoEConfig:
     # parallel worlds up to small_rows_worlds (1: measured on one GPU; 2 after a two-GPU A/B)
     small_rows: int = SMALL_ROWS
     small_rows_worlds: int = 1
+    # the small class's fused router (ROUTER_SLICE_BYTES) at expert-parallel worlds up to this (1:
+    # measured on one GPU; 2 after a two-GPU A/B)
+    fused_router_worlds: int = 1
 
     def __post_init__(self):
         for name in ("tiles", "tiles_large"):
@@ -145,9 +158,10 @@ class MoEConfig:
         n = self.small_rows
         if isinstance(n, bool) or not isinstance(n, int) or (n and (n < 16 or n & (n - 1))):
             raise ValueError(f"MoEConfig.small_rows must be 0 or a power of two >= 16, got {n!r}")
-        n = self.small_rows_worlds
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"MoEConfig.small_rows_worlds must be an int >= 1, got {n!r}")
+        for name in ("small_rows_worlds", "fused_router_worlds"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"MoEConfig.{name} must be an int >= 1, got {n!r}")
 
     def override(self, text: str) -> "MoEConfig":
         """This config with the fields `text` names changed: "field=value+field=value" ("" or
@@ -193,12 +207,17 @@ def layer_tiles(intermediate: int, local_experts: int, large: bool = False,
                 dtype: torch.dtype = torch.bfloat16, config: MoEConfig = DEFAULT_MOE, world: int = 1) -> GpuTiles:
     """gpu_tiles with what a layer of that expert intermediate size and experts per rank adds (they
     ride with the tiles into the compile key): its down width, half tails (HALF_TAILS_*) and, in
-    the small class up to config.small_rows_worlds ranks, small row tiles (SMALL_ROWS)."""
+    the small class up to config.small_rows_worlds ranks, small row tiles (SMALL_ROWS), and up to
+    config.fused_router_worlds the fused router in slices of ROUTER_SLICE_BYTES (at most the
+    graph's own 4 * block columns)."""
     t = gpu_tiles(large, dtype, config)
     half = t.block_m >= HALF_TAILS_FROM and local_experts >= HALF_TAILS_MIN_EXPERTS
     small = config.small_rows if not large and world <= config.small_rows_worlds else 0
+    fused = not large and world <= config.fused_router_worlds
+    experts = max(16, 1 << (local_experts * world - 1).bit_length())   # the router's block (moe_layer's BE)
+    width = min(4 * t.block, max(16, ROUTER_SLICE_BYTES // (experts * dtype.itemsize))) if fused else None
     return t._replace(down_n=down_width(intermediate, dtype, config), half_tails=half,
-                      small_rows=small if small < t.block_m else 0)
+                      small_rows=small if small < t.block_m else 0, fused_router=fused, router_width=width)
 
 
 def _check_gate_up_layout(module, state_dict, prefix, *_) -> None:
@@ -330,7 +349,8 @@ class MoE(nn.Module):
         # one GPU: nothing to move or plan, routing places the slots (moe_layer's one_rank)
         args = dict(block_m=tiles.block_m, dtype=dtype, max_experts=self.num_experts, block=tiles.block,
                     block_n=tiles.block_n, down_block_n=tiles.down_n, half_tails=tiles.half_tails,
-                    small_rows=tiles.small_rows, align=align,
+                    small_rows=tiles.small_rows, fuse_router=tiles.fused_router, router_width=tiles.router_width,
+                    align=align,
                     one_rank=self.world == 1, gate_up_interleave=self.gate_up_block,
                     **graph_blocks(self.top_k, large))
         return moe_graph.moe_layer(self.top_k, **{**args, **options})

@@ -57,7 +57,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
               plan_block: int = 1024, one_rank: bool = False, down_block_n: int | None = None,
               half_tails: bool = False, topk_block: int | None = None, combine_block: int | None = None,
               combine_width: int | None = None, combine_tasks: int | None = None,
-              gate_up_interleave: int | None = None, small_rows: int = 0) -> et.Graph:
+              gate_up_interleave: int | None = None, small_rows: int = 0,
+              router_width: int | None = None, fuse_router: bool = False) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -68,11 +69,15 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     dynamic schedule, dealt by the static formula once the queue is drained, so they spin instead
     of each waiting for a queue hop).
     route_block: tokens per router task (the logits' and the routing's blocks; 16 is tl.dot's
-    least, what decode wants); a logits task takes 4 * block hidden columns, the routing sums the
-    cdiv(H, 4 * block) slices. plan_block: received slots per step of an expert's plan (its
-    stream compaction walks all of them in steps of this many).
+    least, what decode wants); a logits task takes router_width hidden columns (default 4 * block),
+    the routing sums the cdiv(H, router_width) slices. plan_block: received slots per step of an
+    expert's plan (its stream compaction walks all of them in steps of this many).
     one_rank: a graph for world size 1 only (refused on more) that moves no rows and plans nothing
     (route places the slots in the experts' lists).
+    fuse_router: one `router` task kind (token block x hidden slice) in place of logits, route and
+    (one rank) tile_table: the last slice of a token block to arrive routes it, and on one rank the
+    last block routed builds the tile table (acq_rel counts in `arrived`, no event hop between the
+    steps); needs topk_block = route_block.
     small_rows: an expert GEMM tile with at most this many rows runs a body of that many, computed
     transposed on GPUs (the weights on the MMA's 64-row side; 0: none).
     down_block_n: columns per down tile (default block_n). half_tails: an expert's last row tile,
@@ -92,7 +97,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     positive_int("moe_layer", "top_k", top_k)
     widths = (("route_block", route_block), ("plan_block", plan_block)) + tuple(
         (name, v) for name, v in (("down_block_n", down_block_n), ("topk_block", topk_block),
-                                  ("combine_block", combine_block), ("combine_width", combine_width))
+                                  ("combine_block", combine_block), ("combine_width", combine_width),
+                                  ("router_width", router_width))
         if v is not None)
     for name, v in widths:
         if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1):
@@ -112,6 +118,9 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
                        or small_rows & (small_rows - 1) or small_rows >= block_m):
         raise et.GraphError(f"moe_layer: small_rows must be 0 or a power of two >= 16 below block_m={block_m} "
                             f"(a tl.dot's least), got {small_rows!r}")
+    if fuse_router and topk_block not in (None, route_block):
+        raise et.GraphError(f"moe_layer: fuse_router routes whole logits blocks: topk_block must be None or "
+                            f"route_block ({route_block}), got {topk_block!r}")
     if half_tails and block_m < 32:
         raise et.GraphError(f"moe_layer: half_tails needs block_m >= 32 (half a tile is a tl.dot of >= 16 rows), "
                             f"got block_m={block_m}")
@@ -138,7 +147,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     KP = 1 << (top_k - 1).bit_length()                 # top_k as a Triton block (a power of two)
     # One task over all of H is a long chain of load latencies, even at one token: copies and sums take
     # slabs of WH columns and the router's logits RH-column slices, run side by side (records moe_trace)
-    WH, RH = 8 * block, 4 * block
+    WH, RH = 8 * block, router_width or 4 * block
     slabs, slices = et.cdiv(H, WH), et.cdiv(H, RH)
     one = bool(one_rank)
     copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH)
@@ -182,14 +191,24 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # slices summed SU at a time (independent loads in flight, not one load latency per slice); the
     # register budget assumes nn.MoE's 8 warps (at 4 a thread holds twice as many values)
     SU = max(1, min(8, ROUTE_SUM_ELEMENTS // (BTK * BE)))
-    scored = g.event("scored", (et.cdiv(T, BT),), count=slices)
-    routed = g.event("routed", (1,), count=et.cdiv(T, BTK))
+    # fused (fuse_router): every router task notifies what the chain's last step notified, once
+    fuse, blocks = bool(fuse_router), et.cdiv(T, BT)
+    routers = blocks * slices
+    if fuse:
+        g.scratch("arrived", (blocks + 1,), torch.int32, zeroed=True)   # slices per block, then blocks
+    else:
+        scored = g.event("scored", (blocks,), count=slices)
+    if not (fuse and one):
+        routed = g.event("routed", (1,), count=routers if fuse else et.cdiv(T, BTK))
     if not one:
         dispatched = g.event("dispatched", (R,), count=R * slot_blocks * slabs, distributed=True)   # per source
         planned = g.event("planned", (1,), count=EL)
-    tiled = g.event("tiled", (1,))
+    # fused on one rank every router task notifies tiled, and done counts the down tiles alone (its
+    # count reads ntiles, which the last router writes; one rank always has tiles where it has tokens)
+    table_task = not (fuse and one)
+    tiled = g.event("tiled", (1,), count=1 if table_task else routers)
     act_ready = g.event("act_ready", (max_tiles,), count=et.cdiv(I, BN))
-    done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BND) + 1)
+    done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BND) + int(table_task))
     if not one:
         returned = g.event("returned", (R,), count=R * slot_blocks * slabs, distributed=True)
 
@@ -201,19 +220,11 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # at 1024-4096 tokens; records moe_decode_ab)
     whole = BT <= 16 and RH * BE * dtype.itemsize <= WHOLE_SLICE_BYTES
 
-    @g.task(grid=(et.cdiv(T, BT), slices), notify=lambda i, k: scored[i], triton=moe_tiles.moe_logits,
-            constexprs=dict(BT=BT, BE=BE, BK=block, RH=RH, WHOLE=whole), pinned=True)
-    def logits(t, i, k):                                 # token block i's logits over hidden slice k
+    def score(t, i, k):                                  # token block i's logits over hidden slice k
         rows, cols = et.block(i, BT, t.T), et.block(k, RH, t.H)
         t.logits[k, rows, :t.E] = t.x[rows, cols].float() @ t.wg[cols].float()
 
-    # One rank: route places each slot in its expert's list itself (moe_route_place), no dispatch
-    # or plan follows: those walk every slot and held the expert tiles back (records moe_route_place_ab)
-    @g.task(grid=(et.cdiv(T, BTK),), wait=lambda i: scored[i // (BT // BTK)], notify=lambda i: routed[0],
-            triton=moe_tiles.moe_route_place if one else moe_tiles.moe_route,
-            constexprs=dict(TOP_K=top_k, KP=KP, BT=BTK, BE=BE, RH=RH, SU=SU), pinned=True)
-    def route(t, i):
-        rows = et.block(i, BTK, t.T)
+    def route_rows(t, rows):
         probs = torch.softmax(t.logits[:, rows, :t.E].sum(0), dim=-1)
         w, ids = probs.topk(top_k, dim=-1)
         t.topk_ids[rows] = ids
@@ -225,6 +236,49 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
                 at = int(t.fill[e])
                 t.slots[e, at:at + mine.numel()] = mine
                 t.fill[e] = at + mine.numel()
+
+    def build_table(t):
+        if one:                                          # the counts route made; fill left zero
+            t.counts[:] = t.fill
+            t.fill.zero_()
+        n = (t.counts + block_m - 1) // block_m
+        t.tile_end[:] = n.cumsum(0)
+        t.ntiles[0] = n.sum()
+
+    def arrive(t, at, n):
+        """Whether this task is the n-th to arrive at arrived[at] (which it leaves zero)."""
+        t.arrived[at] += 1
+        if int(t.arrived[at]) < n:
+            return False
+        t.arrived[at] = 0
+        return True
+
+    route_consts = dict(TOP_K=top_k, KP=KP, BE=BE, RH=RH, SU=SU)
+    if fuse:
+        # One rank: the last routing builds the table (moe_router_place); more: dispatch follows
+        @g.task(grid=(blocks, slices), notify=lambda i, k: tiled[0] if one else routed[0],
+                triton=moe_tiles.moe_router_place if one else moe_tiles.moe_router,
+                constexprs=dict(route_consts, BT=BT, BK=min(block, RH), WHOLE=whole, **({"BM": block_m} if one else {})),
+                pinned=True)
+        def router(t, i, k):
+            score(t, i, k)
+            if arrive(t, i, t(slices)):
+                route_rows(t, et.block(i, BT, t.T))
+                if one and arrive(t, t(blocks), t(blocks)):
+                    build_table(t)
+    else:
+        @g.task(grid=(blocks, slices), notify=lambda i, k: scored[i], triton=moe_tiles.moe_logits,
+                constexprs=dict(BT=BT, BE=BE, BK=min(block, RH), RH=RH, WHOLE=whole), pinned=True)
+        def logits(t, i, k):
+            score(t, i, k)
+
+        # One rank: route places each slot in its expert's list itself (moe_route_place), no dispatch
+        # or plan follows: those walk every slot and held the expert tiles back (records moe_route_place_ab)
+        @g.task(grid=(et.cdiv(T, BTK),), wait=lambda i: scored[i // (BT // BTK)], notify=lambda i: routed[0],
+                triton=moe_tiles.moe_route_place if one else moe_tiles.moe_route,
+                constexprs=dict(route_consts, BT=BTK), pinned=True)
+        def route(t, i):
+            route_rows(t, et.block(i, BTK, t.T))
 
     if not one:
         @g.task(grid=(R, slot_blocks, slabs), wait=lambda d, b, c: routed[0],
@@ -248,16 +302,12 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
             t.counts[e] = found.numel()
             t.slots[e, :found.numel()] = found
 
-    @g.task(grid=(1,), wait=lambda _: routed[0] if one else planned[0], notify=lambda _: [tiled[0], done[0]],
-            triton=moe_tiles.moe_tile_table_take if one else moe_tiles.moe_tile_table,
-            constexprs=dict(BM=block_m, BE=BE), pinned=True)
-    def tile_table(t, _):
-        if one:                                          # the counts route made; fill left zero
-            t.counts[:] = t.fill
-            t.fill.zero_()
-        n = (t.counts + block_m - 1) // block_m
-        t.tile_end[:] = n.cumsum(0)
-        t.ntiles[0] = n.sum()
+    if table_task:
+        @g.task(grid=(1,), wait=lambda _: routed[0] if one else planned[0], notify=lambda _: [tiled[0], done[0]],
+                triton=moe_tiles.moe_tile_table_take if one else moe_tiles.moe_tile_table,
+                constexprs=dict(BM=block_m, BE=BE), pinned=True)
+        def tile_table(t, _):
+            build_table(t)
 
     def expert_rows(t, j):
         """Row tile j: its expert and its rows of the received slots (flattened [src, slot])."""

@@ -3,7 +3,7 @@ under Triton's interpreter, one process per rank, against the float64 reference:
 
     TRITON_INTERPRET=1 torchrun --nproc_per_node=2 tests/interp/moe_worker.py [--dynamic] [options]
 
---early-push 0|1|2 is compile's early_push (default 1).
+--early-push 0|1|2 is compile's early_push (default 1). --fused: only the fused router's cases.
 """
 import argparse
 import sys
@@ -23,6 +23,7 @@ def main(args):
     ap.add_argument("--dynamic", action="store_true")
     ap.add_argument("--early-push", type=int, choices=(0, 1, 2), default=1)
     ap.add_argument("--local-first", action="store_true")   # et.compile's local_first for the first kernel
+    ap.add_argument("--fused", action="store_true")   # only the fused router (moe_layer's fuse_router)
     opts = ap.parse_args(args)
     schedule = "dynamic" if opts.dynamic else "static"
     mesh = et.init_mesh(backend="cpu")
@@ -34,6 +35,22 @@ def main(args):
         return ranks[r], weights, moe.reference([i["x"] for i in ranks], *weights, top_k=top_k)[r]
 
     one = R == 1   # one rank: the graph nn.MoE builds there, whose bodies move no rows (one_rank)
+    if opts.fused:
+        # the router's chain in one task kind: the last of a token block's slices (16 columns: 3,
+        # the last ragged) to arrive routes it, on one rank the last block routed builds the tile
+        # table; 3 token blocks (the last ragged) and one token, each twice (the arrival counts
+        # leave themselves zero); with 16-row tiles in their small body, as nn.MoE decodes
+        for small in (0, 16):
+            fused = et.compile(moe.moe_layer(top_k=2, block_m=32, max_experts=16, router_width=16, small_rows=small,
+                                             one_rank=one, fuse_router=True),
+                               schedule=schedule, target="cuda", early_push=opts.early_push)
+            for T, seed in ((37, 19), (1, 20)):
+                mine, _, want = case(T, 40, 20, seed=seed, skew=1.0)
+                for _ in range(2):
+                    assert rel_err(fused(mesh, **mine)["y"], want) < 1e-4, ("fused router", small, T, schedule)
+        print(f"OK moe {schedule} rank {r}", flush=True)
+        mesh.close()
+        return
     kernel = et.compile(moe.moe_layer(top_k=2, block_m=16, max_experts=16, one_rank=one), schedule=schedule,
                         target="cuda", early_push=opts.early_push, local_first=opts.local_first)
     for T, skew, seed in ((5, 0.0, 1), (19, 4.0, 2), (3, 0.0, 3)):   # skew: most tokens to few experts
