@@ -489,6 +489,10 @@ def test_moe_fused_router(schedule):
             for seed in SEEDS:
                 got = kernel.run(inputs, interleave="random", seed=seed)
                 assert all(rel_err(g["y"], w) < TOL for g, w in zip(got, want)), (world, T, seed)
+    one = et.compile(moe.moe_layer(top_k=2, block_m=4, one_rank=True, fuse_router=True), schedule=schedule)
+    inputs, _ = moe.make_inputs(1, 0, 8, 6, E=4)
+    with pytest.raises(et.InputError, match="fused router's one-rank graph .* needs at least one token"):
+        one.run(inputs)
     with pytest.raises(et.GraphError, match="fuse_router routes whole logits blocks: topk_block must be None or "
                                             "route_block .32., got 16"):
         moe.moe_layer(route_block=32, topk_block=16, fuse_router=True)

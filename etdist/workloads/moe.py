@@ -196,6 +196,9 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     routers = blocks * slices
     if fuse:
         g.scratch("arrived", (blocks + 1,), torch.int32, zeroed=True)   # slices per block, then blocks
+        if one:   # no token, no router task: nothing would build the table that done's count reads
+            g.check(T >= 1, "the fused router's one-rank graph (moe_layer(fuse_router=True, one_rank=True)) needs "
+                    "at least one token")
     else:
         scored = g.event("scored", (blocks,), count=slices)
     if not (fuse and one):
