@@ -474,17 +474,19 @@ def test_moe_routing_and_combine_have_their_own_blocks(schedule):
 
 def test_moe_fused_router(schedule):
     """fuse_router: one router task kind (token block x hidden slice) whose last slice to arrive
-    routes its block and, on one rank, whose last block routed builds the tile table: at one rank
-    and more, several blocks and slices (router_width 16 of H 40/72: ragged), random interleavings
-    (any task may arrive last), each launch leaving the arrival counts zero (the runtime checks)."""
-    for one, world in ((True, 1), (False, 2)):
+    routes its block; the last block routed (one rank) or the last plan task (more) builds the
+    tile table: at one rank and more, several blocks and slices (router_width 16 of H 40/72:
+    ragged), one token at three ranks (a rank whose experts receive nothing expects no down tile),
+    random interleavings (any task may arrive last), each launch leaving the arrival counts zero
+    (the runtime checks)."""
+    for one, world in ((True, 1), (False, 2), (False, 3)):
         graph = moe.moe_layer(top_k=2, block_m=4, block=32, router_width=16, one_rank=one, fuse_router=True)
         names = [t.name for t in graph.to_ir().tasks]
         assert "router" in names and not {"logits", "route"} & set(names)
-        assert ("tile_table" in names) == (not one)     # one rank: the last routing builds the table
+        assert "tile_table" not in names and ("plan" in names) == (not one)
         kernel = et.compile(graph, schedule=schedule, programs=3)
         for T, H in ((37, 40), (1, 72)):
-            inputs, (wg, w1, w2) = moe.make_inputs(world, T, H, 20, E=4, seed=T, skew=1.0)
+            inputs, (wg, w1, w2) = moe.make_inputs(world, T, H, 20, E=2 * world, seed=T, skew=1.0)
             want = moe.reference([i["x"] for i in inputs], wg, w1, w2, top_k=2)
             for seed in SEEDS:
                 got = kernel.run(inputs, interleave="random", seed=seed)

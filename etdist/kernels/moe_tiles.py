@@ -189,6 +189,16 @@ def moe_plan(e, recv_expert, counts, slots, T, WORLD, TOP_K: tl.constexpr, BS: t
 
 
 @triton.jit
+def moe_plan_table(e, recv_expert, counts, slots, arrived, tile_end, ntiles, T, WORLD, E_local, TOP_K: tl.constexpr,
+                   BS: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BE: tl.constexpr):
+    """moe_plan, and the last of the experts' plans to arrive builds the tile table (moe_tile_table;
+    moe_layer's fuse_router: its count is arrived[cdiv(T, BT)])."""
+    moe_plan(e, recv_expert, counts, slots, T, WORLD, TOP_K, BS)
+    if _arrive(arrived + tl.cdiv(T, BT), E_local):
+        moe_tile_table(counts, tile_end, ntiles, E_local, BM, BE)
+
+
+@triton.jit
 def _tile_table(n_rows, tile_end, ntiles, es, E_local, BM: tl.constexpr):
     n = (n_rows + BM - 1) // BM
     tl.store(tile_end + es, tl.cumsum(n, 0), mask=es < E_local)

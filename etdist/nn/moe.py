@@ -98,8 +98,8 @@ HALF_TAILS_FROM, HALF_TAILS_MIN_EXPERTS = 128, 32
 SMALL_ROWS = 16
 
 # The small class fuses the router's chain (moe_layer's fuse_router: the last logits slice of a
-# token block routes it, on one rank the last block routed builds the tile table, no event hop
-# between the three) and takes router slices of ROUTER_SLICE_BYTES (qwen3: 128 of 2048 hidden
+# token block routes it, the last block routed (one rank) or the last plan (more) builds the tile
+# table, no event hop between them) and takes router slices of ROUTER_SLICE_BYTES (qwen3: 128 of 2048 hidden
 # columns, 16 slices over 16 SMs where 256-column ones took 8). EP=1 on one H200, qwen3: 6-9%
 # faster at one token, 2-3% at 4, within 1% at 16-128; mixtral within 1% (records moe_fuse_ab).
 # 16 KB slices were as fast at one token, 2-3% slower at 128. Applied up to MoEConfig.fused_router_worlds.

@@ -74,10 +74,10 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     expert's plan (its stream compaction walks all of them in steps of this many).
     one_rank: a graph for world size 1 only (refused on more) that moves no rows and plans nothing
     (route places the slots in the experts' lists).
-    fuse_router: one `router` task kind (token block x hidden slice) in place of logits, route and
-    (one rank) tile_table: the last slice of a token block to arrive routes it, and on one rank the
-    last block routed builds the tile table (acq_rel counts in `arrived`, no event hop between the
-    steps); needs topk_block = route_block.
+    fuse_router: one `router` task kind (token block x hidden slice) in place of logits and route,
+    the last slice of a token block to arrive routing it, and no tile_table task: on one rank the
+    last block routed builds the table, on more the last plan task (acq_rel counts in `arrived`,
+    no event hop between the steps); needs topk_block = route_block.
     small_rows: an expert GEMM tile with at most this many rows runs a body of that many, computed
     transposed on GPUs (the weights on the MMA's 64-row side; 0: none).
     down_block_n: columns per down tile (default block_n). half_tails: an expert's last row tile,
@@ -205,13 +205,14 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         routed = g.event("routed", (1,), count=routers if fuse else et.cdiv(T, BTK))
     if not one:
         dispatched = g.event("dispatched", (R,), count=R * slot_blocks * slabs, distributed=True)   # per source
-        planned = g.event("planned", (1,), count=EL)
-    # fused on one rank every router task notifies tiled, and done counts the down tiles alone (its
-    # count reads ntiles, which the last router writes; one rank always has tiles where it has tokens)
-    table_task = not (fuse and one)
-    tiled = g.event("tiled", (1,), count=1 if table_task else routers)
+        if not fuse:
+            planned = g.event("planned", (1,), count=EL)
+    # Fused, the table is built by the last router (one rank) or the last plan task (more), and
+    # every one of them notifies tiled; done then counts the down tiles alone (its count reads
+    # ntiles, which only the last writes; a rank whose experts received nothing expects none)
+    tiled = g.event("tiled", (1,), count=(routers if one else EL) if fuse else 1)
     act_ready = g.event("act_ready", (max_tiles,), count=et.cdiv(I, BN))
-    done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BND) + int(table_task))
+    done = g.event("done", (1,), count=lambda _: ntiles[0] * et.cdiv(H, BND) + int(not fuse))
     if not one:
         returned = g.event("returned", (R,), count=R * slot_blocks * slabs, distributed=True)
 
@@ -298,14 +299,19 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
             if c == 0:                                   # the slots' experts, once
                 peer.recv_expert[t.rank][s] = torch.where(mine, ids % n_local, -1)
 
-        @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: planned[0],
-                triton=moe_tiles.moe_plan, constexprs=dict(TOP_K=top_k, BS=plan_block), pinned=True)
+        # fused: the last plan task to arrive builds the table (moe_plan_table)
+        @g.task(grid=(EL,), wait=lambda e: dispatched[me], notify=lambda e: tiled[0] if fuse else planned[0],
+                triton=moe_tiles.moe_plan_table if fuse else moe_tiles.moe_plan,
+                constexprs=dict(TOP_K=top_k, BS=plan_block, **(dict(BT=BT, BM=block_m, BE=BE) if fuse else {})),
+                pinned=True)
         def plan(t, e):
             found = (t.recv_expert.reshape(-1) == e).nonzero().flatten()
             t.counts[e] = found.numel()
             t.slots[e, :found.numel()] = found
+            if fuse and arrive(t, t(blocks), t.E_local):
+                build_table(t)
 
-    if table_task:
+    if not fuse:
         @g.task(grid=(1,), wait=lambda _: routed[0] if one else planned[0], notify=lambda _: [tiled[0], done[0]],
                 triton=moe_tiles.moe_tile_table_take if one else moe_tiles.moe_tile_table,
                 constexprs=dict(BM=block_m, BE=BE), pinned=True)
