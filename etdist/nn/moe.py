@@ -92,17 +92,13 @@ DOWN_WIDE, SHORT_DOWN_K = 256, 2048
 # HALF_TAILS_MIN_EXPERTS experts or more, whose last tiles are many (records moe_tiles_ab, moe_static_ab).
 HALF_TAILS_FROM, HALF_TAILS_MIN_EXPERTS = 128, 32
 # A row tile of the small class with at most SMALL_ROWS rows runs a body of that many rows, computed
-# transposed (moe_layer's small_rows: a wgmma is 64 rows, so one token's tile did 64x its MMA work).
-# EP=1 on one H200: 7% faster at 1-2 tokens (qwen3), 2-5% at 4, 1-3% at 16, within 1% at 128
-# (records moe_decode_ab); 32 rows gained less. Applied up to MoEConfig.small_rows_worlds.
+# transposed (moe_layer's small_rows: a wgmma is 64 rows, so one token's tile did 64x its MMA work),
+# up to MoEConfig.small_rows_worlds (records moe_decode_ab: 32 rows gained less).
 SMALL_ROWS = 16
 
-# The small class fuses the router's chain (moe_layer's fuse_router: the last logits slice of a
-# token block routes it, the last block routed (one rank) or the last plan (more) builds the tile
-# table, no event hop between them) and takes router slices of ROUTER_SLICE_BYTES (qwen3: 128 of 2048 hidden
-# columns, 16 slices over 16 SMs where 256-column ones took 8). EP=1 on one H200, qwen3: 6-9%
-# faster at one token, 2-3% at 4, within 1% at 16-128; mixtral within 1% (records moe_fuse_ab).
-# 16 KB slices were as fast at one token, 2-3% slower at 128. Applied up to MoEConfig.fused_router_worlds.
+# The small class fuses the router's chain (moe_layer's fuse_router: no event hop between logits,
+# routing and tile table) in router slices of ROUTER_SLICE_BYTES (qwen3: 16 of 128 columns, twice
+# the SMs of 4 * block), up to MoEConfig.fused_router_worlds (records moe_fuse_ab, moe_trace).
 ROUTER_SLICE_BYTES = 32768
 
 
