@@ -18,6 +18,12 @@ its expert's list itself (slots[e, fill[e]++], an atomic per slot on GPUs; tile_
 counts and leaves `fill` zero), gate/up reads each slot's token from x, the combine reads
 expert_out; the graph has no dispatch, plan or send_back tasks.
 
+Fused (fuse_router=True, nn.MoE's small tile class at EP=1) logits and route are one `router` task
+kind and tile_table is no task: the last logits slice of a token block to arrive (an acq_rel count
+in the zeroed `arrived`) routes the block, and the last block routed (one rank) or the last plan
+(more) builds the table; every one of those tasks notifies `tiled`, and `done` counts the down
+tiles alone.
+
 The row tiles live in a worst-case grid (cdiv(R*S, BM) + min(E_local, R*S): every expert that
 received a slot may end in a partial tile); `done` expects one notify per existing down tile plus
 one from tile_table, so a rank whose experts received no token still completes, and its waiters wait
