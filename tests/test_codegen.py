@@ -551,6 +551,21 @@ def test_dynamic_moe_megakernel_does_not_spill(top_k, I, large, one):
     assert kernel.metadata.shared <= 232448 and _spill_bytes(kernel.asm["ptx"]) <= bound
 
 
+@pytest.mark.slow   # ~15 s, cold
+def test_moe_small_body_stages_fit_in_shared_memory():
+    """moe_layer(small_stages=6): the 16-row bodies' loops in 6 stages (34 KB each) where the
+    kernel's 5 are set by the 64-row body's 40 KB: the one-rank small class still fits an SM, unspilled."""
+    from etdist.nn.moe import GATE_UP_BLOCK, graph_blocks, layer_tiles
+    from etdist.workloads import moe
+    t = layer_tiles(768, 128)
+    ir = moe.moe_layer(top_k=8, block_m=t.block_m, dtype=torch.bfloat16, max_experts=128, block=t.block,
+                       block_n=t.block_n, down_block_n=t.down_n, align=16, small_rows=t.small_rows, small_stages=6,
+                       one_rank=True, gate_up_interleave=GATE_UP_BLOCK, fuse_router=t.fused_router,
+                       router_width=t.router_width, **graph_blocks(8)).to_ir()
+    kernel = compile_for(ir, num_warps=t.num_warps, num_stages=t.num_stages)
+    assert kernel.metadata.shared <= 232448 and _spill_bytes(kernel.asm["ptx"]) <= 64
+
+
 @pytest.mark.slow   # ~15-45 s each, cold
 @pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
 def test_float32_moe_tiles_fit_in_shared_memory(large):

@@ -500,6 +500,9 @@ def test_moe_fused_router(schedule):
         moe.moe_layer(route_block=32, topk_block=16, fuse_router=True)
     with pytest.raises(et.GraphError, match="router_width must be a power of two >= 16 .*got 24"):
         moe.moe_layer(router_width=24)
+    for bad in (dict(small_stages=-1, small_rows=16, block_m=32), dict(small_stages=6)):   # the latter: no small_rows
+        with pytest.raises(et.GraphError, match="small_stages must be an int >= 0, and 0 without small_rows"):
+            moe.moe_layer(**bad)
 
 
 def test_moe_down_tiles_have_their_own_width(schedule):

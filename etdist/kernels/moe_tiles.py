@@ -264,10 +264,11 @@ def _gate_up_cols(n, I, BN: tl.constexpr, ILV: tl.constexpr):
 @triton.jit
 def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K: tl.constexpr, BM: tl.constexpr,
                   BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, ONE_RANK: tl.constexpr,
-                  ILV: tl.constexpr, SWAP: tl.constexpr = False):
+                  ILV: tl.constexpr, SWAP: tl.constexpr = False, STAGES: tl.constexpr = 0):
     """act[rows, n*BN:(n+1)*BN] for the m rows of expert e's slots from r0 on, in a BM-row body
     (moe_gate_up; the rows are loaded here: a branch's values must keep one shape). SWAP (the one
-    descriptor path): computed transposed, the weights on the MMA's M side and BM rows on its N."""
+    descriptor path): computed transposed, the weights on the MMA's M side and BM rows on its N,
+    its loop in STAGES pipeline stages (0: the kernel's)."""
     rows, rok = _tile_rows(e, r0, m, slots, T, WORLD, BM)
     arows = rows // TOP_K if ONE_RANK else rows          # one rank: `recv` is x, slot s is token s // k
     wgu = w_gate_up + e * H * 2 * I
@@ -280,7 +281,7 @@ def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_
         w_d = tl.make_tensor_descriptor(wgu, shape=[H, 2 * I], strides=[2 * I, 1], block_shape=[BK, 2 * BN])
         if SWAP:
             acc_t = tl.zeros((2 * BN, BM), tl.float32)
-            for k0 in range(0, H, BK):
+            for k0 in tl.range(0, H, BK, num_stages=STAGES if STAGES > 0 else None):
                 acc_t = _dot(tl.trans(w_d.load([k0, gc])), tl.trans(_token_rows(recv, arows, rok, k0 + ks, H)), acc_t)
             acc = tl.trans(acc_t)
         else:
@@ -315,7 +316,7 @@ def _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_
 def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, H, I, E_local, WORLD,
                 TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr,
                 TMA: tl.constexpr, ONE_RANK: tl.constexpr, HALF: tl.constexpr, ILV: tl.constexpr,
-                SMALL: tl.constexpr = 0):
+                SMALL: tl.constexpr = 0, SMALL_STAGES: tl.constexpr = 0):
     """act[rows of tile j, n*BN:(n+1)*BN] = silu(x @ w_gate) * (x @ w_up); tiles past ntiles do
     nothing (they still notify, so the down tiles of every tile can wait on a fixed element).
     TMA: the expert's weights load through a descriptor (the token rows are a gather: pointers).
@@ -324,7 +325,8 @@ def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, 
     vectorises and pipelines on (records moe_onerank_ab).
     HALF: a tile with at most BM / 2 rows (an expert's last) runs a BM / 2-row body.
     SMALL: a tile with at most SMALL rows runs a SMALL-row body computed transposed (decode: a
-    wgmma is 64 rows, so a one-token tile of 64 did 64x its work; 0: none).
+    wgmma is 64 rows, so a one-token tile of 64 did 64x its work; 0: none), its loop in SMALL_STAGES
+    pipeline stages (0: the kernel's; its stages take less shared memory than the BM-row body's).
     ILV: w_gate_up's layout, [gate | up] (0) or their column blocks of ILV interleaved (ILV = BN:
     one dot over both)."""
     if j < tl.load(ntiles):
@@ -332,7 +334,7 @@ def moe_gate_up(j, n, recv, w_gate_up, counts, slots, tile_end, ntiles, act, T, 
         if SMALL > 0:
             if m <= SMALL:
                 _gate_up_tile(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, SMALL, BN, BK, TMA,
-                              ONE_RANK, ILV, True)
+                              ONE_RANK, ILV, True, SMALL_STAGES)
             else:
                 _gate_up_rows(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_K, BM, BN, BK, TMA,
                               ONE_RANK, HALF, ILV)
@@ -360,9 +362,9 @@ def _gate_up_rows(e, r0, m, n, recv, w_gate_up, slots, act, T, H, I, WORLD, TOP_
 
 @triton.jit
 def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, TMA: tl.constexpr, SWAP: tl.constexpr = False):
+               BK: tl.constexpr, TMA: tl.constexpr, SWAP: tl.constexpr = False, STAGES: tl.constexpr = 0):
     """expert_out[rows, h*BN:(h+1)*BN] for the m rows of expert e's slots from r0 on (moe_down).
-    SWAP (with TMA): computed transposed, as _gate_up_tile's."""
+    SWAP (with TMA): computed transposed, as _gate_up_tile's, in STAGES stages."""
     rows, rok = _tile_rows(e, r0, m, slots, T, WORLD, BM)
     wd = w_down + e * I * H
     hs = h * BN + tl.arange(0, BN)
@@ -372,7 +374,7 @@ def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM: 
         d_d = tl.make_tensor_descriptor(wd, shape=[I, H], strides=[H, 1], block_shape=[BK, BN])
         if SWAP:
             out_t = tl.zeros((BN, BM), tl.float32)
-            for i0 in range(0, I, BK):
+            for i0 in tl.range(0, I, BK, num_stages=STAGES if STAGES > 0 else None):
                 js = i0 + ks
                 a = tl.load(act + rows[:, None] * I + js[None, :], mask=rok[:, None] & (js[None, :] < I), other=0.0)
                 out_t = _dot(tl.trans(d_d.load([i0, h * BN])), tl.trans(a), out_t)
@@ -395,13 +397,13 @@ def _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM: 
 @triton.jit
 def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_local, WORLD,
              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, TMA: tl.constexpr,
-             HALF: tl.constexpr, SMALL: tl.constexpr = 0):
+             HALF: tl.constexpr, SMALL: tl.constexpr = 0, SMALL_STAGES: tl.constexpr = 0):
     """expert_out[rows of tile j, h*BN:(h+1)*BN] = act[rows] @ w_down[e][:, those columns]
-    (HALF, SMALL: as moe_gate_up's)."""
+    (HALF, SMALL, SMALL_STAGES: as moe_gate_up's)."""
     e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
     if SMALL > 0:
         if m <= SMALL:
-            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, SMALL, BN, BK, TMA, True)
+            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, SMALL, BN, BK, TMA, True, SMALL_STAGES)
         else:
             _down_rows(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA, HALF)
     else:

@@ -64,7 +64,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
               half_tails: bool = False, topk_block: int | None = None, combine_block: int | None = None,
               combine_width: int | None = None, combine_tasks: int | None = None,
               gate_up_interleave: int | None = None, small_rows: int = 0,
-              router_width: int | None = None, fuse_router: bool = False) -> et.Graph:
+              router_width: int | None = None, fuse_router: bool = False, small_stages: int = 0) -> et.Graph:
     """The graph. GPU bodies (etdist.kernels.moe_tiles) use `block`-wide blocks (>= 16; `block_n`
     columns per expert GEMM tile, default `block`) and route over up to `max_experts` experts in one
     block (E must not exceed it). align: H and I are promised multiples of it (16 lets the GPU
@@ -85,7 +85,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     last block routed builds the table, on more the last plan task (acq_rel counts in `arrived`,
     no event hop between the steps); needs topk_block = route_block.
     small_rows: an expert GEMM tile with at most this many rows runs a body of that many, computed
-    transposed on GPUs (the weights on the MMA's 64-row side; 0: none).
+    transposed on GPUs (the weights on the MMA's 64-row side; 0: none), its loop in small_stages
+    pipeline stages (0: the kernel's num_stages).
     down_block_n: columns per down tile (default block_n). half_tails: an expert's last row tile,
     where it has at most block_m / 2 rows, runs a block_m / 2-row GEMM body (needs block_m >= 32).
     topk_block: tokens per routing (softmax top-k) task, at most route_block (default route_block).
@@ -127,6 +128,9 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     if fuse_router and topk_block not in (None, route_block):
         raise et.GraphError(f"moe_layer: fuse_router routes whole logits blocks: topk_block must be None or "
                             f"route_block ({route_block}), got {topk_block!r}")
+    if isinstance(small_stages, bool) or not isinstance(small_stages, int) or small_stages < 0 or (small_stages and not small_rows):
+        raise et.GraphError(f"moe_layer: small_stages must be an int >= 0, and 0 without small_rows (they are the "
+                            f"small body's stages), got {small_stages!r}")
     if half_tails and block_m < 32:
         raise et.GraphError(f"moe_layer: half_tails needs block_m >= 32 (half a tile is a tl.dot of >= 16 rows), "
                             f"got block_m={block_m}")
@@ -159,7 +163,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     copy = dict(TOP_K=top_k, BS=BS, BH=2 * block, WH=WH)
     # weights through TMA where rows are aligned
     expert_gemm = dict(BM=block_m, BK=block, BE=BE, TMA=bool(use_tma(align)), HALF=bool(half_tails),
-                       SMALL=small_rows)
+                       SMALL=small_rows, SMALL_STAGES=small_stages)
     # every expert that received a slot may end in a partial tile (at most min(E_local, R*S) do):
     max_tiles = et.cdiv(R * S, block_m) + et.minimum(EL, R * S)
     slot_blocks = et.cdiv(S, BS)
