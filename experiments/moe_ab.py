@@ -4,7 +4,8 @@
         SKEW=1.5 SCHED=dynamic ROUNDS=3 torchrun --nproc_per_node=1 experiments/moe_ab.py
 
 A variant is moe_layer arguments replacing the layer's own (`key=value`, joined by `+`; `base`: the
-layer as it is; `local_first=true` is et.compile's, `stages=N` / `warps=N` the kernel's pipeline stages and warps), compiled through the layer's own plan (tiles, alignment, early push) with the
+layer as it is; `local_first=true` is et.compile's, `stages=N` / `warps=N` the kernel's pipeline
+stages and warps), compiled through the layer's own plan (tiles, alignment, early push) with the
 weights packed as nn.MoE packs them. Every round times each variant once (etdist.bench.measure.timing,
 the slowest rank), in turn, the order turning by one every round (with a fixed order, the former ops_ab.py's
 later slot measured 2-3% faster for identical kernels); a variant's time is its median over the

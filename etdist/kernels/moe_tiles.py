@@ -125,13 +125,25 @@ def _arrive(counter, n):
 
 
 @triton.jit
+def _router(i, k, x, wg, logits, arrived, topk_ids, topk_w, fill, slots, T, H, E, BT: tl.constexpr, BE: tl.constexpr,
+            BK: tl.constexpr, RH: tl.constexpr, WHOLE: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
+            SU: tl.constexpr, PLACE: tl.constexpr):
+    """moe_logits, and the last of the token block's slices to arrive routes it (_route, PLACE as
+    there); whether this program routed."""
+    moe_logits(i, k, x, wg, logits, T, H, E, BT, BE, BK, RH, WHOLE)
+    last = _arrive(arrived + i, tl.cdiv(H, RH))
+    if last:
+        _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K, KP, BT, BE, RH, SU, PLACE)
+    return last
+
+
+@triton.jit
 def moe_router(i, k, x, wg, logits, arrived, topk_ids, topk_w, T, H, E, BT: tl.constexpr, BE: tl.constexpr,
                BK: tl.constexpr, RH: tl.constexpr, WHOLE: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
                SU: tl.constexpr):
     """moe_logits, and the last of the token block's slices to arrive routes it (moe_route)."""
-    moe_logits(i, k, x, wg, logits, T, H, E, BT, BE, BK, RH, WHOLE)
-    if _arrive(arrived + i, tl.cdiv(H, RH)):
-        _route(i, logits, topk_ids, topk_w, topk_ids, topk_ids, T, H, E, TOP_K, KP, BT, BE, RH, SU, False)
+    _router(i, k, x, wg, logits, arrived, topk_ids, topk_w, topk_ids, topk_ids, T, H, E, BT, BE, BK, RH, WHOLE,
+            TOP_K, KP, SU, False)   # no fill, slots
 
 
 @triton.jit
@@ -141,9 +153,8 @@ def moe_router_place(i, k, x, wg, logits, arrived, topk_ids, topk_w, fill, slots
                      BM: tl.constexpr):
     """moe_router on one rank: the routing places the slots (moe_route_place), and the last token
     block routed builds the tile table (moe_tile_table_take)."""
-    moe_logits(i, k, x, wg, logits, T, H, E, BT, BE, BK, RH, WHOLE)
-    if _arrive(arrived + i, tl.cdiv(H, RH)):
-        _route(i, logits, topk_ids, topk_w, fill, slots, T, H, E, TOP_K, KP, BT, BE, RH, SU, True)
+    if _router(i, k, x, wg, logits, arrived, topk_ids, topk_w, fill, slots, T, H, E, BT, BE, BK, RH, WHOLE, TOP_K,
+               KP, SU, True):
         blocks = tl.cdiv(T, BT)
         if _arrive(arrived + blocks, blocks):
             moe_tile_table_take(fill, counts, tile_end, ntiles, E_local, BM, BE)
@@ -403,7 +414,8 @@ def moe_down(j, h, act, w_down, counts, slots, tile_end, expert_out, T, H, I, E_
     e, r0, m = _expert_tile(j, counts, tile_end, E_local, BM, BE)
     if SMALL > 0:
         if m <= SMALL:
-            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, SMALL, BN, BK, TMA, True, SMALL_STAGES)
+            _down_tile(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, SMALL, BN, BK, TMA, True,
+                       SMALL_STAGES)
         else:
             _down_rows(e, r0, m, h, act, w_down, slots, expert_out, T, H, I, WORLD, BM, BN, BK, TMA, HALF)
     else:

@@ -210,7 +210,7 @@ def layer_tiles(intermediate: int, local_experts: int, large: bool = False,
     half = t.block_m >= HALF_TAILS_FROM and local_experts >= HALF_TAILS_MIN_EXPERTS
     small = config.small_rows if not large and world <= config.small_rows_worlds else 0
     fused = not large and world <= config.fused_router_worlds
-    experts = max(16, 1 << (local_experts * world - 1).bit_length())   # the router's block (moe_layer's BE)
+    experts = moe_graph.router_block(local_experts * world)
     width = min(4 * t.block, max(16, ROUTER_SLICE_BYTES // (experts * dtype.itemsize))) if fused else None
     return t._replace(down_n=down_width(intermediate, dtype, config), half_tails=half,
                       small_rows=small if small < t.block_m else 0, fused_router=fused, router_width=width)

@@ -58,7 +58,8 @@ def cached_kernel(cache: dict, config: PlanConfig, cfg: TileConfig, schedule: st
     key = kernel_key(config, cfg, schedule, build)
     kernel = cache.get(key)
     if kernel is None:
-        kernel = cache[key] = et_compile(build(), schedule=schedule, target="cuda", local_first=bool(config.local_first))
+        kernel = cache[key] = et_compile(build(), schedule=schedule, target="cuda",
+                                         local_first=bool(config.local_first))
         kernel.num_warps, kernel.num_stages = cfg.num_warps, cfg.num_stages
     memo[schedule] = (cache, kernel)
     return kernel

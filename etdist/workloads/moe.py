@@ -26,7 +26,7 @@ tiles alone.
 
 The row tiles live in a worst-case grid (cdiv(R*S, BM) + min(E_local, R*S): every expert that
 received a slot may end in a partial tile); `done` expects one notify per existing down tile plus
-one from tile_table, so a rank whose experts received no token still completes, and its waiters wait
+(unfused) one from tile_table, so a rank whose experts received no token still completes, and its waiters wait
 on `tiled` first, because the count reads `ntiles`, which only exists once tile_table ran. gate_up
 tiles past ntiles run as no-ops that still notify, so every down tile waits on a fixed element (the
 dynamic schedule needs that).
@@ -52,6 +52,12 @@ ROUTE_SUM_ELEMENTS = 16384
 # moe_logits' one-load form takes router slices of at most this many bytes (qwen3's 256 x 128 bf16
 # slices: 64 KB; 512 experts, or 256 in float32, would need more shared memory than an SM has)
 WHOLE_SLICE_BYTES = 65536
+
+def router_block(num_experts: int) -> int:
+    """The router's block of experts (a Triton block: a power of two, at least 16): its logits'
+    columns, and what router slice bytes are counted in."""
+    return max(16, 1 << (num_experts - 1).bit_length())
+
 
 # The expert GEMM tiles walk groups of this many row tiles per weight column block (et.grouped;
 # records moe_group_ab)
@@ -128,7 +134,8 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     if fuse_router and topk_block not in (None, route_block):
         raise et.GraphError(f"moe_layer: fuse_router routes whole logits blocks: topk_block must be None or "
                             f"route_block ({route_block}), got {topk_block!r}")
-    if isinstance(small_stages, bool) or not isinstance(small_stages, int) or small_stages < 0 or (small_stages and not small_rows):
+    if (isinstance(small_stages, bool) or not isinstance(small_stages, int) or small_stages < 0
+            or (small_stages and not small_rows)):
         raise et.GraphError(f"moe_layer: small_stages must be an int >= 0, and 0 without small_rows (they are the "
                             f"small body's stages), got {small_stages!r}")
     if half_tails and block_m < 32:
@@ -148,7 +155,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # down tiles after the routing; no features (H = 0) has nothing to route
     g.check(et.logical_and(H >= 1, I >= 1), "H (the hidden size, x [T, H]) and I (the expert "
             "intermediate size, w_down [E_local, I, H]) must be >= 1")
-    BE = max(16, 1 << (max_experts - 1).bit_length())
+    BE = router_block(max_experts)
     g.check(E <= BE, f"the GPU router holds at most {BE} experts (moe_layer(max_experts=...))")
     if ILV:
         g.check(et.eq(I % ILV, 0), f"w_gate_up's interleaved blocks ({ILV} columns, moe_layer(gate_up_interleave=)) "
@@ -201,7 +208,6 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # slices summed SU at a time (independent loads in flight, not one load latency per slice); the
     # register budget assumes nn.MoE's 8 warps (at 4 a thread holds twice as many values)
     SU = max(1, min(8, ROUTE_SUM_ELEMENTS // (BTK * BE)))
-    # fused (fuse_router): every router task notifies what the chain's last step notified, once
     fuse, blocks = bool(fuse_router), et.cdiv(T, BT)
     routers = blocks * slices
     if fuse:
@@ -233,6 +239,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
     # one load after another (4-6% of the layer); 64-token blocks step (the one load was 2% slower
     # at 1024-4096 tokens; records moe_decode_ab)
     whole = BT <= 16 and RH * BE * dtype.itemsize <= WHOLE_SLICE_BYTES
+    score_consts = dict(BT=BT, BE=BE, BK=min(block, RH), RH=RH, WHOLE=whole)
 
     def score(t, i, k):                                  # token block i's logits over hidden slice k
         rows, cols = et.block(i, BT, t.T), et.block(k, RH, t.H)
@@ -267,13 +274,12 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
         t.arrived[at] = 0
         return True
 
-    route_consts = dict(TOP_K=top_k, KP=KP, BE=BE, RH=RH, SU=SU)
+    route_consts = dict(TOP_K=top_k, KP=KP, BE=BE, RH=RH, SU=SU)   # BE, RH: as score_consts
     if fuse:
         # One rank: the last routing builds the table (moe_router_place); more: dispatch follows
         @g.task(grid=(blocks, slices), notify=lambda i, k: tiled[0] if one else routed[0],
                 triton=moe_tiles.moe_router_place if one else moe_tiles.moe_router,
-                constexprs=dict(route_consts, BT=BT, BK=min(block, RH), WHOLE=whole, **({"BM": block_m} if one else {})),
-                pinned=True)
+                constexprs={**score_consts, **route_consts, **({"BM": block_m} if one else {})}, pinned=True)
         def router(t, i, k):
             score(t, i, k)
             if arrive(t, i, t(slices)):
@@ -282,7 +288,7 @@ def moe_layer(top_k: int = 2, block_m: int = 4, dtype: torch.dtype = torch.float
                     build_table(t)
     else:
         @g.task(grid=(blocks, slices), notify=lambda i, k: scored[i], triton=moe_tiles.moe_logits,
-                constexprs=dict(BT=BT, BE=BE, BK=min(block, RH), RH=RH, WHOLE=whole), pinned=True)
+                constexprs=score_consts, pinned=True)
         def logits(t, i, k):
             score(t, i, k)
 
